@@ -1,0 +1,101 @@
+"""The ``dpsm-ray`` command.
+
+    dpsm-ray train --dataset digits --method dpsm --epochs 30 --seed 0 --out runs/dpsm
+    dpsm-ray report results/digits
+
+``train`` options are generated from ``TrainConfig``'s fields, so ``--help`` documents every one
+and errors name the option as it was typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from dpsm_ray.train.config import ConfigError, TrainConfig
+
+
+def _flag(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    for field in dataclasses.fields(TrainConfig):
+        flag, default, help_text = _flag(field), field.default, field.metadata["help"]
+        kwargs = {"dest": field.name, "default": argparse.SUPPRESS, "help": f"{help_text} (default: {default})"}
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", **kwargs)
+        elif isinstance(default, tuple):
+            item_type = str if field.name == "eval_scores" else int
+            parser.add_argument(flag, nargs="*", type=item_type, **kwargs)
+        else:
+            parser.add_argument(flag, type=field.metadata.get("type", type(default)), **kwargs)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    return TrainConfig.from_dict(values)
+
+
+def flag_for(field_name: str) -> str:
+    for field in dataclasses.fields(TrainConfig):
+        if field.name == field_name:
+            return _flag(field)
+    return field_name
+
+
+def fail(parser: argparse.ArgumentParser, error: ConfigError) -> None:
+    parser.exit(2, f"{parser.prog}: error: {flag_for(error.field)}={error.value!r} is invalid: {error.allowed}\n")
+
+
+def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import pandas as pd
+
+    try:
+        config = config_from_args(args)
+    except ConfigError as error:
+        fail(parser, error)
+    from dpsm_ray.results import write_run
+    from dpsm_ray.results.tables import format_summary, summarise
+    from dpsm_ray.train import run_training
+
+    out = Path(args.out).resolve() if args.out else None
+    try:
+        result = run_training(config, out)
+    except ConfigError as error:
+        fail(parser, error)
+    if out is not None:
+        write_run(out, result)
+    print(f"{config.method} on {config.dataset}, alpha={config.alpha}: test metrics over {config.eval_splits} calibration/test re-splits")
+    print(format_summary(summarise(pd.DataFrame(result.evals))))
+    if out is not None:
+        print(f"results written to {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpsm-ray", description="Conformal classifier training (DPSM, ConfTr, CUT, CE) on Ray.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser(
+        "train",
+        help="train and evaluate one model",
+        description="Train one model with the chosen objective, print a progress line per epoch and a final table.",
+    )
+    add_config_options(train)
+    train.add_argument("--out", help="write config.json, splits.json, epochs.parquet, evals.parquet and a checkpoint here; "
+                       "running again with the same directory resumes from the checkpoint")
+    train.set_defaults(handler=cmd_train, parser=train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return args.handler(args, args.parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

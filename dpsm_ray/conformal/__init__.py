@@ -1,0 +1,60 @@
+"""Conformal prediction: scores, the exact quantile, prediction sets and metrics.  Imports torch only."""
+
+from dpsm_ray.conformal.evaluate import EVAL_COLUMNS, evaluate, resplit
+from dpsm_ray.conformal.metrics import (
+    SSCV_BINS,
+    accuracy,
+    class_coverage,
+    coverage,
+    covered,
+    covgap,
+    prediction_sets,
+    set_size,
+    soft_set_size,
+    sscv,
+    worst_slab,
+    wsc,
+)
+from dpsm_ray.conformal.quantile import (
+    check_alpha,
+    conformal_quantile,
+    conformal_rank,
+    empirical_quantile,
+    hard_batch_quantile,
+    pinball_grad,
+    pinball_loss,
+    smooth_quantile,
+    soft_sort,
+)
+from dpsm_ray.conformal.scores import SCORE_KINDS, example_uniforms, label_scores, score_matrix
+
+__all__ = [
+    "EVAL_COLUMNS",
+    "SCORE_KINDS",
+    "SSCV_BINS",
+    "accuracy",
+    "check_alpha",
+    "class_coverage",
+    "conformal_quantile",
+    "conformal_rank",
+    "coverage",
+    "covered",
+    "covgap",
+    "empirical_quantile",
+    "evaluate",
+    "example_uniforms",
+    "hard_batch_quantile",
+    "label_scores",
+    "pinball_grad",
+    "pinball_loss",
+    "prediction_sets",
+    "resplit",
+    "score_matrix",
+    "set_size",
+    "smooth_quantile",
+    "soft_set_size",
+    "soft_sort",
+    "sscv",
+    "worst_slab",
+    "wsc",
+]

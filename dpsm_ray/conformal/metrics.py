@@ -1,0 +1,163 @@
+"""Prediction sets and the paper's metrics (section 5, appendix E).
+
+Every function accepts leading batch dimensions (one per calibration re-split), so R re-splits are
+evaluated in one call: ``sets`` is ``[..., n, K]`` boolean, ``labels`` is ``[..., n]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+# Set-size strata for SSCV (Angelopoulos et al. 2021): inclusive [low, high] bounds.  Sizes above
+# the last bound (only possible with K > 1000 classes) are counted in the last stratum.
+SSCV_BINS = ((0, 1), (2, 3), (4, 10), (11, 100), (101, 1000))
+
+
+def prediction_sets(scores: torch.Tensor, q: torch.Tensor | float) -> torch.Tensor:
+    """C(x) = {y : S(x, y) <= q}.  ``q`` is a scalar or one threshold per leading batch entry
+    (shape ``[...]``, broadcast over examples and labels)."""
+    q = torch.as_tensor(q, dtype=scores.dtype, device=scores.device)
+    return scores <= q[..., None, None] if q.ndim else scores <= q
+
+
+def covered(sets: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Whether each example's true label is in its set, ``[..., n]`` boolean."""
+    return sets.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def coverage(sets: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Marginal coverage: the fraction of examples whose label is in the set."""
+    return covered(sets, labels).to(torch.float64).mean(dim=-1)
+
+
+def set_size(sets: torch.Tensor) -> torch.Tensor:
+    """Average prediction set size (APSS)."""
+    return sets.sum(dim=-1).to(torch.float64).mean(dim=-1)
+
+
+def soft_set_size(scores: torch.Tensor, q: torch.Tensor | float, temperature: float) -> torch.Tensor:
+    """Mean over x of sum_y sigmoid((q - S(x, y)) / T): the differentiable set size.
+
+    ``T`` is the paper's tau_Sigmoid.  Stays differentiable in ``scores`` (and in ``q`` if it is a
+    tensor that requires grad), which is how ConfTr and DPSM train on it.
+    """
+    if temperature <= 0:
+        raise ValueError(f"sigmoid temperature must be > 0; got {temperature}")
+    q = torch.as_tensor(q, dtype=scores.dtype, device=scores.device)
+    if q.ndim:
+        q = q[..., None, None]
+    return torch.sigmoid((q - scores) / temperature).sum(dim=-1).mean(dim=-1)
+
+
+def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Top-1 accuracy."""
+    return (probs.argmax(dim=-1) == labels).to(torch.float64).mean(dim=-1)
+
+
+def class_coverage(sets: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Coverage of each class, ``[..., K]``; NaN for a class with no example."""
+    hit = covered(sets, labels).to(torch.float64)
+    shape = (*labels.shape[:-1], num_classes)
+    hits = torch.zeros(shape, dtype=torch.float64, device=labels.device).scatter_add_(-1, labels, hit)
+    counts = torch.zeros(shape, dtype=torch.float64, device=labels.device).scatter_add_(
+        -1, labels, torch.ones_like(hit)
+    )
+    return torch.where(counts > 0, hits / counts.clamp(min=1), torch.nan)
+
+
+def covgap(sets: torch.Tensor, labels: torch.Tensor, alpha: float) -> torch.Tensor:
+    """CovGap (Ding et al. 2023), in percent: mean over the classes present of
+    |class coverage - (1 - alpha)|."""
+    per_class = class_coverage(sets, labels, sets.shape[-1])
+    return 100.0 * (per_class - (1 - alpha)).abs().nanmean(dim=-1)
+
+
+def sscv(
+    sets: torch.Tensor, labels: torch.Tensor, alpha: float, bins: tuple[tuple[int, int], ...] = SSCV_BINS
+) -> torch.Tensor:
+    """Size-stratified coverage violation: max over non-empty size strata of
+    |coverage in the stratum - (1 - alpha)|."""
+    sizes = sets.sum(dim=-1)
+    hit = covered(sets, labels).to(torch.float64)
+    worst = torch.zeros(sizes.shape[:-1], dtype=torch.float64, device=sets.device)
+    for index, (low, high) in enumerate(bins):
+        high = math.inf if index == len(bins) - 1 else high
+        member = ((sizes >= low) & (sizes <= high)).to(torch.float64)
+        count = member.sum(dim=-1)
+        violation = ((hit * member).sum(dim=-1) / count.clamp(min=1) - (1 - alpha)).abs()
+        worst = torch.where(count > 0, torch.maximum(worst, violation), worst)
+    return worst
+
+
+def worst_slab(
+    features: torch.Tensor, covered: torch.Tensor, directions: torch.Tensor, delta: float, grid: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The slab {x : low <= v.x <= high} of lowest coverage among those holding >= ``delta`` of
+    the points, searched over the rows of ``directions`` (``[M, d]``) and, per direction, over slab
+    edges at ``grid + 1`` evenly spaced order statistics of v.x.
+
+    ``features`` ``[B, n, d]``, ``covered`` ``[B, n]``; returns per batch row the index of the
+    direction, ``low``, ``high`` and the slab's coverage on these points.
+    """
+    n = covered.shape[-1]
+    z_sorted, z_order = (features @ directions.T).transpose(1, 2).sort(dim=-1)  # [B, M, n]
+    hit_sorted = covered.unsqueeze(1).expand(-1, directions.shape[0], -1).gather(-1, z_order)
+    prefix = torch.nn.functional.pad(hit_sorted.to(torch.float64).cumsum(-1), (1, 0))  # [B, M, n+1]
+    edges = torch.round(torch.linspace(0, n, grid + 1, dtype=torch.float64)).long().to(features.device)
+    cum = prefix[..., edges]  # [B, M, G+1]
+    count = edges[None, :] - edges[:, None]  # slab [a, b) holds sorted positions edges[a] .. edges[b]-1
+    slab_cov = (cum[..., None, :] - cum[..., :, None]) / count.clamp(min=1)
+    slab_cov = torch.where(count >= max(1, math.ceil(delta * n)), slab_cov, torch.inf)
+    best = slab_cov.flatten(1).argmin(dim=1)
+    m, a, b = torch.unravel_index(best, slab_cov.shape[1:])
+    rows = torch.arange(features.shape[0], device=features.device)
+    return m, z_sorted[rows, m, edges[a]], z_sorted[rows, m, edges[b] - 1], slab_cov[rows, m, a, b]
+
+
+def wsc(
+    features: torch.Tensor,
+    covered: torch.Tensor,
+    *,
+    delta: float = 0.1,
+    directions: int = 256,
+    grid: int = 40,
+    fit_fraction: float = 0.5,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Worst-slab coverage (Romano et al. 2020), estimated without selection bias.
+
+    Each row of ``features`` (``[..., n, d]``) is split at random: on the first ``fit_fraction``
+    :func:`worst_slab` picks the lowest-coverage slab over ``directions`` random unit directions;
+    the returned value is that slab's coverage on the other part (NaN if no held-out point falls
+    in it).  ``covered`` is the boolean ``[..., n]`` from :func:`covered` -- never the labels, a
+    mix-up a peer library makes silently.
+    """
+    if covered.dtype != torch.bool:
+        raise TypeError(f"wsc: covered must be a boolean tensor (is the label in the set?); got {covered.dtype}")
+    if features.shape[:-1] != covered.shape:
+        raise ValueError(f"wsc: features {tuple(features.shape)} and covered {tuple(covered.shape)} disagree")
+    if not 0 < delta <= 1:
+        raise ValueError(f"wsc: delta must be in (0, 1]; got {delta}")
+    batch_shape, n, dim = covered.shape[:-1], covered.shape[-1], features.shape[-1]
+    x = features.reshape(-1, n, dim).to(torch.float64)
+    hit = covered.reshape(-1, n)
+    generator = torch.Generator().manual_seed(seed)
+    v = torch.randn(directions, dim, generator=generator, dtype=torch.float64)
+    v = (v / v.norm(dim=1, keepdim=True).clamp(min=1e-12)).to(x.device)
+    order = torch.rand(x.shape[0], n, generator=generator).argsort(dim=1).to(x.device)
+    n_fit = max(1, min(n - 1, int(n * fit_fraction)))
+    fit, held = order[:, :n_fit], order[:, n_fit:]
+    m, low, high, _ = worst_slab(_gather_points(x, fit), hit.gather(1, fit), v, delta, grid)
+    z_held = (_gather_points(x, held) * v[m][:, None, :]).sum(-1)
+    inside = (z_held >= low[:, None]) & (z_held <= high[:, None])
+    inside_hits = (hit.gather(1, held) & inside).sum(1).to(torch.float64)
+    result = torch.where(inside.any(1), inside_hits / inside.sum(1).clamp(min=1), torch.nan)
+    return result.reshape(batch_shape)
+
+
+def _gather_points(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[b, index[b, i], :]`` for ``x`` ``[B, n, d]`` and ``index`` ``[B, k]``."""
+    return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))

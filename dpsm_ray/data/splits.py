@@ -1,0 +1,176 @@
+"""Splits of a dataset (train / val / cal / test) and how batches are drawn from them.
+
+A ``Split`` is a list of example ids into a shared ``source``.  Sources come in two kinds:
+``TensorSource`` keeps every input in one tensor (small data, and 32x32 images as uint8 --
+augmentation is then a batched tensor op, and the tensor can live on the GPU), ``FileSource``
+decodes files through a torchvision dataset and a DataLoader.  The trainer only calls
+``split.batches(index_batches, augment=..., seed=...)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SPLIT_NAMES = ("train", "val", "cal", "test")
+
+
+class TensorSource:
+    """All inputs in one tensor ``[N, ...]`` (float features, or uint8 images ``[N, C, H, W]``).
+
+    ``transform(x, ids, augment, seed)`` turns a raw batch into model input; it must draw any
+    randomness from ``(seed, ids)`` so an example's augmentation does not depend on batching.
+    """
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, transform: Callable | None = None) -> None:
+        self.inputs = inputs
+        self.labels = labels
+        self.transform = transform
+
+    def to(self, device: torch.device | str) -> TensorSource:
+        return TensorSource(self.inputs.to(device), self.labels.to(device), self.transform)
+
+    def batches(self, ids_batches: Sequence[torch.Tensor], *, augment: bool, seed: int) -> Iterator:
+        for ids in ids_batches:
+            ids = ids.to(self.inputs.device)
+            x = self.inputs[ids]
+            if self.transform is not None:
+                x = self.transform(x, ids, augment, seed)
+            yield x, self.labels[ids]
+
+
+class FileSource:
+    """Inputs decoded from files: ``dataset[i]`` returns ``(PIL image, label)``.
+
+    Augmented batches seed torch's RNG from ``(seed, example id)`` before each transform, so
+    each example's augmentation is reproducible whatever the batching and worker count.
+    """
+
+    def __init__(self, dataset, labels: torch.Tensor, train_transform: Callable, eval_transform: Callable, num_workers: int = 4) -> None:
+        self.dataset = dataset
+        self.labels = labels
+        self.train_transform = train_transform
+        self.eval_transform = eval_transform
+        self.num_workers = num_workers
+
+    def batches(self, ids_batches: Sequence[torch.Tensor], *, augment: bool, seed: int) -> Iterator:
+        view = _TransformedView(self, augment, seed)
+        loader = torch.utils.data.DataLoader(
+            view,
+            batch_sampler=[ids.tolist() for ids in ids_batches],
+            num_workers=self.num_workers,
+            persistent_workers=False,
+        )
+        yield from loader
+
+
+class _TransformedView(torch.utils.data.Dataset):
+    def __init__(self, source: FileSource, augment: bool, seed: int) -> None:
+        self.source, self.augment, self.seed = source, augment, seed
+
+    def __len__(self) -> int:
+        return len(self.source.labels)
+
+    def __getitem__(self, index: int):
+        from dpsm_ray.seeding import derive_seed
+
+        image, _ = self.source.dataset[index]
+        if self.augment:
+            torch.manual_seed(derive_seed(self.seed, index))
+            x = self.source.train_transform(image)
+        else:
+            x = self.source.eval_transform(image)
+        return x, int(self.source.labels[index])
+
+
+@dataclass
+class Split:
+    """Examples ``ids`` (indices into ``source``) of one split."""
+
+    name: str
+    ids: torch.Tensor
+    source: TensorSource | FileSource
+
+    def __len__(self) -> int:
+        return self.ids.numel()
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.source.labels[self.ids.to(self.source.labels.device)].cpu()
+
+    def subset(self, positions: torch.Tensor, name: str | None = None) -> Split:
+        return Split(name or self.name, self.ids[positions], self.source)
+
+    def batches(self, index_batches: Sequence[torch.Tensor], *, augment: bool, seed: int) -> Iterator:
+        """Batches ``(x, y)`` for lists of positions within this split."""
+        return self.source.batches([self.ids[index] for index in index_batches], augment=augment, seed=seed)
+
+
+@dataclass
+class DataSplits:
+    """The four splits of one dataset, with what a model needs to know about its inputs."""
+
+    name: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    train: Split
+    val: Split
+    cal: Split
+    test: Split
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(getattr(self, name)) for name in SPLIT_NAMES}
+
+    def to(self, device: torch.device | str) -> DataSplits:
+        """Move a tensor-backed dataset to ``device`` (a no-op for file-backed data)."""
+        source = self.train.source
+        if not isinstance(source, TensorSource):
+            return self
+        moved = source.to(device)
+        return DataSplits(
+            self.name,
+            self.num_classes,
+            self.input_shape,
+            *(Split(s.name, s.ids, moved) for s in (self.train, self.val, self.cal, self.test)),
+        )
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the example ids of every split as JSON (atomically), next to the results."""
+        payload = {"dataset": self.name, "num_classes": self.num_classes, **{n: getattr(self, n).ids.tolist() for n in SPLIT_NAMES}}
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, path)
+
+
+def stratified_partition(labels: torch.Tensor, sizes: Sequence[int], seed: int) -> list[torch.Tensor]:
+    """Disjoint random parts of ``range(len(labels))`` with the given sizes, each with (to within
+    one example per class) the class proportions of the whole.
+
+    Every example gets the key (rank within its shuffled class + a per-class random offset) /
+    class count; cutting the examples sorted by key into consecutive runs gives stratified parts.
+    """
+    n = labels.numel()
+    if sum(sizes) > n or min(sizes) < 0:
+        raise ValueError(f"split sizes {list(sizes)} do not fit in {n} examples")
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=gen)
+    shuffled = labels[order]
+    by_class = shuffled.argsort(stable=True)
+    sorted_labels = shuffled[by_class]
+    counts = torch.bincount(sorted_labels)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n) - starts[sorted_labels]
+    offset = torch.rand(counts.numel(), generator=gen, dtype=torch.float64)
+    key = (rank.to(torch.float64) + offset[sorted_labels]) / counts[sorted_labels]
+    stratified = order[by_class[key.argsort(stable=True)]]
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(stratified[start : start + size].sort().values)
+        start += size
+    return parts

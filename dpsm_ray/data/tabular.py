@@ -1,0 +1,71 @@
+"""Small offline datasets: scikit-learn's bundled digits (real, 8x8) and procedural Gaussian
+classes (synthetic, any number of classes and difficulty)."""
+
+from __future__ import annotations
+
+import torch
+
+from dpsm_ray.data.splits import DataSplits, Split, TensorSource, stratified_partition
+
+DIGITS_SIZES = {"train": 1000, "val": 300, "cal": 200, "test": 297}  # all 1797 digits
+SYNTHETIC_DEFAULTS = {"classes": 10, "dim": 16, "size": 3000, "noise": 1.0}
+SYNTHETIC_FRACTIONS = {"train": 0.5, "val": 0.15, "cal": 0.1, "test": 0.25}
+
+
+def standardised(inputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Centre and scale every feature by the training split's mean and standard deviation."""
+    mean, std = reference.mean(0), reference.std(0).clamp(min=1e-3)
+    return (inputs - mean) / std
+
+
+def from_tensors(name: str, inputs: torch.Tensor, labels: torch.Tensor, sizes: dict[str, int], seed: int) -> DataSplits:
+    parts = stratified_partition(labels, list(sizes.values()), seed)
+    inputs = standardised(inputs, inputs[parts[0]])
+    source = TensorSource(inputs, labels)
+    splits = [Split(split_name, ids, source) for split_name, ids in zip(sizes, parts)]
+    return DataSplits(name, int(labels.max()) + 1, tuple(inputs.shape[1:]), *splits)
+
+
+def load_digits(seed: int) -> DataSplits:
+    """The 1797 8x8 handwritten digits bundled with scikit-learn, as ``[1, 8, 8]`` images."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    bunch = sklearn_digits()
+    inputs = torch.tensor(bunch.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    labels = torch.tensor(bunch.target, dtype=torch.int64)
+    return from_tensors("digits", inputs, labels, DIGITS_SIZES, seed)
+
+
+def parse_synthetic(spec: str) -> dict[str, float]:
+    """``synthetic`` or ``synthetic:classes=20,dim=8,size=5000,noise=1.5`` -> parameters."""
+    options = dict(SYNTHETIC_DEFAULTS)
+    _, _, rest = spec.partition(":")
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key not in SYNTHETIC_DEFAULTS:
+            raise ValueError(f"dataset: unknown synthetic option {key!r}; allowed: {', '.join(SYNTHETIC_DEFAULTS)}")
+        options[key] = float(value) if key == "noise" else int(value)
+    if options["classes"] < 2 or options["dim"] < 1 or options["size"] < 20 * options["classes"] or options["noise"] <= 0:
+        raise ValueError(f"dataset: synthetic needs classes >= 2, dim >= 1, size >= 20 * classes, noise > 0; got {options}")
+    return options
+
+
+def make_synthetic(classes: int, dim: int, size: int, noise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian classes with known structure: class c has mean ``m_c`` (random, unit scale) and
+    isotropic noise ``noise * s_c`` where ``s_c`` grows from 0.5 to 1.5 over the classes, so some
+    classes are easy and some hard (prediction sets then vary in size).  Labels are balanced."""
+    gen = torch.Generator().manual_seed(seed)
+    means = torch.randn(classes, dim, generator=gen) * 2.0
+    spread = noise * torch.linspace(0.5, 1.5, classes)
+    labels = torch.arange(size) % classes
+    labels = labels[torch.randperm(size, generator=gen)]
+    inputs = means[labels] + spread[labels, None] * torch.randn(size, dim, generator=gen)
+    return inputs, labels
+
+
+def load_synthetic(spec: str, seed: int) -> DataSplits:
+    options = parse_synthetic(spec)
+    # the data itself is fixed by its parameters; only the split depends on the run seed
+    inputs, labels = make_synthetic(options["classes"], options["dim"], options["size"], options["noise"], seed=1234)
+    sizes = {name: int(options["size"] * fraction) for name, fraction in SYNTHETIC_FRACTIONS.items()}
+    return from_tensors(spec, inputs, labels, sizes, seed)

@@ -1,0 +1,70 @@
+"""What every training objective shares: the call shape, the HPS training score, the output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dpsm_ray.collective import LocalCollective
+from dpsm_ray.conformal import score_matrix
+
+
+@dataclass
+class ObjectiveOutput:
+    """``loss`` carries the gradient; ``stats`` are detached scalars for logging:
+    ``ce``, ``conformal`` (the unweighted L_c term), ``upper`` (ce + lambda * conformal),
+    ``pinball`` (lower-level loss at ``quantile``) and ``quantile`` (DPSM's q or ConfTr's batch
+    tau; NaN where the method has none)."""
+
+    loss: torch.Tensor
+    stats: dict[str, torch.Tensor]
+
+
+def hps_scores(logits: torch.Tensor) -> torch.Tensor:
+    """Training score of every label: HPS on softmax probabilities, ``[n, K]``."""
+    return score_matrix(logits.softmax(dim=1), "hps")
+
+
+class Objective:
+    """L_cls(f) + lambda * L_c(f), called on the logits of a batch B1 from D1 and B2 from D2.
+
+    ``conformal_weight`` is the paper's lambda.  Subclasses with state (DPSM's q) override
+    ``initialize``, ``state_dict`` and ``load_state_dict``.
+    """
+
+    name = "objective"
+
+    def __init__(self, *, alpha: float, conformal_weight: float, collective=None) -> None:
+        self.alpha = alpha
+        self.conformal_weight = conformal_weight
+        self.collective = collective or LocalCollective()
+
+    def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
+        raise NotImplementedError
+
+    def initialize(self, train_label_scores: torch.Tensor) -> None:
+        """Called once before training with the starting model's D1 label scores (all workers)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Stateless objectives have nothing to restore."""
+
+    def _output(self, ce, conformal, pinball=None, quantile=None) -> ObjectiveOutput:
+        nan = torch.full((), torch.nan, device=ce.device)
+        loss = ce + self.conformal_weight * conformal
+        stats = {
+            "ce": ce.detach(),
+            "conformal": conformal.detach(),
+            "upper": loss.detach(),
+            "pinball": nan if pinball is None else pinball.detach(),
+            "quantile": nan if quantile is None else quantile.detach(),
+        }
+        return ObjectiveOutput(loss, stats)
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels)

@@ -1,0 +1,52 @@
+"""DPSM (Shi et al., ICML 2025, Algorithm 1): conformal training as a bilevel problem.
+
+    min_{f, q}  L_cls(f) + lambda * (1/n) sum_i sum_y sigmoid((q - S_f(x_i, y)) / T)
+    s.t.        q in argmin_q' (1/n) sum_i rho_alpha(q', S_f(x_i, y_i))
+
+Each step, with B1 from D1 and B2 from D2:
+  * the gradient of CE on B1 and of the soft set size on B2 at the current q go to f;
+  * q moves by the pinball gradient on B1's detached scores, averaged over all workers:
+        q <- q - gamma * (mean(1[s < q]) - (1 - alpha)).
+q is one scalar, not a function of any batch: that decoupling is what gives the O(1/sqrt(n))
+learning bound instead of the batch quantile's Omega(1/s).  It is plain state outside autograd,
+so no graph grows across steps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dpsm_ray.conformal import empirical_quantile, label_scores, pinball_grad, pinball_loss, soft_set_size
+from dpsm_ray.objectives.base import Objective, ObjectiveOutput, cross_entropy, hps_scores
+
+
+class DPSM(Objective):
+    name = "dpsm"
+
+    def __init__(self, *, sigmoid_temperature: float, quantile_lr: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.sigmoid_temperature = sigmoid_temperature
+        self.quantile_lr = quantile_lr  # gamma
+        self.q: torch.Tensor | None = None
+
+    def initialize(self, train_label_scores: torch.Tensor) -> None:
+        """q_0 = Q_n, the (1 - alpha) quantile of the starting model's D1 scores."""
+        self.q = empirical_quantile(train_label_scores.detach(), 1 - self.alpha)
+
+    def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
+        if self.q is None:
+            raise RuntimeError("DPSM.initialize(D1 scores) must run before the first step")
+        q = self.q.to(logits1.device)
+        ce = cross_entropy(logits1, labels1)
+        size = soft_set_size(hps_scores(logits2), q, self.sigmoid_temperature)
+        lower_scores = label_scores(hps_scores(logits1.detach()), labels1)
+        grad_q = self.collective.mean(pinball_grad(q, lower_scores, self.alpha))
+        pinball = self.collective.mean(pinball_loss(q, lower_scores, self.alpha))
+        self.q = q - self.quantile_lr * grad_q
+        return self._output(ce, size, pinball, q)
+
+    def state_dict(self) -> dict:
+        return {"q": None if self.q is None else self.q.detach().cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.q = state["q"]

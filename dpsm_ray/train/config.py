@@ -1,0 +1,154 @@
+"""The one frozen, validated configuration of a training run.
+
+Every field carries its help text and allowed range; the CLI builds its options from these, the
+sweep builds configs from dicts, and ``validate()`` gives one error naming the field, the value and
+what is allowed -- before any data is loaded or any Ray work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+from dpsm_ray.conformal import SCORE_KINDS
+from dpsm_ray.objectives import METHODS
+
+
+class ConfigError(ValueError):
+    """A configuration value outside its allowed range."""
+
+    def __init__(self, name: str, value, allowed: str) -> None:
+        self.field, self.value, self.allowed = name, value, allowed
+        super().__init__(f"{name}={value!r} is invalid: {allowed}")
+
+
+def option(default, help: str, **metadata):
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples for sequence defaults")
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+# Fields that do not change what a run computes: left out of the config hash.
+OPERATIONAL_FIELDS = frozenset(
+    {"data_root", "download", "data_workers", "device", "checkpoint_every", "max_failures", "debug_sync_checks", "workers", "gpus_per_worker"}
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # --- what to train --------------------------------------------------------------------
+    dataset: str = option("digits", "dataset: digits, synthetic[:classes=K,dim=D,size=N,noise=S]")
+    data_root: str | None = option(None, "directory holding (or receiving) downloaded datasets", type=str)
+    download: bool = option(False, "download the dataset into --data-root if it is missing")
+    model: str = option("auto", "model architecture; auto picks the dataset's default")
+    method: str = option("dpsm", f"training objective: {', '.join(METHODS)}")
+    # --- the objective ------------------------------------------------------------------------
+    alpha: float = option(0.1, "target miscoverage alpha, in (0, 1)")
+    conformal_weight: float = option(0.5, "lambda: weight of the conformal term L_c, >= 0", flag="--lambda")
+    sigmoid_temperature: float = option(0.1, "tau_Sigmoid: temperature T of the soft set size, > 0", flag="--temperature")
+    sort_temperature: float = option(0.01, "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)")
+    quantile_lr: float = option(0.01, "gamma: DPSM's learning rate for q, > 0")
+    # --- optimisation -----------------------------------------------------------------------
+    lr: float = option(0.05, "eta: SGD learning rate of the model, > 0")
+    batch_size: int = option(64, "total batch per step over all workers; half from D1, half from D2")
+    epochs: int = option(30, "number of epochs, >= 1")
+    milestones: tuple[int, ...] = option((), "epochs at which the learning rate is multiplied by --lr-decay")
+    lr_decay: float = option(0.1, "learning-rate decay factor at each milestone, in (0, 1]")
+    momentum: float = option(0.9, "SGD momentum, in [0, 1)")
+    weight_decay: float = option(1e-4, "SGD weight decay, >= 0")
+    seed: int = option(0, "run seed: splits, initialisation, batches, augmentation, evaluation")
+    train_subset: int | None = option(None, "train on a stratified subset of N training examples (smoke runs)", type=int)
+    # --- evaluation ---------------------------------------------------------------------------
+    val_splits: int = option(5, "validation re-splits (calibrate on half of val, measure on the other half)")
+    eval_splits: int = option(10, "random calibration/test re-splits of the final evaluation")
+    eval_scores: tuple[str, ...] = option(SCORE_KINDS, "scores evaluated at the end")
+    # --- execution ----------------------------------------------------------------------------
+    workers: int = option(0, "Ray Train data-parallel workers; 0 trains in this process")
+    gpus_per_worker: float = option(0.0, "GPUs per Ray Train worker (fractions pack workers on a GPU)")
+    device: str = option("auto", "device for --workers 0: auto, cpu, cuda")
+    data_workers: int = option(4, "DataLoader processes for file-based datasets")
+    checkpoint_every: int = option(1, "checkpoint every N epochs (and always after the last)")
+    max_failures: int = option(0, "restarts of a failed worker group from its last checkpoint")
+    debug_sync_checks: bool = option(False, "assert every step that q and the parameters are identical on all workers")
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(unknown[0], values[unknown[0]], f"not a training option (known: {', '.join(sorted(known))})")
+        tuples = {"milestones", "eval_scores"}
+        return cls(**{k: tuple(v) if k in tuples and v is not None else v for k, v in values.items()})
+
+    def replace(self, **changes) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def config_hash(self) -> str:
+        """Hash of everything that determines the run's results (operational fields excluded)."""
+        relevant = {k: v for k, v in self.to_dict().items() if k not in OPERATIONAL_FIELDS}
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+
+def validate(config: TrainConfig) -> None:
+    from dpsm_ray.data import check_dataset, split_sizes
+    from dpsm_ray.models import MODELS
+
+    def need(ok: bool, name: str, allowed: str) -> None:
+        if not ok:
+            raise ConfigError(name, getattr(config, name), allowed)
+
+    def number(name: str) -> float:
+        value = getattr(config, name)
+        need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), name, "must be a finite number")
+        return value
+
+    def integer(name: str) -> int:
+        value = getattr(config, name)
+        need(isinstance(value, int) and not isinstance(value, bool), name, "must be an integer")
+        return value
+
+    try:
+        check_dataset(config.dataset)
+    except ValueError as error:
+        raise ConfigError("dataset", config.dataset, str(error).partition("; got")[0]) from None
+    train_size = split_sizes(config.dataset)["train"]
+    need(config.model in ("auto", *MODELS), "model", f"must be one of auto, {', '.join(MODELS)}")
+    need(config.method in METHODS, "method", f"must be one of {', '.join(METHODS)}")
+    need(0 < number("alpha") < 1, "alpha", "must be in the open interval (0, 1)")
+    need(number("conformal_weight") >= 0, "conformal_weight", "lambda must be >= 0")
+    need(number("sigmoid_temperature") > 0, "sigmoid_temperature", "must be > 0")
+    need(number("sort_temperature") >= 0, "sort_temperature", "must be >= 0")
+    need(number("quantile_lr") > 0, "quantile_lr", "gamma must be > 0")
+    need(number("lr") > 0, "lr", "eta must be > 0")
+    need(integer("batch_size") >= 2 and config.batch_size % 2 == 0, "batch_size", "must be an even integer >= 2 (half from D1, half from D2)")
+    need(integer("epochs") >= 1, "epochs", "must be an integer >= 1")
+    need(all(isinstance(m, int) and 0 < m for m in config.milestones), "milestones", "must be positive epoch numbers")
+    need(list(config.milestones) == sorted(set(config.milestones)), "milestones", "must be strictly increasing")
+    need(0 < number("lr_decay") <= 1, "lr_decay", "must be in (0, 1]")
+    need(0 <= number("momentum") < 1, "momentum", "must be in [0, 1)")
+    need(number("weight_decay") >= 0, "weight_decay", "must be >= 0")
+    need(integer("seed") >= 0, "seed", "must be an integer >= 0")
+    need(config.train_subset is None or (isinstance(config.train_subset, int) and config.train_subset >= 2), "train_subset", "must be an integer >= 2")
+    need(config.train_subset is None or config.train_subset <= train_size, "train_subset", f"must be at most the training split's {train_size} examples")
+    usable = 2 * ((config.train_subset or train_size) // 2)
+    need(config.batch_size <= usable, "batch_size", f"must be at most {usable}: each step takes half the batch from each half of the {config.train_subset or train_size} training examples")
+    need(integer("val_splits") >= 1, "val_splits", "must be an integer >= 1")
+    need(integer("eval_splits") >= 1, "eval_splits", "must be an integer >= 1")
+    need(len(config.eval_scores) > 0 and all(s in SCORE_KINDS for s in config.eval_scores), "eval_scores", f"must be a non-empty subset of {', '.join(SCORE_KINDS)}")
+    need(integer("workers") >= 0, "workers", "must be an integer >= 0")
+    need(config.workers == 0 or config.batch_size % (2 * config.workers) == 0, "batch_size",
+         f"must be divisible by 2 * workers = {2 * config.workers} (each worker takes batch_size / workers, half from D1 and half from D2)")
+    need(number("gpus_per_worker") >= 0, "gpus_per_worker", "must be >= 0")
+    need(config.device in ("auto", "cpu", "cuda") or config.device.startswith("cuda:"), "device", "must be auto, cpu, cuda or cuda:N")
+    need(integer("data_workers") >= 0, "data_workers", "must be an integer >= 0")
+    need(integer("checkpoint_every") >= 1, "checkpoint_every", "must be an integer >= 1")
+    need(integer("max_failures") >= 0, "max_failures", "must be an integer >= 0")

@@ -1,0 +1,283 @@
+"""The one training loop: any objective, one worker or many.
+
+``train(config, env)`` is the per-worker function.  Everything that differs between running in
+this process and running as a Ray Train worker -- the collective, the device, where checkpoints
+and reports go -- comes in through ``env`` (see ``dpsm_ray.train.env``), so the maths here is the
+same with world size 1 and is testable without Ray.
+
+Data order (SPEC section 3): the training split is cut once, at random, into halves D1 and D2
+(Algorithm 1, line 3).  Each epoch draws one global permutation of each half from the run seed;
+global step i takes the i-th ``batch_size / 2`` block of each, and worker r its contiguous
+``1 / W`` slice.  No sampler padding; a last partial block is dropped on every worker alike.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dpsm_ray.conformal import empirical_quantile, evaluate, label_scores, soft_set_size
+from dpsm_ray.data import DataSplits, Split, load_splits, stratified_partition
+from dpsm_ray.models import build_model
+from dpsm_ray.objectives import ConfTr, DPSM, Objective, build_objective, hps_scores
+from dpsm_ray.seeding import derive_seed, generator
+from dpsm_ray.train.config import ConfigError, TrainConfig
+
+EVAL_BATCH = 512
+# Per-epoch columns of epochs.parquet, in order (docs/results.md).
+EPOCH_COLUMNS = (
+    "epoch", "lr", "upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error",
+    "soft_size", "val_coverage", "val_set_size", "val_accuracy", "epoch_seconds",
+)
+
+
+class DivergedError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclass
+class RunResult:
+    """What a finished run hands back: one row per epoch, and the final evaluation rows."""
+
+    config: TrainConfig
+    epochs: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    split_sizes: dict[str, int] = field(default_factory=dict)
+    split_ids: dict[str, list[int]] = field(default_factory=dict)
+
+
+def default_model(dataset: str) -> str:
+    return "mlp"
+
+
+def load_data(config: TrainConfig, device: torch.device) -> DataSplits:
+    data = load_splits(config.dataset, config.data_root, seed=config.seed, download=config.download)
+    if config.train_subset is not None:
+        keep = stratified_partition(data.train.labels, [config.train_subset], derive_seed(config.seed, "subset"))[0]
+        data.train = data.train.subset(keep)
+    return data.to(device)
+
+
+def halves(train_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """D1 and D2: a random, fixed split of the training positions into equal halves."""
+    order = torch.randperm(train_size, generator=generator(seed, "halves"))
+    half = train_size // 2
+    return order[:half], order[half : 2 * half]
+
+
+def step_batches(half: torch.Tensor, epoch: int, seed: int, name: str, global_batch: int, rank: int, world: int) -> list[torch.Tensor]:
+    """This worker's slices of the epoch's global batches from one half."""
+    order = half[torch.randperm(half.numel(), generator=generator(seed, name, epoch))]
+    local = global_batch // world
+    steps = half.numel() // global_batch
+    return [order[i * global_batch + rank * local : i * global_batch + (rank + 1) * local] for i in range(steps)]
+
+
+def shard(n: int, rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
+    """Contiguous shard of ``range(n)`` for ``rank`` and the sizes of all shards (no padding)."""
+    parts = torch.arange(n).tensor_split(world)
+    return parts[rank], [p.numel() for p in parts]
+
+
+@torch.no_grad()
+def predict(model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env) -> torch.Tensor:
+    """Logits of ``split[positions]`` in eval mode, computed in shards over the workers and
+    gathered so every position appears exactly once, in order."""
+    mine, sizes = shard(positions.numel(), env.collective.rank, env.collective.world_size)
+    was_training = model.training
+    model.eval()
+    batches = split.batches(list(positions[mine].split(EVAL_BATCH)), augment=False, seed=0)
+    local = [model(x.to(env.device, non_blocking=True)).float() for x, _ in batches]
+    model.train(was_training)
+    local = torch.cat(local) if local else torch.empty(0, num_classes, device=env.device)
+    return env.collective.gather_uneven(local, sizes)
+
+
+def label_scores_of(model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env) -> torch.Tensor:
+    """HPS scores of the true labels of ``split[positions]`` (eval mode, every worker's shard)."""
+    logits = predict(model, split, positions, num_classes, env)
+    return label_scores(hps_scores(logits), split.labels[positions].to(logits.device))
+
+
+def train(config: TrainConfig, env) -> RunResult:
+    """Train one model with ``config.method`` and evaluate it; see the module docstring."""
+    torch.manual_seed(derive_seed(config.seed, "init"))
+    data = load_data(config, env.device)
+    train_size = len(data.train)
+    if config.batch_size > 2 * (train_size // 2):
+        raise ConfigError("batch_size", config.batch_size, f"must be at most {2 * (train_size // 2)}, the training split")
+    model = build_model(config.model if config.model != "auto" else default_model(config.dataset), data.num_classes, input_shape=data.input_shape)
+    model = env.prepare_model(model.to(env.device))
+    objective = build_objective(
+        config.method,
+        alpha=config.alpha,
+        conformal_weight=config.conformal_weight,
+        sigmoid_temperature=config.sigmoid_temperature,
+        sort_temperature=config.sort_temperature,
+        quantile_lr=config.quantile_lr,
+        collective=env.collective,
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(config.milestones), gamma=config.lr_decay)
+    d1, d2 = halves(train_size, config.seed)
+    result = RunResult(config, split_sizes=data.sizes(), split_ids={n: getattr(data, n).ids.tolist() for n in ("train", "val", "cal", "test")})
+
+    state = env.load_state()
+    if state is not None:
+        if state["config_hash"] != config.config_hash():
+            raise RuntimeError("the checkpoint belongs to a different configuration; refusing to resume from it")
+        unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        objective.load_state_dict(state["objective"])
+        result.epochs = state["epochs"]
+        start_epoch = state["epoch"] + 1
+        env.log(f"resumed from the checkpoint after epoch {state['epoch'] + 1}")
+    else:
+        # q_0 = Q_n of the starting model on D1, in eval mode without augmentation
+        objective.initialize(label_scores_of(model, data.train, d1, data.num_classes, env))
+        start_epoch = 0
+
+    for epoch in range(start_epoch, config.epochs):
+        started = time.perf_counter()
+        lr = optimizer.param_groups[0]["lr"]
+        stats = train_epoch(model, objective, optimizer, data.train, d1, d2, epoch, config, env)
+        scheduler.step()
+        row = {"epoch": epoch + 1, "lr": lr, **stats}
+        row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
+        row.update(validation_metrics(model, data.val, data.num_classes, config, env))
+        row["epoch_seconds"] = time.perf_counter() - started
+        result.epochs.append(row)
+        last = epoch == config.epochs - 1
+        checkpoint = None
+        if last or (epoch + 1) % config.checkpoint_every == 0:
+            checkpoint = {
+                "epoch": epoch,
+                "config_hash": config.config_hash(),
+                "model": unwrap(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "objective": objective.state_dict(),
+                "epochs": result.epochs,
+            }
+        env.log(progress_line(row, config))
+        env.report(row, checkpoint)
+
+    result.evals = final_evaluation(model, data, config, env)
+    return result
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env) -> dict:
+    rank, world = env.collective.rank, env.collective.world_size
+    global_half = config.batch_size // 2
+    batches1 = step_batches(d1, epoch, config.seed, "d1", global_half, rank, world)
+    batches2 = step_batches(d2, epoch, config.seed, "d2", global_half, rank, world)
+    augment_seed = derive_seed(config.seed, "augment", epoch)
+    model.train()
+    totals: dict[str, torch.Tensor] = {}
+    steps = 0
+    for (x1, y1), (x2, y2) in zip(
+        train_split.batches(batches1, augment=True, seed=augment_seed),
+        train_split.batches(batches2, augment=True, seed=augment_seed),
+    ):
+        y1, y2 = y1.to(env.device, non_blocking=True), y2.to(env.device, non_blocking=True)
+        logits = model(torch.cat([x1, x2]).to(env.device, non_blocking=True))
+        logits1, logits2 = logits.split([x1.shape[0], x2.shape[0]])
+        out = objective(logits1, y1, logits2, y2)
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        optimizer.step()
+        for name, value in out.stats.items():
+            totals[name] = totals.get(name, 0) + value
+        steps += 1
+        if config.debug_sync_checks:
+            env.check_in_sync(model, objective)
+    means = {name: float(env.collective.mean(total / steps)) for name, total in totals.items()}
+    if not math.isfinite(means["upper"]):
+        raise DivergedError(f"training loss is {means['upper']} in epoch {epoch + 1} (method {config.method}, lr {config.lr})")
+    return {
+        "upper_loss": means["upper"],
+        "ce_loss": means["ce"],
+        "conformal_loss": means["conformal"],
+        "lower_loss": means["pinball"],
+        "q": means["quantile"] if not isinstance(objective, DPSM) else float(objective.q),
+    }
+
+
+def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env) -> dict:
+    """Q_n of D1's scores, the quantile's estimation error, and the soft set size on D2 at Q_n
+    (all in eval mode, no augmentation)."""
+    d1_scores = label_scores_of(model, data.train, d1, data.num_classes, env).double()
+    q_dataset = empirical_quantile(d1_scores, 1 - config.alpha)
+    if isinstance(objective, DPSM):
+        q_error = (objective.q.double().to(q_dataset.device) - q_dataset).abs()
+    elif isinstance(objective, ConfTr):
+        # the batch quantile's error at this f: over D1 cut into random batches of the global B1 size
+        half = config.batch_size // 2
+        order = torch.randperm(d1_scores.numel(), generator=generator(config.seed, "q_error")).to(d1_scores.device)
+        usable = (d1_scores.numel() // half) * half
+        taus = objective.batch_quantile(d1_scores[order[:usable]].reshape(-1, half))
+        q_error = (taus - q_dataset).abs().mean()
+    else:
+        q_error = torch.tensor(math.nan)
+    d2_scores = hps_scores(predict(model, data.train, d2, data.num_classes, env)).double()
+    soft = soft_set_size(d2_scores, q_dataset, config.sigmoid_temperature)
+    return {"q_dataset": float(q_dataset), "q_error": float(q_error), "soft_size": float(soft)}
+
+
+def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig, env) -> dict:
+    """Split conformal inside the validation split (HPS), averaged over re-splits: what a sweep
+    selects on.  The test data is never looked at."""
+    logits = predict(model, val, torch.arange(len(val)), num_classes, env)
+    rows = evaluate(
+        logits.double().softmax(dim=1).cpu(),
+        val.labels,
+        config.alpha,
+        scores=("hps",),
+        splits=config.val_splits,
+        cal_fraction=0.5,
+        seed=derive_seed(config.seed, "val"),
+        example_ids=val.ids,
+        wsc_directions=1,
+    )
+    return {
+        "val_coverage": sum(r["coverage"] for r in rows) / len(rows),
+        "val_set_size": sum(r["set_size"] for r in rows) / len(rows),
+        "val_accuracy": rows[0]["accuracy"],
+    }
+
+
+def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> list[dict]:
+    """The paper's protocol: pool cal and test, re-split at random ``eval_splits`` times keeping
+    the calibration size, and evaluate every score."""
+    probs = torch.cat([predict(model, s, torch.arange(len(s)), data.num_classes, env) for s in (data.cal, data.test)]).double().softmax(dim=1).cpu()
+    labels = torch.cat([data.cal.labels, data.test.labels])
+    ids = torch.cat([data.cal.ids, data.test.ids]).cpu()
+    return evaluate(
+        probs,
+        labels,
+        config.alpha,
+        scores=config.eval_scores,
+        splits=config.eval_splits,
+        cal_fraction=len(data.cal) / (len(data.cal) + len(data.test)),
+        seed=config.seed,
+        example_ids=ids,
+    )
+
+
+def progress_line(row: dict, config: TrainConfig) -> str:
+    quantile = ""
+    if config.method in ("dpsm", "conftr"):
+        quantile = f"  q {row['q']:.4f}  Q_n {row['q_dataset']:.4f}  |q-Q_n| {row['q_error']:.4f}"
+    return (
+        f"[{config.method}] epoch {row['epoch']:>3}/{config.epochs}  upper {row['upper_loss']:.4f}"
+        f"{quantile}  val cov {row['val_coverage']:.3f}  val size {row['val_set_size']:.2f}  ({row['epoch_seconds']:.1f}s)"
+    )

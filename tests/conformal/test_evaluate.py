@@ -1,0 +1,85 @@
+import math
+
+import pytest
+import torch
+
+from dpsm_ray.conformal import EVAL_COLUMNS, SCORE_KINDS, evaluate, example_uniforms, resplit, score_matrix
+
+
+def calibrated_data(n, k, seed):
+    """Softmax outputs with labels drawn from them: exchangeable and continuous (no score ties)."""
+    generator = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(n, k, generator=generator, dtype=torch.float64) * 1.5, dim=1)
+    labels = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return probs, labels
+
+
+def slow_split_metrics(probs, labels, alpha, cal_index, test_index, kind, u):
+    scores = score_matrix(probs, kind, u=u)
+    cal_scores = sorted(scores[i, labels[i]].item() for i in cal_index.tolist())
+    rank = math.ceil((len(cal_scores) + 1) * (1 - alpha) - 1e-12)
+    q = cal_scores[rank - 1] if rank <= len(cal_scores) else math.inf
+    hits, sizes = 0, 0
+    for i in test_index.tolist():
+        members = [y for y in range(probs.shape[1]) if scores[i, y].item() <= q]
+        hits += labels[i].item() in members
+        sizes += len(members)
+    return q, hits / len(test_index), sizes / len(test_index)
+
+
+def test_evaluate_matches_a_slow_loop_over_splits():
+    probs, labels = calibrated_data(120, 6, seed=0)
+    rows = evaluate(probs, labels, 0.1, splits=4, cal_fraction=0.5, seed=9, wsc_directions=8)
+    assert len(rows) == 3 * 4 and set(rows[0]) == set(EVAL_COLUMNS)
+    cal, test = resplit(120, 4, 0.5, 9)
+    u = example_uniforms(9, torch.arange(120))
+    for row in rows:
+        q, cov, size = slow_split_metrics(probs, labels, 0.1, cal[row["split"]], test[row["split"]], row["score"], u)
+        assert row["q"] == pytest.approx(q)
+        assert row["coverage"] == pytest.approx(cov)
+        assert row["set_size"] == pytest.approx(size)
+        assert (row["n_cal"], row["n_test"]) == (60, 60)
+
+
+def test_mean_coverage_is_valid_and_not_conservative():
+    # Over many re-splits of one exchangeable pool, the mean coverage lies in
+    # [1 - alpha, 1 - alpha + 1/(m + 1)] (no ties), up to the sampling error of the mean.
+    probs, labels = calibrated_data(600, 10, seed=1)
+    alpha, m, splits = 0.1, 200, 1500
+    rows = evaluate(probs, labels, alpha, splits=splits, cal_fraction=m / 600, seed=2, wsc_directions=2)
+    for kind in SCORE_KINDS:
+        covs = torch.tensor([r["coverage"] for r in rows if r["score"] == kind])
+        mean, standard_error = covs.mean().item(), covs.std().item() / splits**0.5
+        assert 1 - alpha - 4 * standard_error <= mean <= 1 - alpha + 1 / (m + 1) + 4 * standard_error, kind
+
+
+def test_too_few_calibration_points_give_full_sets():
+    probs, labels = calibrated_data(50, 4, seed=3)
+    rows = evaluate(probs, labels, 0.1, splits=3, cal_fraction=0.1, seed=0, wsc_directions=4)  # m = 5 < 1/alpha
+    for row in rows:
+        assert math.isinf(row["q"]) and row["coverage"] == 1.0 and row["set_size"] == 4.0
+
+
+def test_a_class_absent_from_calibration_is_still_predicted_and_scored():
+    probs, labels = calibrated_data(200, 5, seed=4)
+    labels[labels == 4] = 3
+    labels[0] = 4  # class 4 has a single example: absent from calibration in most re-splits
+    rows = evaluate(probs, labels, 0.1, splits=20, cal_fraction=0.5, seed=1, wsc_directions=4)
+    cal, test = resplit(200, 20, 0.5, 1)
+    absent = [s for s in range(20) if 0 in test[s].tolist()]
+    assert absent, "the seed should put example 0 in some test part"
+    for row in rows:
+        assert all(math.isfinite(row[c]) for c in ("coverage", "set_size", "covgap", "sscv", "accuracy"))
+        assert 0.0 <= row["covgap"] <= 100.0
+
+
+def test_bad_arguments_are_named():
+    probs, labels = calibrated_data(20, 3, seed=5)
+    with pytest.raises(ValueError, match="alpha"):
+        evaluate(probs, labels, 1.0)
+    with pytest.raises(ValueError, match="score kind"):
+        evaluate(probs, labels, 0.1, scores=("thr",))
+    with pytest.raises(ValueError, match="cal_fraction"):
+        evaluate(probs, labels, 0.1, cal_fraction=1.0)
+    with pytest.raises(ValueError, match="empty calibration or test"):
+        evaluate(probs, labels, 0.1, cal_fraction=0.01)

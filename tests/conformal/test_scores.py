@@ -1,0 +1,98 @@
+import pytest
+import torch
+
+from dpsm_ray.conformal import example_uniforms, label_scores, prediction_sets, score_matrix
+
+
+def slow_aps(probs, u, raps_lambda=0.0, k_reg=0):
+    """APS/RAPS straight from the definition: loop over examples and labels."""
+    n, k = probs.shape
+    out = torch.empty(n, k, dtype=torch.float64)
+    for i in range(n):
+        p = probs[i].tolist()
+        # rank by probability, descending; ties by class index (lower first)
+        order = sorted(range(k), key=lambda c: (-p[c], c))
+        for y in range(k):
+            rank = order.index(y) + 1
+            above = sum(p[c] for c in order[: rank - 1])
+            out[i, y] = above + float(u[i]) * p[y] + raps_lambda * max(0, rank - k_reg)
+    return out
+
+
+def test_hps_by_hand():
+    probs = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
+    assert torch.allclose(score_matrix(probs, "hps"), torch.tensor([[0.5, 0.7, 0.8]], dtype=torch.float64))
+
+
+def test_aps_by_hand_with_and_without_u():
+    probs = torch.tensor([[0.2, 0.5, 0.3]], dtype=torch.float64)
+    # sorted: class 1 (0.5), class 2 (0.3), class 0 (0.2)
+    expected_u1 = torch.tensor([[0.5 + 0.3 + 0.2, 0.5, 0.5 + 0.3]], dtype=torch.float64)
+    assert torch.allclose(score_matrix(probs, "aps"), expected_u1)
+    expected_u_quarter = torch.tensor([[0.8 + 0.05, 0.125, 0.5 + 0.075]], dtype=torch.float64)
+    u = torch.tensor([0.25], dtype=torch.float64)
+    assert torch.allclose(score_matrix(probs, "aps", u=u), expected_u_quarter)
+
+
+def test_aps_ties_rank_lower_class_index_first():
+    probs = torch.tensor([[0.25, 0.5, 0.25]], dtype=torch.float64)
+    # class 1 first, then the tie: class 0 before class 2
+    assert torch.allclose(score_matrix(probs, "aps"), torch.tensor([[0.75, 0.5, 1.0]], dtype=torch.float64))
+
+
+def test_raps_penalises_ranks_beyond_k_reg_by_hand():
+    probs = torch.tensor([[0.3, 0.2, 0.15, 0.1, 0.09, 0.08, 0.05, 0.03]], dtype=torch.float64)
+    scores = score_matrix(probs, "raps", raps_lambda=0.01, raps_k_reg=5)
+    cumulative = probs.cumsum(1)
+    penalty = torch.tensor([[0, 0, 0, 0, 0, 0.01, 0.02, 0.03]], dtype=torch.float64)
+    assert torch.allclose(scores, cumulative + penalty)
+
+
+@pytest.mark.parametrize("kind,raps_lambda,k_reg", [("aps", 0.0, 0), ("raps", 0.01, 5), ("raps", 0.2, 2)])
+def test_aps_and_raps_match_slow_reference(kind, raps_lambda, k_reg):
+    generator = torch.Generator().manual_seed(3)
+    probs = torch.softmax(torch.randn(40, 9, generator=generator, dtype=torch.float64) * 2, dim=1)
+    probs[0, :3] = probs[0, 3]  # a few exact ties
+    probs[0] = probs[0] / probs[0].sum()
+    u = torch.rand(40, generator=generator, dtype=torch.float64)
+    fast = score_matrix(probs, kind, u=u, raps_lambda=raps_lambda, raps_k_reg=k_reg)
+    assert torch.allclose(fast, slow_aps(probs, u, raps_lambda, k_reg), atol=1e-12)
+
+
+def test_aps_sets_are_prefixes_of_the_sorted_labels():
+    generator = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(200, 12, generator=generator), dim=1)
+    u = torch.rand(200, generator=generator)
+    scores = score_matrix(probs, "aps", u=u)
+    order = probs.argsort(dim=1, descending=True, stable=True)
+    for q in (0.2, 0.5, 0.9, 0.99):
+        in_sorted_order = prediction_sets(scores, q).gather(1, order).int()
+        # a prefix is non-increasing along the sorted labels
+        assert (in_sorted_order[:, 1:] <= in_sorted_order[:, :-1]).all()
+
+
+def test_label_scores_gathers_the_true_label():
+    scores = torch.tensor([[0.1, 0.2], [0.3, 0.4]])
+    assert torch.equal(label_scores(scores, torch.tensor([1, 0])), torch.tensor([0.2, 0.3]))
+
+
+def test_unknown_score_kind_names_the_allowed_values():
+    with pytest.raises(ValueError, match="hps, aps, raps.*'lac'"):
+        score_matrix(torch.ones(1, 2) / 2, "lac")
+
+
+def test_example_uniforms_depend_only_on_seed_and_id():
+    ids = torch.arange(1000)
+    u = example_uniforms(7, ids)
+    assert torch.equal(example_uniforms(7, ids[[5, 900, 3]]), u[[5, 900, 3]])
+    assert not torch.equal(example_uniforms(8, ids), u)
+    assert ((u > 0) & (u < 1)).all()
+
+
+def test_example_uniforms_look_uniform():
+    u = example_uniforms(0, torch.arange(200_000))
+    grid = (torch.arange(1, u.numel() + 1, dtype=torch.float64)) / u.numel()
+    ks = (u.sort().values - grid).abs().max().item()
+    assert ks < 1.63 / u.numel() ** 0.5  # the 1% critical value of the KS statistic
+    # neighbouring ids are not correlated
+    assert abs(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1].item()) < 0.01

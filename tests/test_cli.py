@@ -1,0 +1,50 @@
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from dpsm_ray.cli import build_parser, main
+from dpsm_ray.results.schema import EPOCHS, EVALS
+from dpsm_ray.train.config import TrainConfig
+
+
+def test_train_prints_a_table_and_writes_the_documented_files(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--dataset", "digits", "--method", "dpsm", "--epochs", "2", "--eval-splits", "3", "--out", str(out)])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "epoch   1/2" in captured.err and "epoch   2/2" in captured.err
+    for score in ("hps", "aps", "raps"):
+        assert score in captured.out
+    epochs = pd.read_parquet(out / "epochs.parquet")
+    evals = pd.read_parquet(out / "evals.parquet")
+    assert list(epochs.columns) == list(EPOCHS) and len(epochs) == 2
+    assert list(evals.columns) == list(EVALS) and len(evals) == 9
+    assert (out / "config.json").exists() and (out / "splits.json").exists()
+    assert not list(out.glob(".*tmp"))
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--alpha", "1.5"], "--alpha=1.5 is invalid: must be in the open interval (0, 1)"),
+        (["--lambda", "-1"], "--lambda=-1.0 is invalid: lambda must be >= 0"),
+        (["--method", "thr"], "--method='thr' is invalid: must be one of ce, conftr, cut, dpsm"),
+        (["--batch-size", "4096"], "--batch-size=4096 is invalid: must be at most 1000"),
+        (["--temperature", "-2"], "--temperature=-2.0 is invalid: must be > 0"),
+    ],
+)
+def test_invalid_values_exit_with_one_line_naming_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_help_documents_every_option():
+    subparsers = build_parser()._subparsers._group_actions[0].choices
+    text = subparsers["train"].format_help()
+    for field in dataclasses.fields(TrainConfig):
+        assert field.metadata.get("flag", "--" + field.name.replace("_", "-")) in text
+    assert "--out" in text

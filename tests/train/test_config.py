@@ -1,0 +1,47 @@
+import pytest
+
+from dpsm_ray.train.config import ConfigError, TrainConfig
+
+
+@pytest.mark.parametrize(
+    "changes,field,fragment",
+    [
+        ({"alpha": 0.0}, "alpha", "(0, 1)"),
+        ({"alpha": 1.2}, "alpha", "(0, 1)"),
+        ({"conformal_weight": -0.1}, "conformal_weight", ">= 0"),
+        ({"lr": 0.0}, "lr", "> 0"),
+        ({"quantile_lr": -1.0}, "quantile_lr", "> 0"),
+        ({"sigmoid_temperature": -1.0}, "sigmoid_temperature", "> 0"),
+        ({"method": "thr"}, "method", "ce, conftr, cut, dpsm"),
+        ({"dataset": "mnist"}, "dataset", "digits, synthetic"),
+        ({"model": "vgg"}, "model", "auto, mlp, cnn"),
+        ({"batch_size": 2000}, "batch_size", "at most 1000"),
+        ({"batch_size": 63}, "batch_size", "even"),
+        ({"milestones": (25, 3)}, "milestones", "increasing"),
+        ({"eval_scores": ("thr",)}, "eval_scores", "hps, aps, raps"),
+        ({"train_subset": 5000}, "train_subset", "at most"),
+        ({"alpha": float("nan")}, "alpha", "finite"),
+    ],
+)
+def test_bad_values_name_the_field_value_and_range(changes, field, fragment):
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(**changes)
+    assert error.value.field == field
+    assert fragment in str(error.value) and repr(changes[field]) in str(error.value)
+
+
+def test_unknown_keys_are_rejected_by_name():
+    with pytest.raises(ConfigError, match="lamda"):
+        TrainConfig.from_dict({"lamda": 0.1})
+
+
+def test_config_hash_ignores_operational_fields_only():
+    base = TrainConfig()
+    assert base.config_hash() == TrainConfig(device="cpu", data_workers=1, checkpoint_every=3).config_hash()
+    assert base.config_hash() != TrainConfig(seed=1).config_hash()
+    assert base.config_hash() != TrainConfig(conformal_weight=0.25).config_hash()
+
+
+def test_round_trips_through_a_dict():
+    config = TrainConfig(milestones=(3, 7), eval_scores=("hps",))
+    assert TrainConfig.from_dict(config.to_dict()) == config

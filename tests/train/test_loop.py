@@ -1,0 +1,107 @@
+import math
+
+import pytest
+import torch
+
+from dpsm_ray.results.schema import EPOCHS
+from dpsm_ray.train import DivergedError, LocalEnv, TrainConfig, train
+from dpsm_ray.train.loop import EPOCH_COLUMNS, halves, step_batches
+
+QUIET = dict(log=lambda line: None)
+SMALL = dict(dataset="digits", epochs=2, batch_size=64, eval_splits=3, val_splits=2)
+
+
+def run(tmp_path=None, **changes):
+    config = TrainConfig(**{**SMALL, **changes})
+    checkpoint = tmp_path / "checkpoint.pt" if tmp_path is not None else None
+    return train(config, LocalEnv(torch.device("cpu"), checkpoint, **QUIET))
+
+
+def test_halves_are_disjoint_equal_and_seeded():
+    d1, d2 = halves(101, seed=4)
+    assert d1.numel() == d2.numel() == 50
+    assert set(d1.tolist()).isdisjoint(d2.tolist())
+    assert torch.equal(halves(101, 4)[0], d1) and not torch.equal(halves(101, 5)[0], d1)
+
+
+def test_worker_slices_tile_the_global_batches_without_padding():
+    half = torch.arange(103)
+    single = step_batches(half, epoch=2, seed=0, name="d1", global_batch=10, rank=0, world=1)
+    workers = [step_batches(half, 2, 0, "d1", 10, rank, 2) for rank in range(2)]
+    assert len(single) == 10  # 103 // 10 steps: the partial last batch is dropped
+    for step, global_batch in enumerate(single):
+        assert torch.equal(torch.cat([workers[0][step], workers[1][step]]), global_batch)
+    seen = torch.cat(single)
+    assert seen.unique().numel() == seen.numel() == 100
+    assert not torch.equal(torch.cat(step_batches(half, 3, 0, "d1", 10, 0, 1)), seen)  # reshuffled per epoch
+
+
+@pytest.mark.parametrize("method", ["ce", "conftr", "cut", "dpsm"])
+def test_every_method_trains_on_digits_with_valid_coverage(method):
+    result = run(method=method, epochs=3)
+    assert [row["epoch"] for row in result.epochs] == [1, 2, 3]
+    assert set(EPOCH_COLUMNS) <= set(result.epochs[-1]) <= set(EPOCHS)
+    assert len(result.evals) == 3 * 3
+    last = result.epochs[-1]
+    assert last["val_coverage"] > 0.8 and last["val_accuracy"] > 0.5
+    mean_coverage = sum(r["coverage"] for r in result.evals) / len(result.evals)
+    assert mean_coverage > 0.85
+    has_quantile = method in ("dpsm", "conftr")
+    assert math.isfinite(last["q"]) == has_quantile and math.isfinite(last["q_error"]) == has_quantile
+    assert math.isfinite(last["q_dataset"]) and last["soft_size"] > 0
+
+
+def test_dpsm_learned_quantile_tracks_the_dataset_quantile():
+    # From scratch Q_n falls from ~0.9 to ~0.05 within a few epochs; above every score q can only
+    # descend at gamma * alpha per step, so it lags, then catches up and stays close.
+    result = run(method="dpsm", epochs=8, quantile_lr=0.5)
+    errors = [row["q_error"] for row in result.epochs]
+    assert errors[-1] < 0.03 and errors[-1] < max(errors) / 5
+
+
+class Interrupted(Exception):
+    pass
+
+
+class InterruptingEnv(LocalEnv):
+    """Saves the checkpoint of ``stop_after`` epochs, then dies."""
+
+    def __init__(self, stop_after, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stop_after = stop_after
+
+    def report(self, row, checkpoint):
+        super().report(row, checkpoint)
+        if row["epoch"] == self.stop_after:
+            raise Interrupted
+
+
+def without_timing(rows):
+    return [{k: v for k, v in row.items() if k != "epoch_seconds"} for row in rows]
+
+
+@pytest.mark.parametrize("method", ["dpsm", "conftr"])
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, method):
+    config = TrainConfig(**{**SMALL, "method": method, "epochs": 4})
+    reference = train(config, LocalEnv(torch.device("cpu"), None, **QUIET))
+    with pytest.raises(Interrupted):
+        train(config, InterruptingEnv(2, torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
+    saved_q = torch.load(tmp_path / "ck.pt", weights_only=False)["objective"]
+    resumed = train(config, LocalEnv(torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
+    assert without_timing(resumed.epochs) == without_timing(reference.epochs)
+    assert resumed.evals == reference.evals
+    if method == "dpsm":
+        # q continued from its checkpointed value (after epoch 2), not from a fresh Q_n
+        assert saved_q["q"].item() == pytest.approx(reference.epochs[1]["q"])
+
+
+def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
+    with pytest.raises(Interrupted):
+        train(TrainConfig(**{**SMALL, "epochs": 3}), InterruptingEnv(1, torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
+    with pytest.raises(RuntimeError, match="different configuration"):
+        train(TrainConfig(**{**SMALL, "epochs": 3, "lr": 0.01}), LocalEnv(torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
+
+
+def test_a_diverging_run_fails_loudly():
+    with pytest.raises(DivergedError, match="epoch 1"):
+        run(method="ce", lr=1e12, epochs=1)
