@@ -23,12 +23,14 @@ def _flag(field: dataclasses.Field) -> str:
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     for field in dataclasses.fields(TrainConfig):
+        if not field.metadata.get("cli", True):
+            continue
         flag, default, help_text = _flag(field), field.default, field.metadata["help"]
         kwargs = {"dest": field.name, "default": argparse.SUPPRESS, "help": f"{help_text} (default: {default})"}
         if isinstance(default, bool):
             parser.add_argument(flag, action="store_true", **kwargs)
-        elif isinstance(default, tuple):
-            item_type = str if field.name == "eval_scores" else int
+        elif isinstance(default, tuple) or "nargs" in field.metadata:
+            item_type = field.metadata.get("type", str if field.name == "eval_scores" else int)
             parser.add_argument(flag, nargs="*", type=item_type, **kwargs)
         else:
             parser.add_argument(flag, type=field.metadata.get("type", type(default)), **kwargs)
@@ -67,6 +69,8 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         result = run_training(config, out)
     except ConfigError as error:
         fail(parser, error)
+    except FileNotFoundError as error:  # a dataset or weights file that is not where it was said to be
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     if out is not None:
         write_run(out, result)
     print(f"{config.method} on {config.dataset}, alpha={config.alpha}: test metrics over {config.eval_splits} calibration/test re-splits")

@@ -45,6 +45,33 @@ def test_invalid_values_exit_with_one_line_naming_the_option(argv, message, caps
 def test_help_documents_every_option():
     subparsers = build_parser()._subparsers._group_actions[0].choices
     text = subparsers["train"].format_help()
+    hidden = {field.name for field in dataclasses.fields(TrainConfig) if not field.metadata.get("cli", True)}
+    assert hidden == {"init_checkpoint", "evaluate_test"}  # set by the base-model cache and the sweep, not by hand
     for field in dataclasses.fields(TrainConfig):
-        assert field.metadata.get("flag", "--" + field.name.replace("_", "-")) in text
+        if field.name not in hidden:
+            assert field.metadata.get("flag", "--" + field.name.replace("_", "-")) in text
     assert "--out" in text
+
+
+def test_cifar100_resnet110_dpsm_runs_end_to_end_on_a_generated_copy(tmp_path, capsys):
+    from fake_datasets import write_cifar100
+
+    write_cifar100(tmp_path / "data")
+    code = main([
+        "train", "--dataset", "cifar100", "--data-root", str(tmp_path / "data"), "--model", "resnet110", "--method", "dpsm",
+        "--epochs", "1", "--batch-size", "32", "--eval-splits", "2", "--out", str(tmp_path / "run"),
+    ])
+    assert code == 0
+    assert "epoch   1/1" in capsys.readouterr().err
+    assert len(pd.read_parquet(tmp_path / "run" / "evals.parquet")) == 6
+    splits = __import__("json").loads((tmp_path / "run" / "splits.json").read_text())
+    every_id = [i for name in ("train", "val", "cal", "test") for i in splits[name]]
+    assert len(every_id) == len(set(every_id))
+
+
+def test_a_missing_dataset_names_the_path_and_the_download_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--dataset", "cifar100", "--data-root", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "cifar-100-python") in err and "--download" in err

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dpsm_ray.data.splits import SPLIT_NAMES, DataSplits, FileSource, Split, TensorSource, stratified_partition
 from dpsm_ray.data.tabular import DIGITS_SIZES, SYNTHETIC_FRACTIONS, load_digits, load_synthetic, make_synthetic
+from dpsm_ray.data.vision import LOADERS as VISION_LOADERS
+from dpsm_ray.data.vision import PAPER_SIZES, fitted_sizes
 
-DATASETS = ("digits", "synthetic")
+DATASETS = ("digits", "synthetic", "cifar100", "caltech101", "inaturalist")
 
 
 def check_dataset(name: str) -> str:
@@ -16,26 +18,42 @@ def check_dataset(name: str) -> str:
         from dpsm_ray.data.tabular import parse_synthetic
 
         parse_synthetic(name)
+    elif name != base:
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)} (only synthetic takes options); got {name!r}")
     return name
 
 
 def split_sizes(name: str) -> dict[str, int]:
-    """Sizes of the four splits of ``name``, known without loading any data."""
+    """Sizes of the four splits of ``name``, known without loading any data (for the image
+    datasets, the paper's sizes: a smaller copy on disk gets them scaled down)."""
     check_dataset(name)
     if name == "digits":
         return dict(DIGITS_SIZES)
+    if name in PAPER_SIZES:
+        return dict(PAPER_SIZES[name])
     from dpsm_ray.data.tabular import parse_synthetic
 
     size = parse_synthetic(name)["size"]
     return {split: int(size * fraction) for split, fraction in SYNTHETIC_FRACTIONS.items()}
 
 
-def load_splits(name: str, data_root: str | None = None, *, seed: int, download: bool = False) -> DataSplits:
-    """The four splits of dataset ``name``, stratified and disjoint, chosen by ``seed``."""
+def load_splits(name: str, data_root: str | None = None, *, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+    """The four splits of dataset ``name``, stratified and disjoint, chosen by ``seed``.
+
+    The image datasets are read from (or, with ``download``, fetched into) ``data_root``;
+    ``data_workers`` DataLoader processes decode the file-based ones (Caltech-101, iNaturalist).
+    """
     check_dataset(name)
     if name == "digits":
         return load_digits(seed)
+    if name in VISION_LOADERS:
+        if not isinstance(data_workers, int) or data_workers < 0:
+            raise ValueError(f"data_workers must be an integer >= 0; got {data_workers!r}")
+        return VISION_LOADERS[name](data_root, seed, download, data_workers)
     return load_synthetic(name, seed)
 
 
-__all__ = ["DATASETS", "SPLIT_NAMES", "DataSplits", "FileSource", "Split", "TensorSource", "check_dataset", "load_splits", "make_synthetic", "split_sizes", "stratified_partition"]
+__all__ = [
+    "DATASETS", "PAPER_SIZES", "SPLIT_NAMES", "DataSplits", "FileSource", "Split", "TensorSource", "check_dataset",
+    "fitted_sizes", "load_splits", "make_synthetic", "split_sizes", "stratified_partition",
+]

@@ -45,10 +45,12 @@ class TensorSource:
 
 
 class FileSource:
-    """Inputs decoded from files: ``dataset[i]`` returns ``(PIL image, label)``.
+    """Inputs decoded from files: ``dataset[i]`` returns ``(PIL image, anything)``; the label is
+    ``labels[i]`` (so a dataset's own targets can be remapped, e.g. to the Fungi species only).
 
     Augmented batches seed torch's RNG from ``(seed, example id)`` before each transform, so
     each example's augmentation is reproducible whatever the batching and worker count.
+    ``num_workers`` DataLoader processes decode the files (0: in this process).
     """
 
     def __init__(self, dataset, labels: torch.Tensor, train_transform: Callable, eval_transform: Callable, num_workers: int = 4) -> None:
@@ -65,6 +67,9 @@ class FileSource:
             batch_sampler=[ids.tolist() for ids in ids_batches],
             num_workers=self.num_workers,
             persistent_workers=False,
+            # the loader draws its workers' base seed from this generator, not the global RNG;
+            # the transforms ignore that seed (see _TransformedView)
+            generator=torch.Generator(),
         )
         yield from loader
 
@@ -81,8 +86,11 @@ class _TransformedView(torch.utils.data.Dataset):
 
         image, _ = self.source.dataset[index]
         if self.augment:
-            torch.manual_seed(derive_seed(self.seed, index))
-            x = self.source.train_transform(image)
+            # torchvision's random transforms draw from torch's global RNG: seed a forked copy,
+            # so that with num_workers=0 the caller's global RNG stream is left as it was
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive_seed(self.seed, index))
+                x = self.source.train_transform(image)
         else:
             x = self.source.eval_transform(image)
         return x, int(self.source.labels[index])

@@ -55,8 +55,14 @@ def run_key(config) -> dict:
 
 
 def write_run(out_dir: str | os.PathLike, result) -> None:
-    """A finished run's files: config.json, splits.json, epochs.parquet, evals.parquet."""
+    """A finished run's files: config.json, splits.json, epochs.parquet, evals.parquet, model.pt."""
+    import torch
+
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = atomic_path(out / "model.pt")
+    torch.save(result.model_state, tmp)
+    os.replace(tmp, out / "model.pt")
     key = run_key(result.config)
     write_json(out / "config.json", {**result.config.to_dict(), "run_id": key["run_id"], "split_sizes": result.split_sizes})
     write_json(out / "splits.json", result.split_ids)

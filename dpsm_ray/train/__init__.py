@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from dpsm_ray.train.config import ConfigError, TrainConfig
@@ -12,7 +13,9 @@ from dpsm_ray.train.loop import DivergedError, RunResult, train
 
 def run_training(config: TrainConfig, out_dir: str | os.PathLike | None = None, log=None) -> RunResult:
     """Train ``config`` in this process (``workers == 0``) or on Ray Train workers.  With
-    ``out_dir`` the run checkpoints there and resumes from an existing checkpoint."""
+    ``out_dir`` the run checkpoints there and resumes from an existing checkpoint.  With
+    ``init="base"`` the CE base model comes from the cache (trained first on a miss)."""
+    config = resolve_base_model(config, log)
     checkpoint = Path(out_dir) / "checkpoint.pt" if out_dir is not None else None
     if config.workers == 0:
         return train(config, LocalEnv(pick_device(config.device), checkpoint, log=log))
@@ -21,4 +24,20 @@ def run_training(config: TrainConfig, out_dir: str | os.PathLike | None = None, 
     return train_distributed(config, out_dir, log=log)
 
 
-__all__ = ["ConfigError", "DivergedError", "LocalEnv", "RunResult", "TrainConfig", "run_training", "train"]
+def resolve_base_model(config: TrainConfig, log=None) -> TrainConfig:
+    """``config`` with ``init_checkpoint`` pointing at its CE base model when ``init="base"``
+    (trained and cached on first use, with the same workers as ``config``)."""
+    from dpsm_ray.results import write_run
+    from dpsm_ray.train.base_model import ensure_base_model
+
+    def train_and_write(base: TrainConfig, base_dir) -> None:
+        write_run(base_dir, run_training(base, base_dir, log))
+
+    return ensure_base_model(config, train_and_write, config.cache_dir, log=log or _stderr)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+__all__ = ["ConfigError", "DivergedError", "LocalEnv", "RunResult", "TrainConfig", "resolve_base_model", "run_training", "train"]

@@ -33,18 +33,30 @@ def option(default, help: str, **metadata):
 
 # Fields that do not change what a run computes: left out of the config hash.
 OPERATIONAL_FIELDS = frozenset(
-    {"data_root", "download", "data_workers", "device", "checkpoint_every", "max_failures", "debug_sync_checks", "workers", "gpus_per_worker"}
+    {"data_root", "download", "data_workers", "device", "checkpoint_every", "max_failures", "debug_sync_checks", "workers", "gpus_per_worker", "cpus_per_worker", "init_checkpoint", "cache_dir", "evaluate_test"}
 )
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     # --- what to train --------------------------------------------------------------------
-    dataset: str = option("digits", "dataset: digits, synthetic[:classes=K,dim=D,size=N,noise=S]")
-    data_root: str | None = option(None, "directory holding (or receiving) downloaded datasets", type=str)
+    dataset: str = option("digits", "dataset: digits, synthetic[:classes=K,dim=D,size=N,noise=S], cifar100, caltech101, inaturalist")
+    data_root: str | None = option(
+        None,
+        "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/ (iNaturalist)",
+        type=str,
+    )
     download: bool = option(False, "download the dataset into --data-root if it is missing")
-    model: str = option("auto", "model architecture; auto picks the dataset's default")
+    model: str = option("auto", "model architecture; auto picks the dataset's default (mlp; resnet110 for cifar100; resnet50 otherwise)")
+    pretrained_path: str | None = option(None, "local ImageNet weights (.pth state dict) for resnet50/densenet121; nothing is downloaded", type=str)
     method: str = option("dpsm", f"training objective: {', '.join(METHODS)}")
+    init: str = option("scratch", "start from random weights (scratch) or fine-tune the cached CE base model (base)")
+    init_checkpoint: str | None = option(None, "weights to start from; set from --init base by the base-model cache", cli=False)
+    base_epochs: int | None = option(None, "CE base model epochs (default: the model's recipe)", type=int)
+    base_lr: float | None = option(None, "CE base model learning rate (default: the model's recipe)", type=float)
+    base_batch_size: int | None = option(None, "CE base model batch size (default: the model's recipe)", type=int)
+    base_milestones: tuple[int, ...] | None = option(None, "CE base model learning-rate milestones (default: the model's recipe)", type=int, nargs="*")
+    cache_dir: str | None = option(None, "base-model cache directory (default: $DPSM_RAY_CACHE or ~/.cache/dpsm_ray)", type=str)
     # --- the objective ------------------------------------------------------------------------
     alpha: float = option(0.1, "target miscoverage alpha, in (0, 1)")
     conformal_weight: float = option(0.5, "lambda: weight of the conformal term L_c, >= 0", flag="--lambda")
@@ -65,9 +77,11 @@ class TrainConfig:
     val_splits: int = option(5, "validation re-splits (calibrate on half of val, measure on the other half)")
     eval_splits: int = option(10, "random calibration/test re-splits of the final evaluation")
     eval_scores: tuple[str, ...] = option(SCORE_KINDS, "scores evaluated at the end")
+    evaluate_test: bool = option(True, "evaluate on the calibration/test splits at the end (sweeps switch it off while searching)", cli=False)
     # --- execution ----------------------------------------------------------------------------
     workers: int = option(0, "Ray Train data-parallel workers; 0 trains in this process")
     gpus_per_worker: float = option(0.0, "GPUs per Ray Train worker (fractions pack workers on a GPU)")
+    cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each Ray Train worker (fractions allowed)")
     device: str = option("auto", "device for --workers 0: auto, cpu, cuda")
     data_workers: int = option(4, "DataLoader processes for file-based datasets")
     checkpoint_every: int = option(1, "checkpoint every N epochs (and always after the last)")
@@ -86,7 +100,7 @@ class TrainConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(unknown[0], values[unknown[0]], f"not a training option (known: {', '.join(sorted(known))})")
-        tuples = {"milestones", "eval_scores"}
+        tuples = {"milestones", "eval_scores", "base_milestones"}
         return cls(**{k: tuple(v) if k in tuples and v is not None else v for k, v in values.items()})
 
     def replace(self, **changes) -> TrainConfig:
@@ -95,12 +109,14 @@ class TrainConfig:
     def config_hash(self) -> str:
         """Hash of everything that determines the run's results (operational fields excluded)."""
         relevant = {k: v for k, v in self.to_dict().items() if k not in OPERATIONAL_FIELDS}
+        if self.init == "scratch":  # the base recipe only matters when starting from the base model
+            relevant = {k: v for k, v in relevant.items() if not k.startswith("base_")}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
 def validate(config: TrainConfig) -> None:
     from dpsm_ray.data import check_dataset, split_sizes
-    from dpsm_ray.models import MODELS
+    from dpsm_ray.models import MODELS, PRETRAINABLE, default_model
 
     def need(ok: bool, name: str, allowed: str) -> None:
         if not ok:
@@ -122,7 +138,13 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError("dataset", config.dataset, str(error).partition("; got")[0]) from None
     train_size = split_sizes(config.dataset)["train"]
     need(config.model in ("auto", *MODELS), "model", f"must be one of auto, {', '.join(MODELS)}")
+    need(config.pretrained_path is None or config.model in PRETRAINABLE or (config.model == "auto" and default_model(config.dataset) in PRETRAINABLE),
+         "pretrained_path", f"only applies to the models {', '.join(PRETRAINABLE)}")
     need(config.method in METHODS, "method", f"must be one of {', '.join(METHODS)}")
+    need(config.init in ("scratch", "base"), "init", "must be one of scratch, base")
+    need(config.base_epochs is None or (isinstance(config.base_epochs, int) and config.base_epochs >= 1), "base_epochs", "must be an integer >= 1")
+    need(config.base_lr is None or (isinstance(config.base_lr, (int, float)) and config.base_lr > 0), "base_lr", "must be > 0")
+    need(config.base_batch_size is None or (isinstance(config.base_batch_size, int) and config.base_batch_size >= 2 and config.base_batch_size % 2 == 0), "base_batch_size", "must be an even integer >= 2")
     need(0 < number("alpha") < 1, "alpha", "must be in the open interval (0, 1)")
     need(number("conformal_weight") >= 0, "conformal_weight", "lambda must be >= 0")
     need(number("sigmoid_temperature") > 0, "sigmoid_temperature", "must be > 0")
@@ -148,6 +170,7 @@ def validate(config: TrainConfig) -> None:
     need(config.workers == 0 or config.batch_size % (2 * config.workers) == 0, "batch_size",
          f"must be divisible by 2 * workers = {2 * config.workers} (each worker takes batch_size / workers, half from D1 and half from D2)")
     need(number("gpus_per_worker") >= 0, "gpus_per_worker", "must be >= 0")
+    need(number("cpus_per_worker") > 0, "cpus_per_worker", "must be > 0")
     need(config.device in ("auto", "cpu", "cuda") or config.device.startswith("cuda:"), "device", "must be auto, cpu, cuda or cuda:N")
     need(integer("data_workers") >= 0, "data_workers", "must be an integer >= 0")
     need(integer("checkpoint_every") >= 1, "checkpoint_every", "must be an integer >= 1")

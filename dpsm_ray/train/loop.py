@@ -22,7 +22,7 @@ from torch import nn
 
 from dpsm_ray.conformal import empirical_quantile, evaluate, label_scores, soft_set_size
 from dpsm_ray.data import DataSplits, Split, load_splits, stratified_partition
-from dpsm_ray.models import build_model
+from dpsm_ray.models import build_model, default_model
 from dpsm_ray.objectives import ConfTr, DPSM, Objective, build_objective, hps_scores
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.train.config import ConfigError, TrainConfig
@@ -48,15 +48,14 @@ class RunResult:
     evals: list[dict] = field(default_factory=list)
     split_sizes: dict[str, int] = field(default_factory=dict)
     split_ids: dict[str, list[int]] = field(default_factory=dict)
-
-
-def default_model(dataset: str) -> str:
-    return "mlp"
+    model_state: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def load_data(config: TrainConfig, device: torch.device) -> DataSplits:
-    data = load_splits(config.dataset, config.data_root, seed=config.seed, download=config.download)
+    data = load_splits(config.dataset, config.data_root, seed=config.seed, download=config.download, data_workers=config.data_workers)
     if config.train_subset is not None:
+        if config.train_subset > len(data.train):
+            raise ConfigError("train_subset", config.train_subset, f"must be at most the {len(data.train)} training examples found on disk")
         keep = stratified_partition(data.train.labels, [config.train_subset], derive_seed(config.seed, "subset"))[0]
         data.train = data.train.subset(keep)
     return data.to(device)
@@ -91,7 +90,8 @@ def predict(model: nn.Module, split: Split, positions: torch.Tensor, num_classes
     was_training = model.training
     model.eval()
     batches = split.batches(list(positions[mine].split(EVAL_BATCH)), augment=False, seed=0)
-    local = [model(x.to(env.device, non_blocking=True)).float() for x, _ in batches]
+    # the bare module: DDP's forward would sync buffers, a collective that uneven shards deadlock
+    local = [unwrap(model)(x.to(env.device, non_blocking=True)).float() for x, _ in batches]
     model.train(was_training)
     local = torch.cat(local) if local else torch.empty(0, num_classes, device=env.device)
     return env.collective.gather_uneven(local, sizes)
@@ -110,7 +110,16 @@ def train(config: TrainConfig, env) -> RunResult:
     train_size = len(data.train)
     if config.batch_size > 2 * (train_size // 2):
         raise ConfigError("batch_size", config.batch_size, f"must be at most {2 * (train_size // 2)}, the training split")
-    model = build_model(config.model if config.model != "auto" else default_model(config.dataset), data.num_classes, input_shape=data.input_shape)
+    model = build_model(
+        config.model if config.model != "auto" else default_model(config.dataset),
+        data.num_classes,
+        input_shape=data.input_shape,
+        pretrained_path=config.pretrained_path,
+    )
+    if config.init == "base":
+        if config.init_checkpoint is None:
+            raise RuntimeError("init='base' needs the base model's weights: run through run_training, which resolves the cache")
+        model.load_state_dict(torch.load(config.init_checkpoint, map_location="cpu", weights_only=True))
     model = env.prepare_model(model.to(env.device))
     objective = build_objective(
         config.method,
@@ -167,7 +176,9 @@ def train(config: TrainConfig, env) -> RunResult:
         env.log(progress_line(row, config))
         env.report(row, checkpoint)
 
-    result.evals = final_evaluation(model, data, config, env)
+    if config.evaluate_test:
+        result.evals = final_evaluation(model, data, config, env)
+    result.model_state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return result
 
 

@@ -1,0 +1,220 @@
+"""The paper's three image datasets (Table 4), read from torchvision's on-disk layouts.
+
+- ``cifar100``: 32x32 images kept as one uint8 tensor (the GPU can hold it) and augmented by
+  batched tensor ops (``augment.py``).  The 50000 training images give train / val, the 10000
+  test images cal / test.
+- ``caltech101``: JPEGs of 101 categories (``BACKGROUND_Google`` is not a class), one pool cut
+  into all four splits.
+- ``inaturalist``: the 341 species of the kingdom Fungi in iNaturalist 2021.  The paper's sizes
+  are exactly that kingdom's ``2021_train_mini`` images (50 a species: 15345 + 1705 = 17050) and
+  its ``2021_valid`` images (10 a species: 1410 + 2000 = 3410), so, as for CIFAR-100, the training
+  images give train / val and the held-out images cal / test.  (iNaturalist 2018 has 321 Fungi
+  species, not 341.)
+
+The 224-pixel datasets are decoded from files by a ``FileSource`` with the standard ImageNet
+transforms.  Every split is stratified and chosen by the run seed; a smaller copy on disk (the
+tests' fixtures) gets the paper's sizes scaled to what is there (``fitted_sizes``).  Example ids
+index one source per dataset, so ids are unique across the four splits.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from dpsm_ray.data.augment import normalise, random_crop_flip
+from dpsm_ray.data.splits import DataSplits, FileSource, Split, TensorSource, stratified_partition
+from dpsm_ray.seeding import derive_seed
+
+PAPER_SIZES = {
+    "cifar100": {"train": 45000, "val": 5000, "cal": 3000, "test": 7000},
+    "caltech101": {"train": 4310, "val": 1256, "cal": 1111, "test": 2000},
+    "inaturalist": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
+}
+TITLES = {"cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)"}
+
+# per-channel statistics of the 50000 CIFAR-100 training images
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+CIFAR_PADDING = 4  # He et al. 2016: pad 4 pixels, crop 32x32
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the statistics torchvision's ImageNet weights expect
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGE_SIZE = 224
+INATURALIST_VERSIONS = ("2021_train_mini", "2021_valid")  # -> train / val, cal / test
+INATURALIST_KINGDOM = "Fungi"
+
+
+def fitted_sizes(sizes: Sequence[int], available: int) -> list[int]:
+    """``sizes`` if ``available`` examples hold them all (the rest is left out, so the splits are
+    a stratified subset); otherwise the same proportions of ``available``, rounded by largest
+    remainder so that every example is used."""
+    total = sum(sizes)
+    if available >= total:
+        return list(sizes)
+    floors = [size * available // total for size in sizes]
+    remainders = [size * available % total for size in sizes]
+    # hand the leftover examples to the largest remainders (ties: the earlier split)
+    for position in sorted(range(len(sizes)), key=lambda i: -remainders[i])[: available - sum(floors)]:
+        floors[position] += 1
+    if min(floors) == 0:
+        raise ValueError(f"{available} examples are too few to split in the proportions {list(sizes)}: a split would be empty")
+    return floors
+
+
+def check_data_root(name: str, data_root: str | Path | None) -> Path:
+    if data_root is None:
+        raise FileNotFoundError(f"dataset {name} is read from files: pass --data-root DIR (and --download to fetch {TITLES[name]} into it)")
+    return Path(data_root)
+
+
+def missing(name: str, path: Path, detail: str = "") -> FileNotFoundError:
+    return FileNotFoundError(f"{TITLES[name]} not found at {path}{detail}; pass --download to fetch it into --data-root")
+
+
+def two_pool_parts(first: torch.Tensor, second: torch.Tensor, name: str, seed: int) -> list[torch.Tensor]:
+    """Train / val from the ``first`` pool of labels, cal / test from the ``second``, whose ids
+    follow the first pool's."""
+    sizes = PAPER_SIZES[name]
+    train, val = stratified_partition(first, fitted_sizes([sizes["train"], sizes["val"]], first.numel()), derive_seed(seed, name, "train pool"))
+    cal, test = stratified_partition(second, fitted_sizes([sizes["cal"], sizes["test"]], second.numel()), derive_seed(seed, name, "test pool"))
+    return [train, val, cal + first.numel(), test + first.numel()]
+
+
+def check_labels(labels: torch.Tensor, num_classes: int, path: Path) -> None:
+    if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
+        raise ValueError(f"labels under {path} must lie in 0..{num_classes - 1}; found {int(labels.min())}..{int(labels.max())}")
+
+
+def splits_of(name: str, num_classes: int, input_shape: tuple[int, ...], source: TensorSource | FileSource, parts: list[torch.Tensor]) -> DataSplits:
+    return DataSplits(name, num_classes, input_shape, *(Split(split, ids, source) for split, ids in zip(PAPER_SIZES[name], parts)))
+
+
+# ----------------------------------------------------------------------------- CIFAR-100
+
+
+def unpickle(path: Path) -> dict:
+    # The reader given on the CIFAR website; the files were pickled by Python 2, so keys are bytes.
+    with open(path, "rb") as file:
+        return pickle.load(file, encoding="bytes")
+
+
+def read_cifar100_file(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images ``[N, 3, 32, 32]`` and fine labels from one of the python-version pickles
+    (``data``: ``[N, 3072]`` rows, the red, green and blue 32x32 planes in turn)."""
+    entry = unpickle(path)
+    images = torch.as_tensor(entry[b"data"], dtype=torch.uint8).reshape(-1, 3, 32, 32)
+    return images.contiguous(), torch.as_tensor(entry[b"fine_labels"], dtype=torch.int64)
+
+
+def cifar100_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int) -> torch.Tensor:
+    """uint8 batch -> normalised float model input; augmented (crop + flip) only in training."""
+    if augment:
+        images = random_crop_flip(images, ids, seed, CIFAR_PADDING)
+    return normalise(images, CIFAR100_MEAN, CIFAR100_STD)
+
+
+def load_cifar100(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+    """CIFAR-100 from ``<data_root>/cifar-100-python/{train,test,meta}`` (in memory, so
+    ``data_workers`` is not used).
+
+    torchvision's ``CIFAR100`` fetches the archive and checks its md5 sums; the arrays are then
+    read from the same pickles directly (as torchvision does), which also accepts a small copy
+    in that format whose checksums differ.
+    """
+    root = check_data_root("cifar100", data_root)
+    folder = root / "cifar-100-python"
+    if download:
+        from torchvision.datasets import CIFAR100
+
+        for train in (True, False):
+            CIFAR100(str(root), train=train, download=True)
+    absent = [file for file in ("train", "test", "meta") if not (folder / file).is_file()]
+    if absent:
+        raise missing("cifar100", folder, f" (no {', '.join(absent)})")
+    train_images, train_labels = read_cifar100_file(folder / "train")
+    test_images, test_labels = read_cifar100_file(folder / "test")
+    num_classes = len(unpickle(folder / "meta")[b"fine_label_names"])
+    for labels, file in ((train_labels, "train"), (test_labels, "test")):
+        check_labels(labels, num_classes, folder / file)
+    source = TensorSource(torch.cat([train_images, test_images]), torch.cat([train_labels, test_labels]), cifar100_transform)
+    return splits_of("cifar100", num_classes, (3, 32, 32), source, two_pool_parts(train_labels, test_labels, "cifar100", seed))
+
+
+# ----------------------------------------------------------------------------- 224-pixel datasets
+
+
+def to_rgb(image):
+    """Some Caltech-101 and iNaturalist images are grayscale; every model expects 3 channels."""
+    return image.convert("RGB")
+
+
+def imagenet_transforms():
+    """(train, eval) transforms of PIL images: the standard ImageNet recipe at 224 pixels."""
+    from torchvision import transforms
+
+    # a module-level function, unlike a lambda, survives pickling into DataLoader workers
+    tensor = [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    train = transforms.Compose([transforms.Lambda(to_rgb), transforms.RandomResizedCrop(IMAGE_SIZE), transforms.RandomHorizontalFlip(), *tensor])
+    evaluate = transforms.Compose([transforms.Lambda(to_rgb), transforms.Resize(256), transforms.CenterCrop(IMAGE_SIZE), *tensor])
+    return train, evaluate
+
+
+def load_caltech101(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+    """Caltech-101 from ``<data_root>/caltech101/101_ObjectCategories/<category>/image_NNNN.jpg``
+    (torchvision's ``Caltech101``: sorted categories without ``BACKGROUND_Google``)."""
+    root = check_data_root("caltech101", data_root)
+    folder = root / "caltech101" / "101_ObjectCategories"
+    if not download and not folder.is_dir():
+        raise missing("caltech101", folder)
+    from torchvision.datasets import Caltech101
+
+    dataset = Caltech101(str(root), target_type="category", download=download)
+    labels = torch.tensor(dataset.y, dtype=torch.int64)
+    parts = stratified_partition(labels, fitted_sizes(list(PAPER_SIZES["caltech101"].values()), labels.numel()), derive_seed(seed, "caltech101"))
+    source = FileSource(dataset, labels, *imagenet_transforms(), num_workers=data_workers)
+    return splits_of("caltech101", len(dataset.categories), (3, IMAGE_SIZE, IMAGE_SIZE), source, parts)
+
+
+def fungi_species(dataset) -> list[int]:
+    """Category ids of the Fungi species in a torchvision ``INaturalist`` 2021 dataset, whose
+    folders are named ``<id>_<kingdom>_<phylum>_<class>_<order>_<family>_<genus>_<species>``."""
+    kingdom = dataset.categories_index["kingdom"].get(INATURALIST_KINGDOM)
+    if kingdom is None:
+        raise ValueError(f"no {INATURALIST_KINGDOM} species under {dataset.root}: its folders name the kingdoms {', '.join(dataset.categories_index['kingdom'])}")
+    return [category for category, taxa in enumerate(dataset.categories_map) if taxa["kingdom"] == kingdom]
+
+
+def load_inaturalist(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+    """The Fungi of iNaturalist 2021 from ``<data_root>/2021_train_mini`` and
+    ``<data_root>/2021_valid`` (torchvision's ``INaturalist`` layout), labelled ``0 .. K-1`` in
+    the order of their folders."""
+    root = check_data_root("inaturalist", data_root)
+    if not download:
+        for version in INATURALIST_VERSIONS:
+            folder = root / version
+            if not folder.is_dir() or not any(folder.iterdir()):
+                raise missing("inaturalist", folder)
+    from torchvision.datasets import INaturalist
+
+    pools = [INaturalist(str(root), version=version, target_type="full", download=download) for version in INATURALIST_VERSIONS]
+    fungi = [fungi_species(pool) for pool in pools]
+    species = [[pool.all_categories[category] for category in categories] for pool, categories in zip(pools, fungi)]
+    if species[0] != species[1]:
+        raise ValueError(f"{root / INATURALIST_VERSIONS[0]} and {root / INATURALIST_VERSIONS[1]} hold different {INATURALIST_KINGDOM} species ({len(species[0])} and {len(species[1])} folders)")
+    pool_labels = []
+    for pool, categories in zip(pools, fungi):
+        label_of = {category: label for label, category in enumerate(categories)}
+        # Keep only the Fungi images, in a fixed order (torchvision lists files in directory
+        # order, which differs between file systems); a short index also pickles cheaply into
+        # DataLoader workers.
+        pool.index = sorted(entry for entry in pool.index if entry[0] in label_of)
+        pool_labels.append(torch.tensor([label_of[category] for category, _ in pool.index], dtype=torch.int64))
+    dataset = torch.utils.data.ConcatDataset(pools)
+    source = FileSource(dataset, torch.cat(pool_labels), *imagenet_transforms(), num_workers=data_workers)
+    return splits_of("inaturalist", len(species[0]), (3, IMAGE_SIZE, IMAGE_SIZE), source, two_pool_parts(*pool_labels, "inaturalist", seed))
+
+
+LOADERS = {"cifar100": load_cifar100, "caltech101": load_caltech101, "inaturalist": load_inaturalist}

@@ -1,0 +1,82 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dpsm_ray.data.augment import crop_and_flip, crop_offsets, flip_mask, normalise, random_crop_flip
+from dpsm_ray.data.vision import CIFAR100_MEAN, CIFAR100_STD, cifar100_transform
+
+
+def slow_crop_and_flip(images, top, left, flip, padding):
+    """One image at a time: zero-pad, slice the window, mirror it."""
+    height, width = images.shape[-2:]
+    out = []
+    for image, t, l, f in zip(images, top.tolist(), left.tolist(), flip.tolist()):
+        window = F.pad(image, (padding,) * 4)[:, t : t + height, l : l + width]
+        out.append(window.flip(-1) if f else window)
+    return torch.stack(out)
+
+
+def random_images(count, channels=3, height=32, width=32, seed=0):
+    return torch.randint(0, 256, (count, channels, height, width), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(("shape", "padding"), [((16, 3, 32, 32), 4), ((5, 2, 6, 9), 2), ((3, 1, 4, 4), 0)])
+def test_batched_crop_and_flip_equals_the_per_image_reference(shape, padding):
+    images = random_images(*shape)
+    gen = torch.Generator().manual_seed(1)
+    top = torch.randint(0, 2 * padding + 1, (shape[0],), generator=gen)
+    left = torch.randint(0, 2 * padding + 1, (shape[0],), generator=gen)
+    flip = torch.rand(shape[0], generator=gen) < 0.5
+    assert torch.equal(crop_and_flip(images, top, left, flip, padding), slow_crop_and_flip(images, top, left, flip, padding))
+
+
+def test_the_centre_window_without_flip_is_the_image():
+    images = random_images(4)
+    centre = torch.full((4,), 4)
+    assert torch.equal(crop_and_flip(images, centre, centre, torch.zeros(4, dtype=torch.bool), 4), images)
+
+
+def test_an_examples_augmentation_does_not_depend_on_its_batch():
+    images = random_images(64)
+    ids = torch.randperm(10_000, generator=torch.Generator().manual_seed(2))[:64]  # any ids, any order
+    batch = random_crop_flip(images, ids, seed=5)
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(3))
+    shuffled = random_crop_flip(images[order], ids[order], seed=5)
+    assert torch.equal(shuffled, batch[order])
+    for i in (0, 17, 63):
+        assert torch.equal(random_crop_flip(images[i : i + 1], ids[i : i + 1], seed=5)[0], batch[i])
+    assert not torch.equal(random_crop_flip(images, ids, seed=6), batch)  # a new epoch's seed, a new draw
+
+
+def test_offsets_cover_every_position_and_half_the_examples_flip():
+    ids = torch.arange(20_000)
+    top, left = crop_offsets(ids, seed=0, padding=4)
+    assert top.min() == left.min() == 0 and top.max() == left.max() == 8
+    counts = torch.bincount(top * 9 + left, minlength=81)
+    assert counts.numel() == 81 and counts.min() > 150  # all 9 x 9 windows, each ~247 times
+    assert abs(flip_mask(ids, seed=0).double().mean().item() - 0.5) < 0.02
+    assert torch.corrcoef(torch.stack([top.double(), left.double()]))[0, 1].abs() < 0.05  # independent draws
+
+
+def test_evaluation_never_augments():
+    images, ids = random_images(8), torch.arange(8)
+    plain = normalise(images, CIFAR100_MEAN, CIFAR100_STD)
+    for seed in range(5):
+        assert torch.equal(cifar100_transform(images, ids, False, seed), plain)
+    assert not torch.equal(cifar100_transform(images, ids, True, 0), plain)
+
+
+def test_normalise_scales_to_unit_range_then_standardises():
+    images = torch.tensor([0, 255], dtype=torch.uint8).reshape(2, 1, 1, 1).expand(2, 3, 1, 1)
+    out = normalise(images, (0.5, 0.25, 0.0), (0.5, 0.25, 1.0))
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out[:, :, 0, 0], torch.tensor([[-1.0, -1.0, 0.0], [1.0, 3.0, 1.0]]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_augmentation_on_the_gpu_equals_the_cpu():
+    images, ids = random_images(128), torch.arange(1000, 1128)
+    on_gpu = cifar100_transform(images.cuda(), ids.cuda(), True, 11)
+    assert on_gpu.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.cpu(), cifar100_transform(images, ids, True, 11))
