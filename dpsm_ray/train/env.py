@@ -55,3 +55,41 @@ class LocalEnv:
 
     def check_in_sync(self, model, objective) -> None:
         """Nothing to compare with one process."""
+
+
+class ProcessGroupEnv(LocalEnv):
+    """One worker of an initialised ``torch.distributed`` process group: DDP for the model, the
+    distributed collective for the objectives, logging and checkpointing from rank 0 only."""
+
+    def __init__(self, device: torch.device, checkpoint_path=None, log=None) -> None:
+        super().__init__(device, checkpoint_path, log)
+        from dpsm_ray.collective import current_collective
+
+        self.collective = current_collective()
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.collective.world_size == 1:
+            return model
+        device_ids = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if self.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+    def report(self, row: dict, checkpoint: dict | None) -> None:
+        if self.collective.rank == 0:
+            super().report(row, checkpoint)
+
+    def log(self, line: str) -> None:
+        if self.collective.rank == 0:
+            super().log(line)
+
+    def check_in_sync(self, model, objective) -> None:
+        """Every worker must hold bit-identical parameters and q after each step."""
+        from dpsm_ray.train.loop import unwrap
+
+        parts = [p.detach().double().sum() for p in unwrap(model).parameters()]
+        state = objective.state_dict()
+        if state.get("q") is not None:
+            parts.append(state["q"].double().to(parts[0].device))
+        local = torch.stack(parts)
+        gathered = self.collective.gather_uneven(local[None], [1] * self.collective.world_size)
+        if not (gathered == gathered[0]).all():
+            raise RuntimeError(f"workers diverged: parameter/q checksums differ across ranks:\n{gathered}")
