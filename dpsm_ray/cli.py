@@ -80,6 +80,19 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dpsm_ray.results.report import write_report
+
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        parser.exit(2, f"{parser.prog}: error: {directory} is not a directory (give a sweep's --results-dir or a run's --out)\n")
+    try:
+        write_report(directory)
+    except FileNotFoundError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpsm-ray", description="Conformal classifier training (DPSM, ConfTr, CUT, CE) on Ray.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="write config.json, splits.json, epochs.parquet, evals.parquet and a checkpoint here; "
                        "running again with the same directory resumes from the checkpoint")
     train.set_defaults(handler=cmd_train, parser=train)
+    report = commands.add_parser(
+        "report",
+        help="print the paper-style tables of a sweep or run and write report.md and figures",
+        description="Read DIR/evals.parquet and DIR/epochs.parquet (a sweep's --results-dir or a run's --out); print the "
+        "set-size table (mean ± std per method and score, DPSM against the best baseline) and all metrics; write "
+        "DIR/report.md and DIR/figures/*.png (coverage and set-size box plots, loss curves, |q - Q_n|).",
+    )
+    report.add_argument("directory", metavar="DIR", help="a sweep's results directory or a training run's --out directory")
+    report.set_defaults(handler=cmd_report, parser=report)
     return parser
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 RUN_KEY = {
+    "sweep": pa.string(),  # sweep name (null for a single `dpsm-ray train` run)
+    "stage": pa.string(),  # search | final (null for a single run)
+    "trial_id": pa.string(),  # Tune trial id (null for a single run)
     "run_id": pa.string(),  # config hash: one per (configuration, seed)
     "dataset": pa.string(),
     "model": pa.string(),
@@ -48,6 +51,30 @@ EVALS = {
     "sscv": pa.float64(),
     "wsc": pa.float64(),
     "accuracy": pa.float64(),
+}
+
+TRIALS = {
+    **RUN_KEY,
+    "status": pa.string(),  # ok | failed
+    "error": pa.string(),  # last line of the error for failed trials
+    "feasible": pa.bool_(),  # val_coverage >= 1 - alpha - slack
+    "val_coverage": pa.float64(),
+    "val_set_size": pa.float64(),  # the search objective (minimised)
+    "val_accuracy": pa.float64(),
+    "epochs_completed": pa.int64(),
+    "wall_seconds": pa.float64(),
+    "alpha": pa.float64(),
+    "conformal_weight": pa.float64(),  # lambda
+    "lr": pa.float64(),  # eta
+    "quantile_lr": pa.float64(),  # gamma (DPSM)
+    "sigmoid_temperature": pa.float64(),  # T
+    "sort_temperature": pa.float64(),
+    "batch_size": pa.int64(),
+    "epochs": pa.int64(),
+    "milestones": pa.list_(pa.int64()),
+    "lr_decay": pa.float64(),
+    "init": pa.string(),
+    "config_json": pa.string(),  # the whole TrainConfig
 }
 
 

@@ -10,6 +10,7 @@ them back without a shared filesystem between worker and driver nodes.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import tempfile
@@ -24,12 +25,17 @@ from dpsm_ray.train.loop import RunResult, train
 
 STATE_FILE = "state.pt"
 RESULT_FILE = "result.pt"
+# Marks the last report (the results).  Not "done": Tune reads "done" as "stop this trial" and
+# would kill the trial driver while its Train run is still shutting down (leaking its placement group).
+FINISHED = "run_finished"
 
 
-def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+def ensure_ray(address: str | None = None, num_cpus: int | None = None, *, worker_output: bool = True) -> None:
     """Connect to Ray: ``address`` (or ``RAY_ADDRESS``) if given; otherwise a cluster already
     running on this machine (the head node under ``ray submit``); otherwise start an embedded
-    local instance with ``num_cpus`` CPUs."""
+    local instance with ``num_cpus`` CPUs.  ``worker_output=False`` keeps an embedded instance's
+    worker and actor output out of this terminal (it stays in /tmp/ray/session_latest/logs):
+    a sweep prints its own progress lines instead."""
     import ray
 
     if ray.is_initialized():
@@ -42,7 +48,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(address="auto")
     except ConnectionError:
         embedded_ray_settings()
-        ray.init(address="local", num_cpus=num_cpus)
+        ray.init(address="local", num_cpus=num_cpus, log_to_driver=worker_output)
 
 
 def embedded_ray_settings() -> None:
@@ -84,7 +90,7 @@ class RayCheckpointing:
     def finish(self, result: RunResult) -> None:
         """One last report whose checkpoint holds the results (and the final training state)."""
         payload = {field.name: getattr(result, field.name) for field in dataclasses.fields(result) if field.name != "config"}
-        metrics = {"epoch": len(result.epochs), "done": True}
+        metrics = {"epoch": len(result.epochs), FINISHED: True}
         if result.epochs:
             metrics.update({k: v for k, v in result.epochs[-1].items() if k != "epoch"})
         self._report(metrics, {STATE_FILE: self._last_state, RESULT_FILE: payload})
@@ -124,6 +130,8 @@ class TuneTrialEnv(RayCheckpointing, LocalEnv):
 def train_fn_per_worker(loop_config: dict) -> None:
     """The Ray Train worker function: plain ``train`` with a Ray environment."""
     torch.set_num_threads(loop_config["threads"])
+    # Ray Train logs every report at INFO through a root-level logger; keep warnings and errors
+    logging.getLogger().setLevel(logging.WARNING)
     config = TrainConfig.from_dict(loop_config["config"])
     env = RayTrainEnv(loop_config.get("inject_failure"))
     env.finish(train(config, env))
@@ -146,6 +154,8 @@ def trainer_for(config: TrainConfig, storage_path: str | os.PathLike, name: str,
             storage_path=str(Path(storage_path).resolve()),
             failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
             callbacks=list(callbacks),
+            # Ray Train's INFO lines (every report and checkpoint) would bury the progress lines
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
         ),
     )
 

@@ -1,0 +1,112 @@
+"""The command line of the ``sweeps/*.py`` scripts.  Each script passes its own defaults; every
+option is validated before Ray starts, and errors name the option, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from dpsm_ray.objectives import METHODS
+from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
+from dpsm_ray.train.config import ConfigError, TrainConfig
+
+# TrainConfig fields a sweep script lets you change (the rest are the script's choice).
+CONFIG_OPTIONS = {
+    "alpha": float, "epochs": int, "batch_size": int, "model": str, "data_root": str, "train_subset": int,
+    "base_epochs": int, "pretrained_path": str, "workers": int, "gpus_per_worker": float, "cpus_per_worker": float,
+    "data_workers": int, "sort_temperature": float,
+}
+
+
+def parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
+    """``lr=0.01,0.1`` or ``milestones=25+40,3`` -> ("lr", (0.01, 0.1)) / ("milestones", ((25, 40), (3,)))."""
+    axis, _, values = text.partition("=")
+    if axis not in PAPER_GRID:
+        raise ValueError(f"{option}: unknown grid axis {axis!r}; allowed: {', '.join(PAPER_GRID)}")
+    try:
+        parsed = tuple(tuple(int(m) for m in v.split("+")) if axis == "milestones" else (int(v) if axis in ("batch_size", "epochs") else float(v)) for v in values.split(","))
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: values must be numbers (milestones as 25+40)") from None
+    return axis, parsed
+
+
+def build_parser(name: str, description: str, defaults: dict) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"sweeps/{name}.py", description=description)
+    add = parser.add_argument
+    add("--results-dir", default=f"results/{name}", help="directory of this sweep's Parquet files, report and Tune state (default: %(default)s); on a multi-node cluster it must be on shared storage")
+    add("--trials", type=int, default=defaults["trials"], help="Optuna trials per method (default: %(default)s)")
+    add("--resume", action="store_true", help="continue the interrupted sweep in --results-dir without redoing finished trials")
+    add("--seed", type=int, default=0, help="sweep seed: data splits, base model, TPE sampler; final seeds are seed .. seed+S-1 (default: %(default)s)")
+    add("--methods", default=",".join(defaults.get("methods", METHODS)), help="comma-separated methods (default: %(default)s)")
+    add("--final-seeds", type=int, default=defaults["final_seeds"], help="seeds the best configuration of each method is re-trained with (default: %(default)s)")
+    add("--coverage-slack", type=float, default=defaults.get("coverage_slack", 0.0), help="a trial is feasible if validation coverage >= 1 - alpha - slack (default: %(default)s)")
+    add("--range", action="append", default=[], metavar="KNOB=LOW:HIGH", help=f"search range of a knob ({', '.join(DEFAULT_RANGES)}), log-uniform; repeatable")
+    add("--grid", choices=["paper"], help="run the paper's exhaustive grid (SPEC section 4) instead of Optuna")
+    add("--fix", action="append", default=[], metavar="AXIS=VALUE", help=f"paper grid: fix an axis ({', '.join(PAPER_GRID)}); repeatable")
+    add("--subset", action="append", default=[], metavar="AXIS=V1,V2", help="paper grid: keep only these values of an axis; repeatable")
+    add("--concurrency", type=int, default=defaults.get("concurrency", 1), help="trials running at once (default: %(default)s)")
+    add("--address", help="Ray cluster address (default: $RAY_ADDRESS, a cluster running on this machine, else an embedded local Ray)")
+    add("--download", action="store_true", help="download the dataset into --data-root if it is missing")
+    for option, kind in CONFIG_OPTIONS.items():
+        add("--" + option.replace("_", "-"), type=kind, default=argparse.SUPPRESS, help=f"{TrainConfig.__dataclass_fields__[option].metadata['help']} (default: {defaults['config'].get(option, TrainConfig.__dataclass_fields__[option].default)})")
+    return parser
+
+
+def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
+    """The ``SweepSpec`` the options describe (raises ConfigError / ValueError on bad values)."""
+    from dpsm_ray.sweep.protocol import SweepSpec
+
+    values = {**defaults["config"], **{k: v for k, v in vars(args).items() if k in CONFIG_OPTIONS}}
+    values.update(seed=args.seed, download=args.download)
+    base = TrainConfig.from_dict(values)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    ranges = tuple(parse_range(text) for text in args.range)
+    fixed = {}
+    for text in args.fix:
+        axis, parsed = parse_axis_values(text, "--fix")
+        if len(parsed) != 1:
+            raise ValueError(f"--fix {text!r}: give exactly one value (use --subset for several)")
+        fixed[axis] = parsed[0]
+    subsets = dict(parse_axis_values(text, "--subset") for text in args.subset)
+    if (fixed or subsets) and not args.grid:
+        raise ValueError("--fix/--subset apply to --grid paper")
+    workers = base.workers
+    resources = {"cpu": base.cpus_per_worker, "gpu": base.gpus_per_worker} if workers == 0 else {"cpu": 0.1}
+    return SweepSpec(
+        name=name, base=base, methods=methods, trials=args.trials, final_seeds=args.final_seeds,
+        coverage_slack=args.coverage_slack, ranges=ranges, grid=args.grid == "paper", grid_fixed=tuple(fixed.items()),
+        grid_subsets=tuple(subsets.items()), concurrency=args.concurrency, seed=args.seed,
+        trial_resources=tuple((k, v) for k, v in resources.items() if v), address=args.address,
+    )
+
+
+def main(name: str, description: str, defaults: dict, argv: list[str] | None = None) -> int:
+    """Parse, validate, run the sweep, print the table; exit status 2 on bad input."""
+    parser = build_parser(name, description, defaults)
+    args = parser.parse_args(argv)
+    try:
+        spec = spec_from_args(name, args, defaults)
+    except ConfigError as error:
+        parser.exit(2, f"{parser.prog}: error: --{error.field.replace('_', '-')}={error.value!r} is invalid: {error.allowed}\n")
+    except ValueError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    from dpsm_ray.sweep.protocol import SweepError, run_sweep
+
+    started = time.perf_counter()
+    try:
+        results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=lambda line: print(line, flush=True))
+    except SweepError as error:
+        parser.exit(3, f"{parser.prog}: {error}\n")
+    except KeyboardInterrupt:  # Ctrl-C between Tune experiments (Tune handles it during one)
+        parser.exit(130, f"{parser.prog}: interrupted; rerun with --resume to continue\n")
+    except FileNotFoundError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    finally:
+        import ray
+
+        ray.shutdown()
+    print(f"sweep finished in {time.perf_counter() - started:.0f}s; results in {results}", file=sys.stdout)
+    return 0

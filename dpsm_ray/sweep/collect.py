@@ -1,0 +1,104 @@
+"""Rebuild a sweep's Parquet files from its Tune experiments.
+
+The files are a pure function of the experiment state on disk (one row per trial, per trial and
+epoch, per final model, score and re-split), rewritten atomically after every stage: a resumed or
+re-run sweep replaces rows instead of appending duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dpsm_ray.models import default_model
+from dpsm_ray.results.schema import EPOCHS, EVALS, TRIALS
+from dpsm_ray.results.store import write_parquet
+from dpsm_ray.train.loop import EPOCH_COLUMNS
+from dpsm_ray.train.ray_train import FINISHED, RESULT_FILE
+
+
+def experiment_results(path: Path):
+    """The ``ResultGrid`` of the Tune experiment at ``path`` (None if it was never started)."""
+    from ray import tune
+
+    from dpsm_ray.sweep.trials import run_trial
+
+    if not tune.Tuner.can_restore(str(path)):
+        return None
+    return tune.Tuner.restore(str(path), trainable=run_trial).get_results()
+
+
+def final_checkpoint_path(result) -> str | None:
+    """Where a finished trial's last checkpoint (holding its ``RunResult``) lives: a Ray Train
+    checkpoint is forwarded as a metric, an in-process trial's is Tune's own."""
+    if result.metrics.get("checkpoint_path"):
+        return result.metrics["checkpoint_path"]
+    return result.checkpoint.path if result.checkpoint is not None else None
+
+
+def trial_id_of(result) -> str:
+    return result.metrics.get("trial_id") or Path(result.path).name.removeprefix("trial_")
+
+
+def collect(spec, results: Path, stage: str, name: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """Rows of trials.parquet, epochs.parquet and evals.parquet for one experiment."""
+    from dpsm_ray.sweep.protocol import feasible
+    from dpsm_ray.sweep.trials import trial_config
+
+    grid = experiment_results(results / "tune" / name)
+    trials, epochs, evals = [], [], []
+    if grid is None:
+        return trials, epochs, evals
+    for result in sorted(grid, key=trial_id_of):  # a stable row order, however Tune lists them
+        # a failed trial's Result carries no config; its trial directory always does
+        params = result.config or json.loads((Path(result.path) / "params.json").read_text())
+        config = trial_config(params)
+        key = {
+            "sweep": spec.name, "stage": stage, "trial_id": trial_id_of(result), "run_id": config.config_hash(),
+            "dataset": config.dataset, "model": default_model(config.dataset) if config.model == "auto" else config.model, "method": config.method, "seed": config.seed,
+        }
+        history = result.metrics_dataframe
+        rows = [] if history is None else [r for r in history.to_dict("records") if r.get(FINISHED) not in (True,)]  # NaN (unset) in other rows
+        epochs += [{**key, **{c: row.get(c) for c in EPOCH_COLUMNS}} for row in rows]
+        metrics = result.metrics if result.error is None else (rows[-1] if rows else {})
+        error = None if result.error is None else (str(result.error).strip().splitlines() or ["error"])[-1][:500]
+        trials.append({
+            **key,
+            "status": "ok" if result.error is None else "failed",
+            "error": error,
+            "feasible": feasible(metrics.get("val_coverage"), spec.coverage_floor) if result.error is None else None,
+            "val_coverage": metrics.get("val_coverage"),
+            "val_set_size": metrics.get("val_set_size"),
+            "val_accuracy": metrics.get("val_accuracy"),
+            "epochs_completed": len(rows),
+            "wall_seconds": result.metrics.get("time_total_s"),
+            **{name: getattr(config, name) for name in ("alpha", "conformal_weight", "lr", "quantile_lr", "sigmoid_temperature", "sort_temperature", "batch_size", "epochs", "lr_decay", "init")},
+            "milestones": list(config.milestones),
+            "config_json": json.dumps(config.to_dict()),
+        })
+        checkpoint = final_checkpoint_path(result) if result.error is None and config.evaluate_test else None
+        if checkpoint is not None:
+            evals += [{**key, **row} for row in load_run_payload(checkpoint)["evals"]]
+    return trials, epochs, evals
+
+
+def load_run_payload(checkpoint_path: str) -> dict:
+    import ray.train
+
+    with ray.train.Checkpoint(checkpoint_path).as_directory() as directory:
+        return torch.load(Path(directory) / RESULT_FILE, map_location="cpu", weights_only=False)
+
+
+def write_results(spec, results: Path) -> None:
+    """Rewrite trials.parquet, epochs.parquet and evals.parquet from every experiment so far."""
+    trials, epochs, evals = [], [], []
+    for stage, name in [*(("search", f"search-{m}") for m in spec.methods), ("final", "final")]:
+        t, e, v = collect(spec, results, stage, name)
+        trials += t
+        epochs += e
+        evals += v
+    write_parquet(results / "trials.parquet", trials, TRIALS)
+    write_parquet(results / "epochs.parquet", epochs, EPOCHS)
+    write_parquet(results / "evals.parquet", evals, EVALS)

@@ -1,0 +1,274 @@
+"""The sweep protocol (SPEC section 4, the paper's experimental protocol):
+
+1. the CE base model, once per (dataset, model, seed), from the content-addressed cache;
+2. per method, a search (Optuna TPE with the coverage constraint, or the paper's grid) that is
+   scored on the validation split only -- the test data is never evaluated during the search;
+3. each method's best feasible configuration re-trained with S seeds and evaluated on the
+   calibration/test data over random re-splits, for HPS, APS and RAPS -- the paper's table;
+4. ``trials.parquet``, ``epochs.parquet``, ``evals.parquet`` and the report, rebuilt from Tune's
+   experiment state after every stage, so re-runs and resumes never duplicate a row.
+
+Every stage is a Tune experiment under ``<results>/tune``; ``resume=True`` restores whatever an
+interrupted run left unfinished and skips what is done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpsm_ray.objectives import METHODS
+from dpsm_ray.seeding import derive_seed
+from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, grid_size, paper_grid, search_space
+from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.train.ray_train import FINISHED
+
+
+class SweepError(RuntimeError):
+    """A sweep that cannot start or continue as asked (the message says what to do)."""
+
+
+class SweepInterrupted(SweepError):
+    """Tune stopped before every trial of a stage finished (Ctrl-C): rerun with --resume."""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """Everything that defines a sweep.  ``base`` holds the settings every trial shares."""
+
+    name: str
+    base: TrainConfig
+    methods: tuple[str, ...] = METHODS
+    trials: int = 8  # per method (search mode)
+    final_seeds: int = 3
+    coverage_slack: float = 0.0  # feasible: val_coverage >= 1 - alpha - slack
+    ranges: tuple[tuple[str, Range], ...] = ()  # overrides of DEFAULT_RANGES
+    grid: bool = False  # the paper's exhaustive grid instead of Optuna
+    grid_fixed: tuple[tuple[str, object], ...] = ()
+    grid_subsets: tuple[tuple[str, tuple], ...] = ()
+    concurrency: int = 1
+    seed: int = 0
+    trial_resources: tuple[tuple[str, float], ...] = (("cpu", 1.0),)
+    address: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        for method in self.methods:
+            if method not in METHODS:
+                raise ConfigError("methods", method, f"must be among {', '.join(METHODS)}")
+        if not self.methods:
+            raise ConfigError("methods", self.methods, "must name at least one method")
+        if self.trials < 1:
+            raise ConfigError("trials", self.trials, "must be an integer >= 1")
+        if self.final_seeds < 1:
+            raise ConfigError("final_seeds", self.final_seeds, "must be an integer >= 1")
+        if not 0 <= self.coverage_slack < 1 - self.base.alpha:
+            raise ConfigError("coverage_slack", self.coverage_slack, f"must be in [0, 1 - alpha) = [0, {1 - self.base.alpha:g})")
+        if self.concurrency < 1:
+            raise ConfigError("concurrency", self.concurrency, "must be an integer >= 1")
+        if self.base.evaluate_test:
+            object.__setattr__(self, "base", self.base.replace(evaluate_test=False))
+        for method in self.methods:  # the grid axes and ranges must make valid configs
+            for overrides in self.stage_overrides(method)[:1]:
+                TrainConfig.from_dict({**self.base.to_dict(), "method": method, **overrides})
+
+    @property
+    def coverage_floor(self) -> float:
+        return 1 - self.base.alpha - self.coverage_slack
+
+    def grid_axes(self, method: str) -> dict[str, tuple]:
+        return paper_grid(method, dict(self.grid_fixed), dict(self.grid_subsets))
+
+    def stage_overrides(self, method: str) -> list[dict]:
+        """A sample of the configurations the search may produce (the grid's first point, or
+        each range's bounds), for validating before any Ray work starts."""
+        if self.grid:
+            return [{field_name_: values[0] for field_name_, values in self.grid_axes(method).items()}]
+        ranges = dict(self.ranges)
+        from dpsm_ray.sweep.space import DEFAULT_RANGES
+
+        return [{field_name(k): getattr({**DEFAULT_RANGES, **ranges}[k], bound) for k in METHOD_KNOBS[method]} for bound in ("low", "high")]
+
+    def describe(self) -> dict:
+        payload = dataclasses.asdict(self)
+        payload["base"] = self.base.to_dict()
+        payload.pop("address")
+        return json.loads(json.dumps(payload, default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v)))
+
+
+def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool = False, log=print) -> Path:
+    """Run (or, with ``resume``, continue) ``spec`` into ``results_dir``; returns that directory."""
+    from dpsm_ray.results.report import write_report
+    from dpsm_ray.sweep.collect import write_results
+
+    results = Path(results_dir).resolve()
+    claim_results_dir(spec, results, resume)
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # state on disk after every trial: a hard kill loses nothing finished
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
+    from dpsm_ray.train.ray_train import ensure_ray
+
+    quiet_libraries()
+    ensure_ray(spec.address, worker_output=False)
+    base = with_base_model(spec.base, spec.base.seed, results, log)
+    for index, method in enumerate(spec.methods):
+        search_method(spec, base.replace(method=method), index, results, resume, log)
+        write_results(spec, results)
+    final_stage(spec, results, resume, log)
+    write_results(spec, results)
+    write_report(results, log=log)
+    return results
+
+
+def quiet_libraries() -> None:
+    """Keep Optuna's and Tune's INFO chatter out of the sweep's progress output."""
+    import logging
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)
+
+
+def claim_results_dir(spec: SweepSpec, results: Path, resume: bool) -> None:
+    """One sweep per results directory: a new sweep needs an empty one, a resumed sweep the same spec."""
+    marker = results / "sweep.json"
+    described = spec.describe()
+    if marker.exists():
+        if not resume:
+            raise SweepError(f"{results} already holds a sweep; pass --resume to continue it, or choose another --results-dir")
+        stored = json.loads(marker.read_text())
+        changed = sorted(k for k in set(stored) | set(described) if stored.get(k) != described.get(k))
+        changed += sorted(f"base.{k}" for k in described["base"] if stored.get("base", {}).get(k) != described["base"][k] and k not in ("init_checkpoint",))
+        changed = [k for k in changed if k != "base"]
+        if changed:
+            raise SweepError(f"--resume: the sweep in {results} was started with different settings ({', '.join(changed)}); rerun it with the same options")
+        return
+    if resume:
+        raise SweepError(f"--resume: no sweep to resume in {results}")
+    results.mkdir(parents=True, exist_ok=True)
+    from dpsm_ray.results import write_json
+
+    write_json(marker, described)
+
+
+def with_base_model(config: TrainConfig, seed: int, results: Path, log) -> TrainConfig:
+    """``config`` for ``seed``, pointed at its cached base model under ``results/base_models``."""
+    from dpsm_ray.train import resolve_base_model
+
+    return resolve_base_model(config.replace(seed=seed, cache_dir=str(results / "base_models")), log)
+
+
+def trainable(spec: SweepSpec):
+    from ray import tune
+
+    from dpsm_ray.sweep.trials import run_trial
+
+    return tune.with_resources(run_trial, dict(spec.trial_resources))
+
+
+def experiment(spec: SweepSpec, results: Path, name: str, param_space: dict, tune_config, callbacks, resume: bool, log, *, total: int):
+    """Fit one Tune experiment of ``total`` trials, restoring it when resuming; raises if it
+    stopped early (Ctrl-C: Tune catches it, saves its state and returns)."""
+    from ray import tune
+
+    path = results / "tune" / name
+    if resume and tune.Tuner.can_restore(str(path)):
+        log(f"resuming {name}")
+        tuner = tune.Tuner.restore(str(path), trainable=trainable(spec), resume_unfinished=True, resume_errored=False)
+    else:
+        tuner = tune.Tuner(
+            trainable(spec),
+            param_space=param_space,
+            tune_config=tune_config,
+            run_config=tune.RunConfig(name=name, storage_path=str(results / "tune"), verbose=0, callbacks=callbacks),
+        )
+    grid = tuner.fit()
+    finished = [r for r in grid if r.error is not None or r.metrics.get(FINISHED)]
+    if len(finished) < total:
+        raise SweepInterrupted(f"{name} stopped after {len(finished)} of {total} trials; rerun with --resume to continue")
+    return grid
+
+
+def search_method(spec: SweepSpec, base: TrainConfig, index: int, results: Path, resume: bool, log) -> None:
+    import optuna
+    from ray import tune
+
+    from dpsm_ray.sweep.trials import OBJECTIVE, ConstrainedOptunaSearch, ProgressPrinter
+
+    method = base.method
+    name = f"search-{method}"
+    params = {"base": base.to_dict(), "train_storage": str(results / "train_runs")}
+    knobs = tuple(field_name(k) for k in METHOD_KNOBS[method])
+    if spec.grid:
+        axes = spec.grid_axes(method)
+        total = grid_size(axes)
+        log(f"{name}: the paper grid has {total} configurations ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())})")
+        params["overrides"] = {k: tune.grid_search(list(v)) if len(v) > 1 else v[0] for k, v in axes.items()}
+        tune_config = tune.TuneConfig(metric=OBJECTIVE, mode="min", num_samples=1, max_concurrent_trials=spec.concurrency, trial_dirname_creator=trial_dirname)
+        knobs = tuple(k for k, v in axes.items() if len(v) > 1)
+    else:
+        total = spec.trials
+        log(f"{name}: {total} Optuna TPE trials over {', '.join(knobs)} (validation coverage >= {spec.coverage_floor:g} as a constraint)")
+        params["overrides"] = search_space(method, dict(spec.ranges))
+        sampler = optuna.samplers.TPESampler(seed=derive_seed(spec.seed, "tpe", method) % 2**32, n_startup_trials=min(4, total))
+        searcher = ConstrainedOptunaSearch(metric=OBJECTIVE, mode="min", sampler=sampler, coverage_floor=spec.coverage_floor)
+        tune_config = tune.TuneConfig(search_alg=searcher, num_samples=total, max_concurrent_trials=spec.concurrency, trial_dirname_creator=trial_dirname)
+    experiment(spec, results, name, params, tune_config, [ProgressPrinter(name, total, knobs)], resume, log, total=total)
+
+
+def trial_dirname(trial) -> str:
+    return f"trial_{trial.trial_id}"
+
+
+def best_overrides(spec: SweepSpec, results: Path, method: str, log) -> dict:
+    """The chosen configuration of ``method``: the lowest validation set size among feasible
+    trials (validation coverage >= the floor); without any feasible trial, the highest coverage."""
+    import pandas as pd
+
+    trials = pd.read_parquet(results / "trials.parquet")
+    ok = trials[(trials.stage == "search") & (trials.method == method) & (trials.status == "ok")]
+    if ok.empty:
+        raise SweepError(f"every search trial of {method} failed; see {results / 'tune' / f'search-{method}'}")
+    feasible = ok[ok.feasible]
+    if feasible.empty:
+        log(f"warning: no {method} trial reached validation coverage {spec.coverage_floor:g}; using the one with the highest coverage")
+        chosen = ok.sort_values(["val_coverage", "trial_id"], ascending=[False, True]).iloc[0]
+    else:
+        chosen = feasible.sort_values(["val_set_size", "trial_id"]).iloc[0]
+    config = json.loads(chosen.config_json)
+    searched = spec.grid_axes(method) if spec.grid else {field_name(k): None for k in METHOD_KNOBS[method]}
+    overrides = {name: (tuple(config[name]) if isinstance(config[name], list) else config[name]) for name in searched}
+    log(f"best {method}: trial {chosen.trial_id}  val size {chosen.val_set_size:.3f}  val cov {chosen.val_coverage:.3f}  "
+        + "  ".join(f"{k}={v}" for k, v in overrides.items()))
+    return overrides
+
+
+def final_stage(spec: SweepSpec, results: Path, resume: bool, log) -> None:
+    from ray import tune
+
+    from dpsm_ray.sweep.trials import ProgressPrinter
+
+    seeds = [spec.base.seed + offset for offset in range(spec.final_seeds)]
+    bases = {seed: with_base_model(spec.base, seed, results, log) for seed in seeds}
+    points = []
+    for method in spec.methods:
+        chosen = best_overrides(spec, results, method, log)
+        for seed in seeds:
+            points.append({**chosen, "method": method, "seed": seed, "init_checkpoint": bases[seed].init_checkpoint})
+    params = {
+        "base": spec.base.replace(evaluate_test=True).to_dict(),
+        "train_storage": str(results / "train_runs"),
+        "overrides": tune.grid_search(points),
+    }
+    tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=spec.concurrency, trial_dirname_creator=trial_dirname)
+    log(f"final: {len(spec.methods)} methods x {len(seeds)} seeds, evaluated on the calibration/test splits")
+    experiment(spec, results, "final", params, tune_config, [ProgressPrinter("final", len(points), ("method", "seed"))], resume, log, total=len(points))
+
+
+def feasible(val_coverage: float | None, floor: float) -> bool | None:
+    if val_coverage is None or (isinstance(val_coverage, float) and math.isnan(val_coverage)):
+        return None
+    return val_coverage >= floor

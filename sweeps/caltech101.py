@@ -1,0 +1,32 @@
+"""The paper's Caltech-101 study on a GPU cluster: ResNet-50 (torchvision), 60 epochs, milestones
+25/40 (paper table 5), fine-tuned from its CE base model.
+
+    ray submit cluster/gpu.yaml sweeps/caltech101.py -- --results-dir /mnt/shared/results/caltech101 --data-root /mnt/shared/data --download
+"""
+
+import sys
+
+from dpsm_ray.sweep.cli import main
+
+DEFAULTS = {
+    "trials": 24,
+    "final_seeds": 3,
+    "concurrency": 4,
+    "config": {
+        "dataset": "caltech101",
+        "data_root": "/mnt/shared/data",  # the cluster's shared file system (cluster/gpu.yaml)
+        "model": "resnet50",
+        "init": "base",
+        "epochs": 60,
+        "milestones": (25, 40),
+        "lr_decay": 0.1,
+        "batch_size": 128,
+        "workers": 1,
+        "gpus_per_worker": 1,
+        "cpus_per_worker": 8,
+        "data_workers": 6,
+    },
+}
+
+if __name__ == "__main__":
+    sys.exit(main("caltech101", __doc__.splitlines()[0], DEFAULTS))

@@ -1,0 +1,126 @@
+"""Search spaces, the paper grid, sweep settings and the sweep scripts' command line (no Ray)."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpsm_ray.sweep.cli import main
+from dpsm_ray.sweep.protocol import SweepSpec
+from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, Range, grid_size, paper_grid, parse_range, search_space
+from dpsm_ray.train.config import ConfigError, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_paper_grid_sizes_match_spec_section_4():
+    # batch 2 x epochs 3 x lr 5 x milestones 3 x decay 2 = 180; x lambda 6; x gamma 8
+    assert grid_size(paper_grid("ce")) == 180
+    assert grid_size(paper_grid("cut")) == 180 * 6
+    assert grid_size(paper_grid("conftr")) == 180 * 6
+    assert grid_size(paper_grid("dpsm")) == 180 * 6 * 8
+    axes = paper_grid("dpsm")
+    assert axes["conformal_weight"] == PAPER_GRID["lambda"] and axes["quantile_lr"] == PAPER_GRID["gamma"]
+
+
+def test_paper_grid_fix_and_subset_axes():
+    axes = paper_grid("dpsm", fixed={"batch_size": 128, "epochs": 40}, subsets={"lr": (0.01, 0.1)})
+    assert axes["batch_size"] == (128,) and axes["epochs"] == (40,) and axes["lr"] == (0.01, 0.1)
+    assert grid_size(axes) == 1 * 1 * 2 * 3 * 2 * 6 * 8
+    with pytest.raises(ValueError, match="grid axis must be one of .*got 'momentum'"):
+        paper_grid("ce", fixed={"momentum": 0.9})
+
+
+def test_parse_range_and_errors():
+    assert parse_range("lambda=0.01:1") == ("lambda", Range(0.01, 1.0, log=True))
+    assert parse_range("temperature=0.1:2:linear") == ("temperature", Range(0.1, 2.0, log=False))
+    for text, message in [
+        ("eta=0.1:1", "unknown knob 'eta'"),
+        ("lr=0.1", "expected lr=LOW:HIGH"),
+        ("lr=a:b", "must be numbers"),
+        ("lr=1:0.1", "finite low < high"),
+        ("lr=0:1", "log-uniform range needs low > 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_range(text)
+
+
+def test_search_space_per_method_uses_log_uniform_paper_bounds():
+    from ray.tune.search.sample import Float
+
+    space = search_space("dpsm")
+    assert set(space) == {"conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"}
+    assert set(search_space("ce")) == {"lr"}
+    assert set(search_space("cut")) == {"conformal_weight", "lr"}
+    assert set(search_space("conftr")) == {"conformal_weight", "lr", "sigmoid_temperature"}
+    lam = space["conformal_weight"]
+    assert isinstance(lam, Float) and (lam.lower, lam.upper) == (0.01, 5.0)
+    assert type(lam.get_sampler()).__name__ == "_LogUniform"
+    overridden = search_space("dpsm", {"gamma": Range(0.001, 0.01)})["quantile_lr"]
+    assert (overridden.lower, overridden.upper) == (0.001, 0.01)
+    assert DEFAULT_RANGES["gamma"].low == min(PAPER_GRID["gamma"]) and DEFAULT_RANGES["gamma"].high == max(PAPER_GRID["gamma"])
+
+
+def base():
+    return TrainConfig(dataset="digits", epochs=2)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"methods": ("ce", "dpsn")}, "methods"),
+    ({"methods": ()}, "methods"),
+    ({"trials": 0}, "trials"),
+    ({"final_seeds": 0}, "final_seeds"),
+    ({"coverage_slack": 0.95}, "coverage_slack"),  # allowed: [0, 1 - alpha)
+    ({"coverage_slack": -0.01}, "coverage_slack"),
+    ({"concurrency": 0}, "concurrency"),
+])
+def test_sweep_spec_rejects_bad_settings(kwargs, field):
+    with pytest.raises(ConfigError) as error:
+        SweepSpec(name="t", base=base(), **kwargs)
+    assert error.value.field == field
+
+
+def test_sweep_spec_validates_the_configs_its_ranges_produce():
+    # a linear range reaching a negative lambda would make invalid trial configs: caught up front
+    with pytest.raises(ConfigError) as error:
+        SweepSpec(name="t", base=base(), ranges=(("lambda", Range(-1.0, 1.0, log=False)),))
+    assert error.value.field == "conformal_weight"
+
+
+def test_sweep_spec_never_evaluates_test_data_in_the_search():
+    spec = SweepSpec(name="t", base=base().replace(evaluate_test=True))
+    assert spec.base.evaluate_test is False
+    assert math.isclose(spec.coverage_floor, 0.9)
+
+
+DEFAULTS = {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits", "epochs": 2}}
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--trials", "0"], "--trials=0 is invalid: must be an integer >= 1"),
+    (["--alpha", "1.5"], "--alpha=1.5 is invalid"),
+    (["--methods", "ce,foo"], "--methods="),
+    (["--range", "lambda=2:1"], "finite low < high"),
+    (["--fix", "lr=0.01"], "--fix/--subset apply to --grid paper"),
+    (["--grid", "paper", "--fix", "lr=0.01,0.1"], "give exactly one value"),
+    (["--grid", "paper", "--subset", "momentum=0.9"], "unknown grid axis 'momentum'"),
+    (["--batch-size", "100000"], "--batch-size=100000 is invalid"),
+])
+def test_script_errors_name_the_option_before_ray_starts(argv, needle, capsys, tmp_path):
+    import ray
+
+    with pytest.raises(SystemExit) as exit_:
+        main("t", "test", DEFAULTS, ["--results-dir", str(tmp_path / "r"), *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+    assert not ray.is_initialized() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("script", ["digits", "cifar100", "caltech101", "inaturalist"])
+def test_every_sweep_script_documents_the_common_options(script):
+    out = subprocess.run([sys.executable, str(ROOT / "sweeps" / f"{script}.py"), "--help"], capture_output=True, text=True, check=True).stdout
+    for option in ("--results-dir", "--trials", "--resume", "--seed", "--grid", "--range", "--address"):
+        assert option in out

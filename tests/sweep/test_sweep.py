@@ -1,0 +1,205 @@
+"""End-to-end sweeps on digits through Ray Tune + Optuna (+ Ray Train): the Parquet files, the
+coverage constraint on the Optuna trials, the report, failed trials, and resuming after Ctrl-C.
+
+Kept few and small: every trial costs Ray several seconds on 2 cores.
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from dpsm_ray.results.schema import EPOCHS, EVALS, TRIALS, arrow_schema
+from dpsm_ray.sweep.protocol import SweepError, SweepSpec, run_sweep
+from dpsm_ray.train.config import TrainConfig
+
+pytestmark = pytest.mark.ray
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def tiny_base(**overrides) -> TrainConfig:
+    values = dict(dataset="digits", init="base", base_epochs=3, epochs=3, batch_size=64, val_splits=3, eval_splits=4)
+    return TrainConfig(**{**values, **overrides})
+
+
+def assert_schema(path: Path, schema) -> pd.DataFrame:
+    expected = arrow_schema(schema)
+    assert pq.read_schema(path).remove_metadata().equals(expected), pq.read_schema(path)
+    return pd.read_parquet(path)
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(ray_session, tmp_path_factory):
+    """Two methods, two Optuna trials each, two final seeds; each trial a 1-worker TorchTrainer run."""
+    results = tmp_path_factory.mktemp("sweep")
+    spec = SweepSpec(
+        name="tiny", base=tiny_base(workers=1, cpus_per_worker=1), methods=("ce", "dpsm"), trials=2, final_seeds=2,
+        coverage_slack=0.03, seed=0, trial_resources=(("cpu", 0.1),),
+    )
+    lines = []
+    run_sweep(spec, results, log=lines.append)
+    return spec, results, lines
+
+
+def test_trials_parquet(finished_sweep):
+    spec, results, _ = finished_sweep
+    trials = assert_schema(results / "trials.parquet", TRIALS)
+    assert len(trials) == 2 * 2 + 2 * 2 and trials.trial_id.is_unique
+    search, final = trials[trials.stage == "search"], trials[trials.stage == "final"]
+    assert search.groupby("method").size().to_dict() == {"ce": 2, "dpsm": 2}
+    assert sorted(zip(final.method, final.seed)) == [("ce", 0), ("ce", 1), ("dpsm", 0), ("dpsm", 1)]
+    assert (trials.status == "ok").all() and trials.error.isna().all()
+    assert (trials.feasible == (trials.val_coverage >= spec.coverage_floor)).all()
+    assert (trials.epochs_completed == 3).all() and (trials.wall_seconds > 0).all()
+    for row in trials.itertuples():  # the stored config is the one that ran, knobs included
+        config = json.loads(row.config_json)
+        assert config["method"] == row.method and config["seed"] == row.seed
+        assert math.isclose(config["lr"], row.lr) and math.isclose(config["conformal_weight"], row.conformal_weight)
+        assert config["evaluate_test"] == (row.stage == "final")  # the search never touches test data
+    dpsm_search = search[search.method == "dpsm"]
+    assert dpsm_search.quantile_lr.nunique() == 2  # Optuna really sampled gamma
+    # the final stage re-trains each method's chosen configuration
+    for method, rows in final.groupby("method"):
+        ok = search[(search.method == method)]
+        chosen = ok[ok.feasible].sort_values("val_set_size").iloc[0] if ok.feasible.any() else ok.sort_values("val_coverage").iloc[-1]
+        assert (rows.lr == chosen.lr).all() and (rows.conformal_weight == chosen.conformal_weight).all()
+
+
+def test_epochs_parquet(finished_sweep):
+    _, results, _ = finished_sweep
+    trials = pd.read_parquet(results / "trials.parquet")
+    epochs = assert_schema(results / "epochs.parquet", EPOCHS)
+    assert len(epochs) == len(trials) * 3
+    assert epochs.groupby("trial_id").epoch.apply(list).map(lambda e: e == [1, 2, 3]).all()
+    dpsm, ce = epochs[epochs.method == "dpsm"], epochs[epochs.method == "ce"]
+    assert dpsm.q.notna().all() and (dpsm.q_error - (dpsm.q - dpsm.q_dataset).abs()).abs().max() < 1e-6
+    assert ce.q.isna().all() and ce.q_dataset.notna().all()
+    assert epochs.val_coverage.between(0, 1).all() and (epochs.upper_loss > 0).all()
+
+
+def test_evals_parquet(finished_sweep):
+    _, results, _ = finished_sweep
+    evals = assert_schema(results / "evals.parquet", EVALS)
+    assert set(evals.stage) == {"final"}  # test data only for the final models
+    assert len(evals) == 2 * 2 * 3 * 4  # methods x seeds x scores x re-splits
+    assert evals.groupby(["method", "seed", "score"]).split.apply(sorted).map(lambda s: s == [0, 1, 2, 3]).all()
+    assert evals.coverage.between(0, 1).all() and (evals.set_size >= 0).all()
+    assert (evals.n_cal + evals.n_test).nunique() == 1
+
+
+def test_coverage_constraint_recorded_on_optuna_trials(finished_sweep):
+    from dpsm_ray.sweep.trials import OBJECTIVE, ConstrainedOptunaSearch
+
+    spec, results, _ = finished_sweep
+    trials = pd.read_parquet(results / "trials.parquet")
+    for method in ("ce", "dpsm"):
+        searcher = ConstrainedOptunaSearch(metric=OBJECTIVE, mode="min", coverage_floor=spec.coverage_floor)
+        searcher.restore_from_dir(str(results / "tune" / f"search-{method}"))
+        study_trials = searcher.study().trials
+        assert len(study_trials) == 2
+        rows = trials[(trials.stage == "search") & (trials.method == method)]
+        for optuna_trial in study_trials:
+            params = {name.split("/")[-1]: value for name, value in optuna_trial.params.items()}  # "overrides/lr"
+            row = rows[rows.lr.map(lambda lr: math.isclose(lr, params["lr"]))].iloc[0]
+            assert optuna_trial.state.name == "COMPLETE"
+            assert math.isclose(optuna_trial.value, row.val_set_size)
+            assert math.isclose(optuna_trial.constraints["coverage"], spec.coverage_floor - row.val_coverage)
+            assert (optuna_trial.constraints["coverage"] <= 0) == row.feasible
+
+
+def test_report_table_and_figures(finished_sweep):
+    _, results, lines = finished_sweep
+    printed = "\n".join(lines)
+    assert "DPSM vs best baseline" in printed
+    report = (results / "report.md").read_text()
+    table = [line for line in report.splitlines() if line.startswith(("| CE | ", "| DPSM | "))]
+    assert len(table) >= 2 and all("±" in line for line in table)
+    change = [line for line in report.splitlines() if line.startswith("| DPSM vs best baseline |")]
+    assert len(change) == 1 and change[0].count("%") == 3
+    for name in ("coverage_box", "apss_box", "losses", "q_error"):
+        assert (results / "figures" / f"{name}.png").read_bytes()[:8] == PNG_MAGIC
+        assert f"figures/{name}.png" in report
+    # the CLI rebuilds the same report from the directory alone
+    out = subprocess.run([sys.executable, "-m", "dpsm_ray.cli", "report", str(results)], capture_output=True, text=True, check=True).stdout
+    assert "DPSM vs best baseline" in out
+
+
+def test_rerun_needs_resume_and_a_resumed_finished_sweep_adds_nothing(finished_sweep):
+    spec, results, _ = finished_sweep
+    before = {name: pd.read_parquet(results / f"{name}.parquet") for name in ("trials", "epochs", "evals")}
+    with pytest.raises(SweepError, match="already holds a sweep; pass --resume"):
+        run_sweep(spec, results, log=lambda line: None)
+    with pytest.raises(SweepError, match="different settings .*trials"):
+        run_sweep(SweepSpec(**{**spec.__dict__, "trials": 3}), results, resume=True, log=lambda line: None)
+    run_sweep(spec, results, resume=True, log=lambda line: None)
+    for name, frame in before.items():
+        pd.testing.assert_frame_equal(pd.read_parquet(results / f"{name}.parquet"), frame)
+
+
+def test_a_diverging_trial_is_marked_failed_and_the_sweep_goes_on(ray_session, tmp_path):
+    """The paper grid with lr in {0.01, 100}: lr 100 blows up (NaN loss), lr 0.01 is chosen."""
+    spec = SweepSpec(
+        name="grid", base=tiny_base(init="scratch", epochs=2, workers=0), methods=("ce",), final_seeds=1, grid=True,
+        grid_fixed=(("batch_size", 64), ("epochs", 2), ("milestones", (25,)), ("lr_decay", 0.1)),
+        grid_subsets=(("lr", (0.01, 100.0)),), coverage_slack=0.1,
+    )
+    lines = []
+    run_sweep(spec, tmp_path, log=lines.append)
+    assert any("the paper grid has 2 configurations" in line for line in lines)
+    trials = pd.read_parquet(tmp_path / "trials.parquet")
+    search = trials[trials.stage == "search"].set_index("lr")
+    assert search.loc[100.0, "status"] == "failed" and "training loss is" in search.loc[100.0, "error"]
+    assert pd.isna(search.loc[100.0, "feasible"])
+    assert search.loc[0.01, "status"] == "ok"
+    final = trials[trials.stage == "final"]
+    assert len(final) == 1 and final.lr.iloc[0] == 0.01 and final.status.iloc[0] == "ok"
+
+
+def read_until(process, needle: str, seen: list[str]) -> None:
+    for line in process.stdout:
+        seen.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"the sweep ended before printing {needle!r}:\n{''.join(seen)}")
+
+
+def test_interrupted_sweep_resumes_without_losing_or_repeating_trials(ray_session, tmp_path):
+    import ray
+
+    results = tmp_path / "sweep"
+    command = [
+        sys.executable, str(ROOT / "sweeps" / "digits.py"), "--results-dir", str(results), "--methods", "ce,cut",
+        "--trials", "3", "--final-seeds", "1", "--base-epochs", "2", "--epochs", "2", "--workers", "0",
+    ]
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    seen: list[str] = []
+    read_until(first, "[search-ce 2/3]", seen)
+    first.send_signal(signal.SIGINT)  # Ctrl-C in the middle of the first search
+    seen += first.stdout.readlines()
+    assert first.wait(timeout=120) == 3, "".join(seen)
+    assert "rerun with --resume" in "".join(seen)
+    done_first = {line.split("trial ")[1].split()[0] for line in seen if "] trial " in line and " done in " in line}
+    assert len(done_first) >= 2
+
+    second = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=env, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    done_second = {line.split("trial ")[1].split()[0] for line in second.stdout.splitlines() if "] trial " in line and " done in " in line}
+    assert not done_first & done_second  # nothing finished before Ctrl-C ran again
+
+    trials = pd.read_parquet(results / "trials.parquet")
+    search = trials[trials.stage == "search"]
+    assert search.trial_id.is_unique and search.groupby("method").size().to_dict() == {"ce": 3, "cut": 3}
+    assert done_first <= set(search.trial_id) and (search.status == "ok").all()
+    assert set(search.trial_id) == done_first | {t for t in done_second if t in set(search.trial_id)}
+    assert len(trials[trials.stage == "final"]) == 2
+    epochs = pd.read_parquet(results / "epochs.parquet")
+    assert not epochs.duplicated(["trial_id", "epoch"]).any() and len(epochs) == len(trials) * 2
