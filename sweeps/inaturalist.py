@@ -2,6 +2,10 @@
 milestone 3, decay 0.97 (paper table 5), fine-tuned from its CE base model.
 
     ray submit cluster/gpu.yaml sweeps/inaturalist.py -- --results-dir /mnt/shared/results/inaturalist --data-root /mnt/shared/data --download
+
+The paper's split sizes (341 species, 50 + 10 images each) are exactly the Fungi of iNaturalist
+2021 (``train_mini`` + ``valid``), the default; ``--dataset inaturalist2018`` uses the Fungi
+super-category of iNaturalist 2018 instead (321 species, one pool cut into the four splits).
 """
 
 import sys

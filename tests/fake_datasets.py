@@ -17,6 +17,9 @@ INATURALIST_CATEGORIES = (  # <id>_<kingdom>_<phylum>_<class>_<order>_<family>_<
     "00004_Plantae_Tracheophyta_Magnoliopsida_Rosales_Rosaceae_Rosa_canina",
 )
 INATURALIST_PER_SPECIES = {"2021_train_mini": 10, "2021_valid": 4}
+# iNaturalist 2018: <super-category>/<category id>/, ids numbered across super-categories
+INATURALIST_2018_CATEGORIES = {"Aves": (0, 3), "Fungi": (4, 1, 2), "Plantae": (5,)}
+INATURALIST_2018_PER_SPECIES = 20
 OTHER_KINGDOM_GRAY = 240  # the non-Fungi images are near white
 
 
@@ -82,3 +85,15 @@ def write_inaturalist2021(root):
             gray = fungi_gray(fungi.index(category)) if category in fungi else OTHER_KINGDOM_GRAY
             for number in range(count):
                 write_jpeg(root / version / category / f"{category[:5]}-{number:08x}.jpg", np.full((40, 30, 3), gray, dtype=np.uint8))
+
+
+def write_inaturalist2018(root):
+    """``<root>/2018/<super-category>/<category id>/<name>.jpg``, torchvision's layout of
+    ``train_val2018``: three Fungi categories among others, flat gray JPEGs as above, where Fungi
+    label ``k`` is the ``k``-th Fungi category id in numeric order (ids 1, 2, 4 -> 0, 1, 2)."""
+    fungi = sorted(INATURALIST_2018_CATEGORIES["Fungi"])
+    for super_category, categories in INATURALIST_2018_CATEGORIES.items():
+        for category in categories:
+            gray = fungi_gray(fungi.index(category)) if super_category == "Fungi" else OTHER_KINGDOM_GRAY
+            for number in range(INATURALIST_2018_PER_SPECIES):
+                write_jpeg(root / "2018" / super_category / str(category) / f"{number:032x}.jpg", np.full((30, 40, 3), gray, dtype=np.uint8))

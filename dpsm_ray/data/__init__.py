@@ -7,7 +7,7 @@ from dpsm_ray.data.tabular import DIGITS_SIZES, SYNTHETIC_FRACTIONS, load_digits
 from dpsm_ray.data.vision import LOADERS as VISION_LOADERS
 from dpsm_ray.data.vision import PAPER_SIZES, fitted_sizes
 
-DATASETS = ("digits", "synthetic", "cifar100", "caltech101", "inaturalist")
+DATASETS = ("digits", "synthetic", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
 
 
 def check_dataset(name: str) -> str:

@@ -8,8 +8,10 @@
 - ``inaturalist``: the 341 species of the kingdom Fungi in iNaturalist 2021.  The paper's sizes
   are exactly that kingdom's ``2021_train_mini`` images (50 a species: 15345 + 1705 = 17050) and
   its ``2021_valid`` images (10 a species: 1410 + 2000 = 3410), so, as for CIFAR-100, the training
-  images give train / val and the held-out images cal / test.  (iNaturalist 2018 has 321 Fungi
-  species, not 341.)
+  images give train / val and the held-out images cal / test.
+- ``inaturalist2018``: the Fungi super-category of iNaturalist 2018 (torchvision's version
+  ``2018``, train and val images in one folder tree), cut into all four splits as Caltech-101 is.
+  2018 has 321 Fungi species, not the paper's 341, so the class count is read from the data.
 
 The 224-pixel datasets are decoded from files by a ``FileSource`` with the standard ImageNet
 transforms.  Every split is stratified and chosen by the run seed; a smaller copy on disk (the
@@ -33,8 +35,12 @@ PAPER_SIZES = {
     "cifar100": {"train": 45000, "val": 5000, "cal": 3000, "test": 7000},
     "caltech101": {"train": 4310, "val": 1256, "cal": 1111, "test": 2000},
     "inaturalist": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
+    "inaturalist2018": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
 }
-TITLES = {"cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)"}
+TITLES = {
+    "cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)",
+    "inaturalist2018": "iNaturalist 2018 (Fungi)",
+}
 
 # per-channel statistics of the 50000 CIFAR-100 training images
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
@@ -45,6 +51,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SIZE = 224
 INATURALIST_VERSIONS = ("2021_train_mini", "2021_valid")  # -> train / val, cal / test
 INATURALIST_KINGDOM = "Fungi"
+INATURALIST_2018 = "2018"  # torchvision's folder for train_val2018: <super-category>/<category id>/
 
 
 def fitted_sizes(sizes: Sequence[int], available: int) -> list[int]:
@@ -217,4 +224,29 @@ def load_inaturalist(data_root: str | Path | None, seed: int, download: bool = F
     return splits_of("inaturalist", len(species[0]), (3, IMAGE_SIZE, IMAGE_SIZE), source, two_pool_parts(*pool_labels, "inaturalist", seed))
 
 
-LOADERS = {"cifar100": load_cifar100, "caltech101": load_caltech101, "inaturalist": load_inaturalist}
+def load_inaturalist2018(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+    """The Fungi super-category of iNaturalist 2018 from ``<data_root>/2018/Fungi/<category id>/``
+    (torchvision's ``INaturalist`` version ``2018``), labelled ``0 .. K-1`` in category-id order.
+    The archive holds the competition's train and val images in one tree, so, as for
+    Caltech-101, one pool is cut into all four splits in the paper's sizes (or their proportions
+    when the pool is smaller)."""
+    root = check_data_root("inaturalist2018", data_root)
+    folder = root / INATURALIST_2018
+    if not download and (not folder.is_dir() or not any(folder.iterdir())):
+        raise missing("inaturalist2018", folder)
+    from torchvision.datasets import INaturalist
+
+    dataset = INaturalist(str(root), version=INATURALIST_2018, target_type="full", download=download)
+    fungi = dataset.categories_index["super"].get(INATURALIST_KINGDOM)
+    if fungi is None:
+        raise ValueError(f"no {INATURALIST_KINGDOM} super-category under {folder}: it holds {', '.join(dataset.categories_index['super'])}")
+    species = [category for category, taxa in enumerate(dataset.categories_map) if taxa["super"] == fungi]
+    label_of = {category: label for label, category in enumerate(species)}
+    dataset.index = sorted(entry for entry in dataset.index if entry[0] in label_of)  # as in load_inaturalist
+    labels = torch.tensor([label_of[category] for category, _ in dataset.index], dtype=torch.int64)
+    parts = stratified_partition(labels, fitted_sizes(list(PAPER_SIZES["inaturalist2018"].values()), labels.numel()), derive_seed(seed, "inaturalist2018"))
+    source = FileSource(dataset, labels, *imagenet_transforms(), num_workers=data_workers)
+    return splits_of("inaturalist2018", len(species), (3, IMAGE_SIZE, IMAGE_SIZE), source, parts)
+
+
+LOADERS = {"cifar100": load_cifar100, "caltech101": load_caltech101, "inaturalist": load_inaturalist, "inaturalist2018": load_inaturalist2018}

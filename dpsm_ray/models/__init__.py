@@ -21,7 +21,7 @@ from dpsm_ray.models.small import MLP, SmallCNN
 MODELS = ("mlp", "cnn", *(f"resnet{depth}" for depth in CIFAR_RESNET_DEPTHS), "densenet100", "resnet50", "densenet121")
 PRETRAINABLE = tuple(HEADS)
 # the paper's model for each dataset (its ResNet column); the tabular data take the small MLP
-DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50"}
+DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
 
 
 def check_model(name: str) -> str:

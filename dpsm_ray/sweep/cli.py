@@ -15,7 +15,7 @@ from dpsm_ray.train.config import ConfigError, TrainConfig
 
 # TrainConfig fields a sweep script lets you change (the rest are the script's choice).
 CONFIG_OPTIONS = {
-    "alpha": float, "epochs": int, "batch_size": int, "model": str, "data_root": str, "train_subset": int,
+    "dataset": str, "alpha": float, "epochs": int, "batch_size": int, "model": str, "data_root": str, "train_subset": int,
     "base_epochs": int, "pretrained_path": str, "workers": int, "gpus_per_worker": float, "cpus_per_worker": float,
     "data_workers": int, "sort_temperature": float,
 }

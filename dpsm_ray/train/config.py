@@ -40,10 +40,10 @@ OPERATIONAL_FIELDS = frozenset(
 @dataclass(frozen=True)
 class TrainConfig:
     # --- what to train --------------------------------------------------------------------
-    dataset: str = option("digits", "dataset: digits, synthetic[:classes=K,dim=D,size=N,noise=S], cifar100, caltech101, inaturalist")
+    dataset: str = option("digits", "dataset: digits, synthetic[:classes=K,dim=D,size=N,noise=S], cifar100, caltech101, inaturalist (2021), inaturalist2018")
     data_root: str | None = option(
         None,
-        "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/ (iNaturalist)",
+        "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/ (iNaturalist), 2018/ (iNaturalist 2018)",
         type=str,
     )
     download: bool = option(False, "download the dataset into --data-root if it is missing")

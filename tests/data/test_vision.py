@@ -1,8 +1,9 @@
+import numpy
 import pytest
 import torch
 from fake_datasets import (
     CALTECH_CATEGORIES, CIFAR_TEST, CIFAR_TRAIN, INATURALIST_PER_SPECIES, cifar_labels, fungi_gray, write_caltech101, write_cifar100,
-    write_inaturalist2021,
+    INATURALIST_2018_PER_SPECIES, write_inaturalist2018, write_inaturalist2021, write_jpeg,
 )
 
 from dpsm_ray.data import SPLIT_NAMES, check_dataset, fitted_sizes, load_splits, split_sizes
@@ -12,6 +13,7 @@ PAPER = {
     "cifar100": {"train": 45000, "val": 5000, "cal": 3000, "test": 7000},
     "caltech101": {"train": 4310, "val": 1256, "cal": 1111, "test": 2000},
     "inaturalist": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
+    "inaturalist2018": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
 }
 
 
@@ -33,6 +35,13 @@ def caltech101_root(tmp_path_factory):
 def inaturalist_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     write_inaturalist2021(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def inaturalist2018_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    write_inaturalist2018(root)
     return root
 
 
@@ -191,6 +200,37 @@ def test_inaturalist_training_batches_are_224_pixels(inaturalist_root):
     assert x.shape == (6, 3, 224, 224) and set(y.tolist()) <= {0, 1, 2}
 
 
+def test_inaturalist2018_keeps_only_the_fungi_super_category_in_one_stratified_pool(inaturalist2018_root):
+    data = load_splits("inaturalist2018", str(inaturalist2018_root), seed=0, data_workers=0)
+    # 3 Fungi categories x 20 images = 60 in 15345:1705:1410:2000 (of 20460): exact shares 45.0,
+    # 5.0, 4.13, 5.87 -> 45, 5, 4, 6
+    assert data.sizes() == {"train": 45, "val": 5, "cal": 4, "test": 6}
+    assert data.num_classes == 3 and data.input_shape == (3, 224, 224)
+    ids = all_ids(data)
+    assert ids.unique().numel() == ids.numel() == 3 * INATURALIST_2018_PER_SPECIES
+    for split in SPLIT_NAMES:
+        part = getattr(data, split)
+        assert_stratified(part, torch.arange(3).repeat_interleave(INATURALIST_2018_PER_SPECIES), 3)
+        x, y = next(part.batches([torch.arange(len(part))], augment=False, seed=0))
+        assert x.shape == (len(part), 3, 224, 224)
+        # flat gray images encode their category: ids 1, 2, 4 are labels 0, 1, 2, no other super-category
+        gray = ((x * torch.tensor(IMAGENET_STD)[:, None, None] + torch.tensor(IMAGENET_MEAN)[:, None, None]) * 255).mean(dim=(1, 2, 3))
+        expected = torch.tensor([fungi_gray(int(label)) for label in y], dtype=gray.dtype)
+        assert (gray - expected).abs().max() < 5
+
+
+def test_inaturalist2018_splits_follow_the_seed(inaturalist2018_root):
+    first, again, other = (load_splits("inaturalist2018", str(inaturalist2018_root), seed=seed, data_workers=0) for seed in (0, 0, 1))
+    assert torch.equal(first.train.ids, again.train.ids)
+    assert not torch.equal(first.train.ids, other.train.ids)
+
+
+def test_inaturalist2018_without_fungi_names_what_it_found(tmp_path):
+    write_jpeg(tmp_path / "2018" / "Plantae" / "0" / "a.jpg", numpy.zeros((8, 8, 3), dtype=numpy.uint8))
+    with pytest.raises(ValueError, match=r"no Fungi super-category under .*2018: it holds Plantae"):
+        load_splits("inaturalist2018", str(tmp_path), seed=0)
+
+
 # ----------------------------------------------------------------------------- missing data
 
 
@@ -200,6 +240,7 @@ def test_inaturalist_training_batches_are_224_pixels(inaturalist_root):
         ("cifar100", "CIFAR-100", "cifar-100-python"),
         ("caltech101", "Caltech-101", "caltech101/101_ObjectCategories"),
         ("inaturalist", "iNaturalist 2021", "2021_train_mini"),
+        ("inaturalist2018", "iNaturalist 2018", "2018"),
     ],
 )
 def test_missing_data_is_named_before_anything_is_created(tmp_path, name, title, expected):

@@ -107,6 +107,7 @@ DEFAULTS = {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits", "epoc
     (["--grid", "paper", "--fix", "lr=0.01,0.1"], "give exactly one value"),
     (["--grid", "paper", "--subset", "momentum=0.9"], "unknown grid axis 'momentum'"),
     (["--batch-size", "100000"], "--batch-size=100000 is invalid"),
+    (["--dataset", "inaturalist2019"], "--dataset='inaturalist2019' is invalid: dataset must be one of"),
 ])
 def test_script_errors_name_the_option_before_ray_starts(argv, needle, capsys, tmp_path):
     import ray
