@@ -28,7 +28,7 @@ DEFAULTS = {
         "lr_decay": 0.1,
         "batch_size": 128,
         "workers": 1,
-        "gpus_per_worker": 0.25,  # four trials share a GPU: at batch 128 one trial cannot fill an H100
+        "gpus_per_worker": 1,  # divided by --trials-per-gpu (auto: 4 for ResNet-110 / DenseNet-BC-100)
         "cpus_per_worker": 2,
         "data_workers": 0,  # CIFAR-100 is held in memory; no loader processes
     },

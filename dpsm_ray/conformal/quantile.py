@@ -96,7 +96,8 @@ def smooth_quantile(scores: torch.Tensor, alpha: float, temperature: float) -> t
     The rank sits in the upper (1 - alpha) tail of the non-conformity scores, never at alpha.
     """
     rank = min(conformal_rank(scores.shape[-1], alpha), scores.shape[-1])
-    rows = _neuralsort_rows(scores, torch.tensor([rank], device=scores.device), temperature)
+    # a fill on the device, not a host-to-device copy (allowed inside a captured CUDA graph)
+    rows = _neuralsort_rows(scores, torch.full((1,), rank, device=scores.device), temperature)
     return (rows.squeeze(-2) * scores).sum(dim=-1)
 
 

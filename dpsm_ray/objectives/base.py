@@ -47,6 +47,9 @@ class Objective:
     def initialize(self, train_label_scores: torch.Tensor) -> None:
         """Called once before training with the starting model's D1 label scores (all workers)."""
 
+    def prepare(self, device: torch.device) -> None:
+        """Put any state on ``device`` before the first step (a captured step needs it there)."""
+
     def state_dict(self) -> dict:
         return {}
 

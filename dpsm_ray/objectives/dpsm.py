@@ -9,7 +9,8 @@ Each step, with B1 from D1 and B2 from D2:
         q <- q - gamma * (mean(1[s < q]) - (1 - alpha)).
 q is one scalar, not a function of any batch: that decoupling is what gives the O(1/sqrt(n))
 learning bound instead of the batch quantile's Omega(1/s).  It is plain state outside autograd,
-so no graph grows across steps.
+so no graph grows across steps, and it is updated in place on the model's device, so a step
+captured in a CUDA graph (``dpsm_ray.train.step``) carries the update inside the graph.
 """
 
 from __future__ import annotations
@@ -31,22 +32,28 @@ class DPSM(Objective):
 
     def initialize(self, train_label_scores: torch.Tensor) -> None:
         """q_0 = Q_n, the (1 - alpha) quantile of the starting model's D1 scores."""
-        self.q = empirical_quantile(train_label_scores.detach(), 1 - self.alpha)
+        self.q = empirical_quantile(train_label_scores.detach(), 1 - self.alpha).clone()
+
+    def prepare(self, device: torch.device) -> None:
+        if self.q is not None and self.q.device != device:
+            self.q = self.q.to(device)
 
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
         if self.q is None:
             raise RuntimeError("DPSM.initialize(D1 scores) must run before the first step")
-        q = self.q.to(logits1.device)
+        self.prepare(logits1.device)
+        q = self.q.clone()  # this step's q; self.q itself moves below
         ce = cross_entropy(logits1, labels1)
         size = soft_set_size(hps_scores(logits2), q, self.sigmoid_temperature)
         lower_scores = label_scores(hps_scores(logits1.detach()), labels1)
         grad_q = self.collective.mean(pinball_grad(q, lower_scores, self.alpha))
         pinball = self.collective.mean(pinball_loss(q, lower_scores, self.alpha))
-        self.q = q - self.quantile_lr * grad_q
+        self.q.sub_(self.quantile_lr * grad_q)
         return self._output(ce, size, pinball, q)
 
     def state_dict(self) -> dict:
-        return {"q": None if self.q is None else self.q.detach().cpu()}
+        # a copy: self.q keeps changing in place after the checkpoint is taken
+        return {"q": None if self.q is None else self.q.detach().cpu().clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.q = state["q"]
+        self.q = None if state["q"] is None else state["q"].clone()

@@ -17,8 +17,42 @@ from dpsm_ray.train.config import ConfigError, TrainConfig
 CONFIG_OPTIONS = {
     "dataset": str, "alpha": float, "epochs": int, "batch_size": int, "model": str, "data_root": str, "train_subset": int,
     "base_epochs": int, "pretrained_path": str, "workers": int, "gpus_per_worker": float, "cpus_per_worker": float,
-    "data_workers": int, "sort_temperature": float,
+    "data_workers": int, "sort_temperature": float, "precision": str, "step": str, "channels_last": bool,
 }
+
+
+# Models whose trials leave a GPU launch-bound at the paper's batch sizes (32x32 inputs; PERF_NOTES.md:
+# ResNet-110 at batch 128 reaches the large-batch ceiling of an H100 with ~4 captured trials).
+SMALL_MODELS = ("mlp", "cnn", "resnet20", "resnet32", "resnet56", "resnet110", "densenet100")
+SMALL_MODEL_TRIALS_PER_GPU = 4
+
+
+def trials_per_gpu(model: str) -> int:
+    """The default packing factor: trials sharing one GPU for ``model`` (the ImageNet-size
+    models fill a GPU on their own)."""
+    return SMALL_MODEL_TRIALS_PER_GPU if model in SMALL_MODELS else 1
+
+
+def packed_gpus_per_worker(values: dict, explicit: bool, packing: str) -> float:
+    """GPUs each trial's worker asks Ray for: the script's or user's ``gpus_per_worker`` when
+    explicit, else a whole GPU divided by the packing factor (``auto`` or a number), for
+    single-worker GPU trials."""
+    if packing != "auto":
+        try:
+            factor = int(packing)
+        except ValueError:
+            factor = 0
+        if factor < 1:
+            raise ValueError(f"--trials-per-gpu must be auto or an integer >= 1; got {packing!r}")
+    gpus = values.get("gpus_per_worker", 0)
+    if explicit or not gpus or values.get("workers", 0) > 1:
+        return gpus
+    if packing == "auto":
+        from dpsm_ray.models import default_model
+
+        model = values.get("model", "auto")
+        factor = trials_per_gpu(default_model(values["dataset"]) if model == "auto" else model)
+    return 1 / factor
 
 
 def parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
@@ -50,8 +84,11 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--concurrency", type=int, default=defaults.get("concurrency", 1), help="trials running at once (default: %(default)s)")
     add("--address", help="Ray cluster address (default: $RAY_ADDRESS, a cluster running on this machine, else an embedded local Ray)")
     add("--download", action="store_true", help="download the dataset into --data-root if it is missing")
+    add("--trials-per-gpu", default="auto", metavar="N|auto", help=f"single-worker GPU trials packed on one GPU (each asks for 1/N of it); auto: {SMALL_MODEL_TRIALS_PER_GPU} for the 32x32 models, 1 for resnet50/densenet121; --gpus-per-worker overrides (default: %(default)s)")
     for option, kind in CONFIG_OPTIONS.items():
-        add("--" + option.replace("_", "-"), type=kind, default=argparse.SUPPRESS, help=f"{TrainConfig.__dataclass_fields__[option].metadata['help']} (default: {defaults['config'].get(option, TrainConfig.__dataclass_fields__[option].default)})")
+        help_text = f"{TrainConfig.__dataclass_fields__[option].metadata['help']} (default: {defaults['config'].get(option, TrainConfig.__dataclass_fields__[option].default)})"
+        how = {"action": "store_true"} if kind is bool else {"type": kind}
+        add("--" + option.replace("_", "-"), **how, default=argparse.SUPPRESS, help=help_text)
     return parser
 
 
@@ -61,6 +98,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
 
     values = {**defaults["config"], **{k: v for k, v in vars(args).items() if k in CONFIG_OPTIONS}}
     values.update(seed=args.seed, download=args.download)
+    values["gpus_per_worker"] = packed_gpus_per_worker(values, "gpus_per_worker" in vars(args), args.trials_per_gpu)
     base = TrainConfig.from_dict(values)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     ranges = tuple(parse_range(text) for text in args.range)

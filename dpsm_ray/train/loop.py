@@ -26,6 +26,7 @@ from dpsm_ray.models import build_model, default_model
 from dpsm_ray.objectives import ConfTr, DPSM, Objective, build_objective, hps_scores
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.train.step import autocast, build_step
 
 EVAL_BATCH = 512
 # Per-epoch columns of epochs.parquet, in order (docs/results.md).
@@ -83,23 +84,25 @@ def shard(n: int, rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env) -> torch.Tensor:
-    """Logits of ``split[positions]`` in eval mode, computed in shards over the workers and
-    gathered so every position appears exactly once, in order."""
+def predict(model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env, precision: str = "fp32") -> torch.Tensor:
+    """Logits of ``split[positions]`` in eval mode (fp32 logits of a ``precision`` forward),
+    computed in shards over the workers and gathered so every position appears exactly once, in
+    order."""
     mine, sizes = shard(positions.numel(), env.collective.rank, env.collective.world_size)
     was_training = model.training
     model.eval()
     batches = split.batches(list(positions[mine].split(EVAL_BATCH)), augment=False, seed=0)
     # the bare module: DDP's forward would sync buffers, a collective that uneven shards deadlock
-    local = [unwrap(model)(x.to(env.device, non_blocking=True)).float() for x, _ in batches]
+    with autocast(env.device, precision):
+        local = [unwrap(model)(x.to(env.device, non_blocking=True)).float() for x, _ in batches]
     model.train(was_training)
     local = torch.cat(local) if local else torch.empty(0, num_classes, device=env.device)
     return env.collective.gather_uneven(local, sizes)
 
 
-def label_scores_of(model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env) -> torch.Tensor:
+def label_scores_of(model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env, precision: str = "fp32") -> torch.Tensor:
     """HPS scores of the true labels of ``split[positions]`` (eval mode, every worker's shard)."""
-    logits = predict(model, split, positions, num_classes, env)
+    logits = predict(model, split, positions, num_classes, env, precision)
     return label_scores(hps_scores(logits), split.labels[positions].to(logits.device))
 
 
@@ -120,7 +123,10 @@ def train(config: TrainConfig, env) -> RunResult:
         if config.init_checkpoint is None:
             raise RuntimeError("init='base' needs the base model's weights: run through run_training, which resolves the cache")
         model.load_state_dict(torch.load(config.init_checkpoint, map_location="cpu", weights_only=True))
-    model = env.prepare_model(model.to(env.device))
+    model = model.to(env.device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)  # only 4-d (conv) weights change
+    model = env.prepare_model(model)
     objective = build_objective(
         config.method,
         alpha=config.alpha,
@@ -148,13 +154,14 @@ def train(config: TrainConfig, env) -> RunResult:
         env.log(f"resumed from the checkpoint after epoch {state['epoch'] + 1}")
     else:
         # q_0 = Q_n of the starting model on D1, in eval mode without augmentation
-        objective.initialize(label_scores_of(model, data.train, d1, data.num_classes, env))
+        objective.initialize(label_scores_of(model, data.train, d1, data.num_classes, env, config.precision))
         start_epoch = 0
 
+    step = None  # built from the first batch (a captured step needs its shapes)
     for epoch in range(start_epoch, config.epochs):
         started = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
-        stats = train_epoch(model, objective, optimizer, data.train, d1, d2, epoch, config, env)
+        stats, step = train_epoch(model, objective, optimizer, data.train, d1, d2, epoch, config, env, step)
         scheduler.step()
         row = {"epoch": epoch + 1, "lr": lr, **stats}
         row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
@@ -186,7 +193,9 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
-def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env) -> dict:
+def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env, step=None) -> tuple[dict, object]:
+    """One epoch of steps; returns its mean statistics and the step function (reused by the
+    next epoch)."""
     rank, world = env.collective.rank, env.collective.world_size
     global_half = config.batch_size // 2
     batches1 = step_batches(d1, epoch, config.seed, "d1", global_half, rank, world)
@@ -199,14 +208,10 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
         train_split.batches(batches1, augment=True, seed=augment_seed),
         train_split.batches(batches2, augment=True, seed=augment_seed),
     ):
-        y1, y2 = y1.to(env.device, non_blocking=True), y2.to(env.device, non_blocking=True)
-        logits = model(torch.cat([x1, x2]).to(env.device, non_blocking=True))
-        logits1, logits2 = logits.split([x1.shape[0], x2.shape[0]])
-        out = objective(logits1, y1, logits2, y2)
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        optimizer.step()
-        for name, value in out.stats.items():
+        batch = [t.to(env.device, non_blocking=True) for t in (x1, y1, x2, y2)]
+        if step is None:
+            step = build_step(model, objective, optimizer, batch, kind=config.step, precision=config.precision, channels_last=config.channels_last)
+        for name, value in step(*batch).items():
             totals[name] = totals.get(name, 0) + value
         steps += 1
         if config.debug_sync_checks:
@@ -220,13 +225,13 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
         "conformal_loss": means["conformal"],
         "lower_loss": means["pinball"],
         "q": means["quantile"] if not isinstance(objective, DPSM) else float(objective.q),
-    }
+    }, step
 
 
 def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env) -> dict:
     """Q_n of D1's scores, the quantile's estimation error, and the soft set size on D2 at Q_n
     (all in eval mode, no augmentation)."""
-    d1_scores = label_scores_of(model, data.train, d1, data.num_classes, env).double()
+    d1_scores = label_scores_of(model, data.train, d1, data.num_classes, env, config.precision).double()
     q_dataset = empirical_quantile(d1_scores, 1 - config.alpha)
     if isinstance(objective, DPSM):
         q_error = (objective.q.double().to(q_dataset.device) - q_dataset).abs()
@@ -239,7 +244,7 @@ def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, con
         q_error = (taus - q_dataset).abs().mean()
     else:
         q_error = torch.tensor(math.nan)
-    d2_scores = hps_scores(predict(model, data.train, d2, data.num_classes, env)).double()
+    d2_scores = hps_scores(predict(model, data.train, d2, data.num_classes, env, config.precision)).double()
     soft = soft_set_size(d2_scores, q_dataset, config.sigmoid_temperature)
     return {"q_dataset": float(q_dataset), "q_error": float(q_error), "soft_size": float(soft)}
 
@@ -247,7 +252,7 @@ def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, con
 def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig, env) -> dict:
     """Split conformal inside the validation split (HPS), averaged over re-splits: what a sweep
     selects on.  The test data is never looked at."""
-    logits = predict(model, val, torch.arange(len(val)), num_classes, env)
+    logits = predict(model, val, torch.arange(len(val)), num_classes, env, config.precision)
     rows = evaluate(
         logits.double().softmax(dim=1).cpu(),
         val.labels,
@@ -269,7 +274,7 @@ def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig,
 def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> list[dict]:
     """The paper's protocol: pool cal and test, re-split at random ``eval_splits`` times keeping
     the calibration size, and evaluate every score."""
-    probs = torch.cat([predict(model, s, torch.arange(len(s)), data.num_classes, env) for s in (data.cal, data.test)]).double().softmax(dim=1).cpu()
+    probs = torch.cat([predict(model, s, torch.arange(len(s)), data.num_classes, env, config.precision) for s in (data.cal, data.test)]).double().softmax(dim=1).cpu()
     labels = torch.cat([data.cal.labels, data.test.labels])
     ids = torch.cat([data.cal.ids, data.test.ids]).cpu()
     return evaluate(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsm_ray.sweep.cli import main
+from dpsm_ray.sweep.cli import build_parser, main, spec_from_args
 from dpsm_ray.sweep.protocol import SweepSpec
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, Range, grid_size, paper_grid, parse_range, search_space
 from dpsm_ray.train.config import ConfigError, TrainConfig
@@ -125,3 +125,25 @@ def test_every_sweep_script_documents_the_common_options(script):
     out = subprocess.run([sys.executable, str(ROOT / "sweeps" / f"{script}.py"), "--help"], capture_output=True, text=True, check=True).stdout
     for option in ("--results-dir", "--trials", "--resume", "--seed", "--grid", "--range", "--address"):
         assert option in out
+
+
+@pytest.mark.parametrize("defaults, argv, expected", [
+    ({"dataset": "cifar100", "model": "resnet110", "gpus_per_worker": 1, "workers": 1}, [], 0.25),
+    ({"dataset": "cifar100", "model": "auto", "gpus_per_worker": 1, "workers": 1}, [], 0.25),  # auto -> resnet110
+    ({"dataset": "cifar100", "model": "resnet110", "gpus_per_worker": 1, "workers": 1}, ["--trials-per-gpu", "2"], 0.5),
+    ({"dataset": "cifar100", "model": "resnet110", "gpus_per_worker": 1, "workers": 1}, ["--gpus-per-worker", "1"], 1.0),
+    ({"dataset": "cifar100", "model": "densenet100", "gpus_per_worker": 1, "workers": 2}, [], 1.0),  # DDP trials are not packed
+    ({"dataset": "caltech101", "model": "resnet50", "gpus_per_worker": 1, "workers": 1}, [], 1.0),
+    ({"dataset": "digits", "gpus_per_worker": 0, "workers": 1}, [], 0.0),  # CPU trials: nothing to pack
+])
+def test_gpu_trials_are_packed_by_model_size_unless_overridden(defaults, argv, expected, tmp_path):
+    script = {"trials": 2, "final_seeds": 1, "config": {"batch_size": 64, **defaults}}
+    args = build_parser("t", "test", script).parse_args(["--results-dir", str(tmp_path), *argv])
+    spec = spec_from_args("t", args, script)
+    assert spec.base.gpus_per_worker == expected
+
+
+def test_trials_per_gpu_must_be_auto_or_a_positive_integer(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        main("t", "test", DEFAULTS, ["--results-dir", str(tmp_path / "r"), "--trials-per-gpu", "0"])
+    assert exit_.value.code == 2 and "--trials-per-gpu must be auto or an integer >= 1; got '0'" in capsys.readouterr().err

@@ -1,0 +1,40 @@
+"""bench/throughput.py at its CPU size, as CI runs it: it must run every pipeline and report."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from dpsm_ray.objectives import METHODS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_throughput_benchmark_runs_quick_on_cpu_and_prints_json_and_a_table(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "throughput.py"), "--device", "cpu", "--quick", "--json-out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads(out.read_text())
+    assert record["quick"] and record["failed"] == 0
+    rows = record["results"]
+    # the official-style baseline and ours for every method, then 1 and 2 packed trials
+    assert [(r["pipeline"], r["method"]) for r in rows[:8]] == [(p, m) for m in METHODS for p in ("official", "ours")]
+    assert [(r["pipeline"], r["packs"]) for r in rows[8:]] == [("packed", 1), ("packed", 2)]
+    for row in rows:
+        assert row["images_per_s"] > 0 and row["images"] == row["batch"] * record["steps"] * row.get("packs", 1)
+        assert row["images_per_s"] == row["images"] / row["seconds"]
+    assert len(rows[-1]["per_trial_images_per_s"]) == 2
+    assert set(record["summary"]) >= {f"speedup_{m}_resnet20_b32" for m in METHODS} | {"dpsm_step_cost_vs_ce_resnet20_b32"}
+    table = result.stdout.splitlines()[1:]
+    assert table[0].split()[:4] == ["pipeline", "model", "method", "batch"] and len([line for line in table if line.split()[0] in ("official", "ours", "packed")]) == 10
+
+
+def test_throughput_benchmark_rejects_bad_options_by_name():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--quick", "--batches", "31"], capture_output=True, text=True)
+    assert result.returncode == 2 and "--batches must be even" in result.stderr
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--quick", "--methods", "ce,foo"], capture_output=True, text=True)
+    assert result.returncode == 2 and "--methods: unknown foo" in result.stderr

@@ -1,0 +1,165 @@
+"""The two forms of a training step: the graph-ready step (static buffers, in-place SGD with a
+tensor learning rate, in-place q) must train exactly like the eager one.  On CPU the graph-ready
+step runs uncaptured; on a GPU it is captured and replayed."""
+
+import pytest
+import torch
+
+from dpsm_ray.collective import LocalCollective
+from dpsm_ray.models import build_model
+from dpsm_ray.objectives import METHODS, build_objective
+from dpsm_ray.train import TrainConfig
+from dpsm_ray.train.config import ConfigError
+from dpsm_ray.train.step import EagerStep, GraphStep, sgd_momentum_update
+
+CUDA = torch.cuda.is_available()
+
+
+def batches(count, half=8, classes=10, shape=(3, 16, 16), seed=0, device="cpu"):
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        x1, x2 = (torch.randn(half, *shape, generator=generator) for _ in range(2))
+        y1, y2 = (torch.randint(0, classes, (half,), generator=generator) for _ in range(2))
+        out.append([t.to(device) for t in (x1, y1, x2, y2)])
+    return out
+
+
+def setup(method, model_name="cnn", device="cpu", seed=0):
+    torch.manual_seed(seed)
+    model = build_model(model_name, 10, input_shape=(3, 16, 16) if model_name == "cnn" else (3, 32, 32)).to(device)
+    objective = build_objective(method, alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, sort_temperature=0.01, quantile_lr=0.05, collective=LocalCollective())
+    objective.initialize(torch.linspace(0.05, 0.95, 50, device=device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    return model, objective, optimizer
+
+
+def run(step_kind, method, data, lr_change_at=None, **kwargs):
+    model, objective, optimizer = setup(method, device=data[0][0].device.type)
+    step = None
+    trace = []
+    for i, batch in enumerate(data):
+        if i == lr_change_at:
+            optimizer.param_groups[0]["lr"] *= 0.1  # what MultiStepLR does between epochs
+        if step is None:
+            step = EagerStep(model, objective, optimizer, **kwargs) if step_kind == "eager" else GraphStep(model, objective, optimizer, batch, **kwargs)
+        stats = step(*batch)
+        trace.append({name: float(value) for name, value in stats.items()})
+    return model, objective, optimizer, trace
+
+
+def test_sgd_momentum_update_is_torch_sgd():
+    torch.manual_seed(0)
+    for momentum, weight_decay in ((0.9, 1e-3), (0.0, 0.0), (0.5, 0.0)):
+        params = [torch.randn(5, 3), torch.randn(7)]
+        mine = [p.clone() for p in params]
+        reference = [p.clone().requires_grad_() for p in params]
+        optimizer = torch.optim.SGD(reference, lr=0.1, momentum=momentum, weight_decay=weight_decay)
+        buffers = [torch.zeros_like(p) for p in mine]
+        for step in range(4):
+            grads = [torch.randn_like(p) for p in params]
+            lr = 0.1 if step < 2 else 0.01
+            optimizer.param_groups[0]["lr"] = lr
+            for p, g in zip(reference, grads):
+                p.grad = g.clone()
+            optimizer.step()
+            sgd_momentum_update(mine, grads, buffers, torch.tensor(lr), momentum, weight_decay)
+        for a, b in zip(mine, reference):
+            torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_graph_ready_step_trains_like_the_eager_step(method):
+    data = batches(6)
+    eager = run("eager", method, data, lr_change_at=3)
+    graph = run("graph", method, data, lr_change_at=3, capture=False)
+    for a, b in zip(eager[0].state_dict().values(), graph[0].state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # BatchNorm statistics included
+    for row_e, row_g in zip(eager[3], graph[3]):
+        assert row_e.keys() == row_g.keys()
+        for name in row_e:
+            assert row_g[name] == pytest.approx(row_e[name], rel=1e-5, abs=1e-6, nan_ok=True), name
+    if method == "dpsm":
+        # q moved (in place) along the same trajectory
+        assert float(graph[1].q) == pytest.approx(float(eager[1].q), abs=1e-7)
+        assert float(graph[1].q) != pytest.approx(eager[3][0]["quantile"], abs=1e-4)
+    # the optimiser holds the momentum the graph-ready step updated: a checkpoint carries it
+    for group_e, group_g in zip(eager[2].state_dict()["state"].values(), graph[2].state_dict()["state"].values()):
+        torch.testing.assert_close(group_e["momentum_buffer"], group_g["momentum_buffer"], rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_step_stays_within_bf16_tolerance_of_fp32_on_cpu():
+    """The CPU twin of the GPU fast-vs-plain test: bf16 autocast, channels_last, graph-ready step
+    against the plain fp32 eager step."""
+    data = batches(4)
+    plain = run("eager", "dpsm", data)
+    fast = run("graph", "dpsm", data, capture=False, precision="bf16", channels_last=True)
+    for row_p, row_f in zip(plain[3], fast[3]):
+        assert row_f["ce"] == pytest.approx(row_p["ce"], rel=3e-2)
+        assert row_f["conformal"] == pytest.approx(row_p["conformal"], rel=5e-2, abs=5e-2)
+    assert float(fast[1].q) == pytest.approx(float(plain[1].q), abs=2e-2)
+
+
+def test_graph_step_refuses_what_it_cannot_capture():
+    model, objective, optimizer = setup("ce")
+    example = batches(1)[0]
+    with pytest.raises(ValueError, match="graph capture needs a CUDA device; the model is on cpu"):
+        GraphStep(model, objective, optimizer, example)
+    objective.collective = object()
+    with pytest.raises(ValueError, match="step: graph runs one worker"):
+        GraphStep(model, objective, optimizer, example, capture=False)
+    objective.collective = LocalCollective()
+    with pytest.raises(TypeError, match="SGD"):
+        GraphStep(model, objective, torch.optim.Adam(model.parameters()), example, capture=False)
+    with pytest.raises(TypeError, match="nesterov"):
+        GraphStep(model, objective, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True), example, capture=False)
+
+
+@pytest.mark.parametrize("values, field, allowed", [
+    (dict(precision="fp16"), "precision", "must be one of fp32, bf16"),
+    (dict(step="compiled"), "step", "must be one of eager, graph"),
+    (dict(step="graph", workers=2), "step", "needs workers 0 or 1"),
+    (dict(step="graph", device="cpu"), "step", "needs a CUDA device"),
+])
+def test_fast_path_options_are_validated(values, field, allowed):
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(**values)
+    assert error.value.field == field and allowed in error.value.allowed
+
+
+def test_fast_path_options_leave_the_config_hash_to_what_changes_results():
+    base = TrainConfig()
+    assert TrainConfig(step="graph", channels_last=True).config_hash() == base.config_hash()
+    assert TrainConfig(precision="bf16").config_hash() != base.config_hash()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device: the captured CUDA graph is compared with the eager step")
+@pytest.mark.parametrize("method", METHODS)
+def test_captured_step_matches_the_eager_step_on_gpu(method):
+    data = batches(8, half=32, shape=(3, 32, 32), device="cuda")
+    eager = run_resnet("eager", method, data)
+    captured = run_resnet("graph", method, data)
+    for a, b in zip(eager[0].state_dict().values(), captured[0].state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # bf16 + channels_last + captured graph against plain fp32 eager: within bf16 tolerance
+    fast = run_resnet("graph", method, data, precision="bf16", channels_last=True)
+    for row_e, row_f in zip(eager[3], fast[3]):
+        assert row_f["ce"] == pytest.approx(row_e["ce"], rel=5e-2)
+        assert row_f["upper"] == pytest.approx(row_e["upper"], rel=5e-2)
+
+
+def run_resnet(step_kind, method, data, **kwargs):
+    torch.manual_seed(0)
+    model = build_model("resnet20", 10).cuda()
+    objective = build_objective(method, alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, sort_temperature=0.01, quantile_lr=0.05, collective=LocalCollective())
+    objective.initialize(torch.linspace(0.05, 0.95, 50, device="cuda"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    if kwargs.get("channels_last"):
+        model = model.to(memory_format=torch.channels_last)
+    step, trace = None, []
+    for batch in data:
+        if step is None:
+            step = EagerStep(model, objective, optimizer, **kwargs) if step_kind == "eager" else GraphStep(model, objective, optimizer, batch, **kwargs)
+        trace.append({name: float(value) for name, value in step(*batch).items()})
+    return model, objective, optimizer, trace
