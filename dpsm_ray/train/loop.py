@@ -149,6 +149,7 @@ def train(config: TrainConfig, env) -> RunResult:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         objective.load_state_dict(state["objective"])
+        set_global_rng_state(state["rng"], env.device)
         result.epochs = state["epochs"]
         start_epoch = state["epoch"] + 1
         env.log(f"resumed from the checkpoint after epoch {state['epoch'] + 1}")
@@ -178,6 +179,7 @@ def train(config: TrainConfig, env) -> RunResult:
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
                 "objective": objective.state_dict(),
+                "rng": global_rng_state(env.device),
                 "epochs": result.epochs,
             }
         env.log(progress_line(row, config))
@@ -187,6 +189,22 @@ def train(config: TrainConfig, env) -> RunResult:
         result.evals = final_evaluation(model, data, config, env)
     result.model_state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return result
+
+
+def global_rng_state(device: torch.device) -> dict:
+    """torch's global RNG streams (CPU, and this worker's GPU).  Data order and augmentation never
+    draw from them, but a model's own randomness (dropout) does: a resumed run restores them so it
+    continues exactly where the interrupted one stopped."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_global_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

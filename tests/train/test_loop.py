@@ -95,6 +95,25 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, method):
         assert saved_q["q"].item() == pytest.approx(reference.epochs[1]["q"])
 
 
+def test_a_resumed_run_with_dropout_continues_the_global_rng_stream(tmp_path, monkeypatch):
+    """Dropout draws from torch's global RNG, which the checkpoint carries: without restoring it,
+    the resumed epochs would see other dropout masks than the uninterrupted run."""
+    import dpsm_ray.train.loop as loop
+
+    def mlp_with_dropout(name, num_classes, **kwargs):
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(64, num_classes))
+
+    monkeypatch.setattr(loop, "build_model", mlp_with_dropout)
+    config = TrainConfig(**{**SMALL, "method": "dpsm", "epochs": 4})
+    reference = train(config, LocalEnv(torch.device("cpu"), None, **QUIET))
+    with pytest.raises(Interrupted):
+        train(config, InterruptingEnv(2, torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
+    torch.manual_seed(12345)  # whatever the process did in between must not matter
+    resumed = train(config, LocalEnv(torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
+    assert without_timing(resumed.epochs) == without_timing(reference.epochs)
+    assert resumed.evals == reference.evals
+
+
 def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
     with pytest.raises(Interrupted):
         train(TrainConfig(**{**SMALL, "epochs": 3}), InterruptingEnv(1, torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
