@@ -25,8 +25,12 @@ def conformal_rank(n: int, alpha: float) -> int:
 
 
 def empirical_rank(n: int, level: float) -> int:
-    """ceil(n * level): the rank of the smallest minimiser of the average pinball loss at ``level``."""
-    return max(1, math.ceil(n * Fraction(repr(float(level)))))
+    """ceil(n * level): the rank of the smallest minimiser of the average pinball loss at ``level``.
+
+    ``level`` is usually computed as ``1 - alpha`` in floats (1 - 0.7 = 0.30000000000000004), so it
+    is read as the nearest fraction with a denominator up to 10^9 (3/10): n = 10 then gives rank 3,
+    not 4."""
+    return max(1, math.ceil(n * Fraction(repr(float(level))).limit_denominator(10**9)))
 
 
 def check_alpha(alpha: float) -> float:

@@ -71,6 +71,19 @@ def test_a_class_absent_from_calibration_is_still_predicted_and_scored():
     for row in rows:
         assert all(math.isfinite(row[c]) for c in ("coverage", "set_size", "covgap", "sscv", "accuracy"))
         assert 0.0 <= row["covgap"] <= 100.0
+    hps = [row for row in rows if row["score"] == "hps"]
+    for split in absent:  # class 4 is in the test part only: CovGap averages over the classes present there
+        test_ids = test[split].tolist()
+        scores = 1.0 - probs
+        cal_scores = sorted(scores[i, labels[i]].item() for i in cal[split].tolist())
+        q = cal_scores[math.ceil(101 * 0.9) - 1]  # n = 100 calibration points, alpha = 0.1
+        per_class: dict[int, list[bool]] = {}
+        for i in test_ids:
+            per_class.setdefault(labels[i].item(), []).append(scores[i, labels[i]].item() <= q)
+        assert 4 in per_class and 4 not in {labels[i].item() for i in cal[split].tolist()}
+        expected = 100 * sum(abs(sum(hits) / len(hits) - 0.9) for hits in per_class.values()) / len(per_class)
+        assert hps[split]["covgap"] == pytest.approx(expected, abs=1e-9)
+        assert hps[split]["q"] == pytest.approx(q)
 
 
 def test_bad_arguments_are_named():

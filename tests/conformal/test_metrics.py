@@ -127,7 +127,9 @@ def test_wsc_without_a_failure_region_is_close_to_marginal():
     generator = torch.Generator().manual_seed(1)
     features = torch.rand(4000, 2, generator=generator)
     hit = torch.rand(4000, generator=generator) < 0.9
-    assert wsc(features, hit, delta=0.1, seed=3).item() > 0.8
+    # 0.885 held out; the worst slab's coverage on the points that chose it is 0.81 (selection
+    # bias), so a WSC that skipped the fit / held-out split would fail this bound
+    assert wsc(features, hit, delta=0.1, seed=3).item() > 0.86
 
 
 def test_wsc_rejects_labels_in_place_of_covered():

@@ -7,6 +7,7 @@ from dpsm_ray.conformal import (
     conformal_quantile,
     conformal_rank,
     empirical_quantile,
+    empirical_rank,
     hard_batch_quantile,
     pinball_grad,
     pinball_loss,
@@ -80,6 +81,14 @@ def test_conformal_quantile_matches_slow_reference_on_batches():
                 rank = math.ceil((n + 1) * (1 - alpha) - 1e-12)
                 expected = ordered[rank - 1] if rank <= n else math.inf
                 assert fast[row].item() == expected, (n, alpha)
+
+
+def test_empirical_rank_reads_a_float_level_as_its_decimal():
+    # 1 - 0.7 is 0.30000000000000004 in floats; ceil(10 * 0.3) is 3, the smallest pinball minimiser
+    assert empirical_rank(10, 1 - 0.7) == 3
+    assert empirical_rank(10, 1 - 0.1) == 9 and empirical_rank(7, 0.5) == 4 and empirical_rank(5, 1e-9) == 1
+    scores = torch.arange(1.0, 11.0)
+    assert empirical_quantile(scores, 1 - 0.7).item() == 3.0
 
 
 def test_empirical_quantile_minimises_the_pinball_loss():
