@@ -29,6 +29,9 @@ class LocalCollective:
     def gather_uneven(self, tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         return tensor
 
+    def broadcast_(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
     def broadcast_object(self, obj):
         return obj
 
@@ -69,6 +72,11 @@ class TorchDistributedCollective:
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(parts, padded)
         return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    def broadcast_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Overwrite ``tensor`` in place with rank 0's (no gradient)."""
+        dist.broadcast(tensor, src=0)
+        return tensor
 
     def broadcast_object(self, obj):
         holder = [obj]

@@ -163,6 +163,7 @@ def train(config: TrainConfig, env) -> RunResult:
         started = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
         stats, step = train_epoch(model, objective, optimizer, data.train, d1, d2, epoch, config, env, step)
+        sync_buffers(model, env.collective)
         scheduler.step()
         row = {"epoch": epoch + 1, "lr": lr, **stats}
         row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
@@ -207,6 +208,18 @@ def set_global_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def sync_buffers(model: nn.Module, collective) -> None:
+    """Give every worker rank 0's buffers (BatchNorm running statistics).
+
+    DDP copies rank 0's buffers to the others at the start of each training forward, but the last
+    step of an epoch then updates them from each worker's own batch.  Evaluation gathers logits
+    from every worker's shard, so without this the shards would be scored by W slightly different
+    models; with it they are all scored by the model rank 0 checkpoints."""
+    if collective.world_size > 1:
+        for buffer in unwrap(model).buffers():
+            collective.broadcast_(buffer.data)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
@@ -216,6 +229,8 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
     next epoch)."""
     rank, world = env.collective.rank, env.collective.world_size
     global_half = config.batch_size // 2
+    if global_half % world:  # config.workers is checked up front; this is the process group that really runs
+        raise ConfigError("batch_size", config.batch_size, f"must be divisible by 2 * {world} workers: each takes an equal slice of each half")
     batches1 = step_batches(d1, epoch, config.seed, "d1", global_half, rank, world)
     batches2 = step_batches(d2, epoch, config.seed, "d2", global_half, rank, world)
     augment_seed = derive_seed(config.seed, "augment", epoch)

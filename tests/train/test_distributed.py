@@ -70,6 +70,37 @@ def test_every_rank_ends_with_the_same_model_and_quantile(two_workers):
         assert all(torch.equal(state0[k], state1[k]) for k in state0)
 
 
+def mlp_with_batchnorm(name, num_classes, **kwargs):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, num_classes))
+
+
+def _run_batchnorm_workers(rank, world, store, out_dir, configs):
+    import dpsm_ray.train.loop as loop
+
+    loop.build_model = mlp_with_batchnorm  # this spawned process only
+    _run_workers(rank, world, store, out_dir, configs)
+
+
+def test_batchnorm_workers_evaluate_with_rank_0s_statistics(tmp_path):
+    """Each worker's last step updates its BatchNorm running statistics from its own batch; the
+    gathered evaluation must still come from one model, the one rank 0 checkpoints."""
+    import dpsm_ray.train.loop as loop
+
+    config = TrainConfig(**BASE, method="dpsm")
+    (rank0,), (rank1,) = spawn(2, [config.to_dict()], tmp_path, _run_batchnorm_workers)
+    (epochs0, evals0, state0), (epochs1, evals1, state1) = rank0, rank1
+    assert any("running_mean" in k for k in state0)
+    assert all(torch.equal(state0[k], state1[k]) for k in state0)
+    model = mlp_with_batchnorm("mlp", 10)
+    model.load_state_dict(state0)
+    data = loop.load_data(config, torch.device("cpu"))
+    single = loop.final_evaluation(model, data, config, LocalEnv(torch.device("cpu")))
+    assert [r["coverage"] for r in evals0] == pytest.approx([r["coverage"] for r in single], abs=1e-12)
+    assert [r["set_size"] for r in evals0] == pytest.approx([r["set_size"] for r in single], abs=1e-12)
+    val = loop.validation_metrics(model, data.val, data.num_classes, config, LocalEnv(torch.device("cpu")))
+    assert epochs0[-1]["val_set_size"] == pytest.approx(val["val_set_size"], abs=1e-12)
+
+
 def _gather_gradient(rank, world, store, out_dir, _):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
