@@ -39,7 +39,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
-    return TrainConfig.from_dict(values)
+    return TrainConfig.from_dict(values).with_absolute_paths()
 
 
 def flag_for(field_name: str) -> str:
@@ -60,12 +60,14 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         config = config_from_args(args)
     except ConfigError as error:
         fail(parser, error)
+    from dpsm_ray.data import check_data_present
     from dpsm_ray.results import write_run
     from dpsm_ray.results.tables import format_summary, summarise
     from dpsm_ray.train import run_training
 
     out = Path(args.out).resolve() if args.out else None
     try:
+        check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
         result = run_training(config, out)
     except ConfigError as error:
         fail(parser, error)

@@ -1,8 +1,8 @@
 """The whole service on a laptop: scikit-learn's bundled digits (offline), embedded local Ray, CPU.
 
 Trains the CE base model, searches each of CE, CUT, ConfTr and DPSM with Optuna (validation set
-size subject to validation coverage >= 1 - alpha), re-trains each method's best configuration
-with two seeds, and prints the paper-style table.
+size subject to validation coverage >= 1 - alpha - 0.02), re-trains each method's best
+configuration with two seeds, and prints the paper-style table.
 
     python sweeps/digits.py [--results-dir results/digits] [--trials 4] [--resume] [--seed 0]
 """

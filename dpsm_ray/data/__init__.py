@@ -6,6 +6,7 @@ from dpsm_ray.data.splits import SPLIT_NAMES, DataSplits, FileSource, Split, Ten
 from dpsm_ray.data.tabular import DIGITS_SIZES, SYNTHETIC_FRACTIONS, load_digits, load_synthetic, make_synthetic
 from dpsm_ray.data.vision import LOADERS as VISION_LOADERS
 from dpsm_ray.data.vision import PAPER_SIZES, fitted_sizes
+from dpsm_ray.data.vision import check_data_present as check_image_data
 
 DATASETS = ("digits", "synthetic", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
 
@@ -37,6 +38,14 @@ def split_sizes(name: str) -> dict[str, int]:
     return {split: int(size * fraction) for split, fraction in SYNTHETIC_FRACTIONS.items()}
 
 
+def check_data_present(name: str, data_root: str | None = None, download: bool = False) -> None:
+    """Raise ``FileNotFoundError`` (naming the expected path and ``--download``) if dataset ``name``
+    needs files that are not under ``data_root``; the bundled and generated datasets always pass."""
+    check_dataset(name)
+    if name in VISION_LOADERS:
+        check_image_data(name, data_root, download)
+
+
 def load_splits(name: str, data_root: str | None = None, *, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
     """The four splits of dataset ``name``, stratified and disjoint, chosen by ``seed``.
 
@@ -54,6 +63,6 @@ def load_splits(name: str, data_root: str | None = None, *, seed: int, download:
 
 
 __all__ = [
-    "DATASETS", "PAPER_SIZES", "SPLIT_NAMES", "DataSplits", "FileSource", "Split", "TensorSource", "check_dataset",
+    "DATASETS", "PAPER_SIZES", "SPLIT_NAMES", "DataSplits", "FileSource", "Split", "TensorSource", "check_data_present", "check_dataset",
     "fitted_sizes", "load_splits", "make_synthetic", "split_sizes", "stratified_partition",
 ]

@@ -81,6 +81,32 @@ def missing(name: str, path: Path, detail: str = "") -> FileNotFoundError:
     return FileNotFoundError(f"{TITLES[name]} not found at {path}{detail}; pass --download to fetch it into --data-root")
 
 
+def non_empty_dir(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+def check_data_present(name: str, data_root: str | Path | None, download: bool = False) -> Path:
+    """Fail fast, naming the expected path and the flag, when dataset ``name`` is not under
+    ``data_root`` and may not be downloaded; the loaders call it, and so do the sweep and the CLI
+    before any Ray work starts.  Returns the root."""
+    root = check_data_root(name, data_root)
+    if download:
+        return root
+    if name == "cifar100":
+        folder = root / "cifar-100-python"
+        absent = [file for file in ("train", "test", "meta") if not (folder / file).is_file()]
+        if absent:
+            raise missing(name, folder, f" (no {', '.join(absent)})")
+    elif name == "caltech101":
+        if not (root / "caltech101" / "101_ObjectCategories").is_dir():
+            raise missing(name, root / "caltech101" / "101_ObjectCategories")
+    else:
+        for folder in [root / version for version in (INATURALIST_VERSIONS if name == "inaturalist" else (INATURALIST_2018,))]:
+            if not non_empty_dir(folder):
+                raise missing(name, folder)
+    return root
+
+
 def two_pool_parts(first: torch.Tensor, second: torch.Tensor, name: str, seed: int) -> list[torch.Tensor]:
     """Train / val from the ``first`` pool of labels, cal / test from the ``second``, whose ids
     follow the first pool's."""
@@ -138,9 +164,7 @@ def load_cifar100(data_root: str | Path | None, seed: int, download: bool = Fals
 
         for train in (True, False):
             CIFAR100(str(root), train=train, download=True)
-    absent = [file for file in ("train", "test", "meta") if not (folder / file).is_file()]
-    if absent:
-        raise missing("cifar100", folder, f" (no {', '.join(absent)})")
+    check_data_present("cifar100", root)
     train_images, train_labels = read_cifar100_file(folder / "train")
     test_images, test_labels = read_cifar100_file(folder / "test")
     num_classes = len(unpickle(folder / "meta")[b"fine_label_names"])
@@ -172,10 +196,7 @@ def imagenet_transforms():
 def load_caltech101(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
     """Caltech-101 from ``<data_root>/caltech101/101_ObjectCategories/<category>/image_NNNN.jpg``
     (torchvision's ``Caltech101``: sorted categories without ``BACKGROUND_Google``)."""
-    root = check_data_root("caltech101", data_root)
-    folder = root / "caltech101" / "101_ObjectCategories"
-    if not download and not folder.is_dir():
-        raise missing("caltech101", folder)
+    root = check_data_present("caltech101", data_root, download)
     from torchvision.datasets import Caltech101
 
     dataset = Caltech101(str(root), target_type="category", download=download)
@@ -198,12 +219,7 @@ def load_inaturalist(data_root: str | Path | None, seed: int, download: bool = F
     """The Fungi of iNaturalist 2021 from ``<data_root>/2021_train_mini`` and
     ``<data_root>/2021_valid`` (torchvision's ``INaturalist`` layout), labelled ``0 .. K-1`` in
     the order of their folders."""
-    root = check_data_root("inaturalist", data_root)
-    if not download:
-        for version in INATURALIST_VERSIONS:
-            folder = root / version
-            if not folder.is_dir() or not any(folder.iterdir()):
-                raise missing("inaturalist", folder)
+    root = check_data_present("inaturalist", data_root, download)
     from torchvision.datasets import INaturalist
 
     pools = [INaturalist(str(root), version=version, target_type="full", download=download) for version in INATURALIST_VERSIONS]
@@ -230,10 +246,8 @@ def load_inaturalist2018(data_root: str | Path | None, seed: int, download: bool
     The archive holds the competition's train and val images in one tree, so, as for
     Caltech-101, one pool is cut into all four splits in the paper's sizes (or their proportions
     when the pool is smaller)."""
-    root = check_data_root("inaturalist2018", data_root)
+    root = check_data_present("inaturalist2018", data_root, download)
     folder = root / INATURALIST_2018
-    if not download and (not folder.is_dir() or not any(folder.iterdir())):
-        raise missing("inaturalist2018", folder)
     from torchvision.datasets import INaturalist
 
     dataset = INaturalist(str(root), version=INATURALIST_2018, target_type="full", download=download)

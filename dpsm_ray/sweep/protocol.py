@@ -69,11 +69,20 @@ class SweepSpec:
             raise ConfigError("coverage_slack", self.coverage_slack, f"must be in [0, 1 - alpha) = [0, {1 - self.base.alpha:g})")
         if self.concurrency < 1:
             raise ConfigError("concurrency", self.concurrency, "must be an integer >= 1")
-        if self.base.evaluate_test:
-            object.__setattr__(self, "base", self.base.replace(evaluate_test=False))
-        for method in self.methods:  # the grid axes and ranges must make valid configs
-            for overrides in self.stage_overrides(method)[:1]:
-                TrainConfig.from_dict({**self.base.to_dict(), "method": method, **overrides})
+        # the search never evaluates on test data; every seed trains on the one split the search
+        # selected on (otherwise seed S+1's cal/test would hold seed S's validation points); and
+        # trials run in directories of their own, so paths must be absolute
+        base = self.base.replace(evaluate_test=False, split_seed=self.seed if self.base.split_seed is None else self.base.split_seed)
+        object.__setattr__(self, "base", base.with_absolute_paths())
+        for method in self.methods:  # every grid value and range bound must make a valid config
+            for overrides in self.stage_points(method):
+                try:
+                    TrainConfig.from_dict({**self.base.to_dict(), "method": method, **overrides})
+                except ConfigError as error:
+                    if error.field not in overrides:
+                        raise
+                    option, text = self.option_setting(error.field, overrides[error.field])
+                    raise ConfigError(option, text, f"{error.allowed} (sets {error.field}={error.value!r} for {method})") from None
 
     @property
     def coverage_floor(self) -> float:
@@ -82,15 +91,30 @@ class SweepSpec:
     def grid_axes(self, method: str) -> dict[str, tuple]:
         return paper_grid(method, dict(self.grid_fixed), dict(self.grid_subsets))
 
-    def stage_overrides(self, method: str) -> list[dict]:
-        """A sample of the configurations the search may produce (the grid's first point, or
-        each range's bounds), for validating before any Ray work starts."""
-        if self.grid:
-            return [{field_name_: values[0] for field_name_, values in self.grid_axes(method).items()}]
-        ranges = dict(self.ranges)
+    def stage_points(self, method: str) -> list[dict]:
+        """Configurations that together hold every value the search of ``method`` can set: every
+        grid value (the other axes at their first value), or every range's two bounds.
+        Validating them checks the whole search before any Ray work starts (TrainConfig's checks
+        on these fields are per field, and monotone in the ranged ones)."""
         from dpsm_ray.sweep.space import DEFAULT_RANGES
 
-        return [{field_name(k): getattr({**DEFAULT_RANGES, **ranges}[k], bound) for k in METHOD_KNOBS[method]} for bound in ("low", "high")]
+        if self.grid:
+            axes = {field_name(axis): values for axis, values in self.grid_axes(method).items()}
+            first = {name: values[0] for name, values in axes.items()}
+            return [{**first, name: value} for name, values in axes.items() for value in values]
+        ranges = {**DEFAULT_RANGES, **dict(self.ranges)}
+        return [{field_name(knob): getattr(ranges[knob], bound)} for knob in METHOD_KNOBS[method] for bound in ("low", "high")]
+
+    def option_setting(self, field: str, value) -> tuple[str, str]:
+        """The option (and its text) that made a trial's ``field`` take ``value``, for errors."""
+        from dpsm_ray.sweep.space import DEFAULT_RANGES, KNOB_FIELDS
+
+        knob = next((k for k, f in KNOB_FIELDS.items() if f == field), field)
+        if not self.grid:
+            bounds = {**DEFAULT_RANGES, **dict(self.ranges)}[knob]
+            return "range", f"{knob}={bounds.low:g}:{bounds.high:g}"
+        option = "fix" if knob in dict(self.grid_fixed) else "subset" if knob in dict(self.grid_subsets) else "grid"
+        return option, f"{knob}={value}"
 
     def describe(self) -> dict:
         payload = dataclasses.asdict(self)
@@ -104,7 +128,10 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
     from dpsm_ray.results.report import write_report
     from dpsm_ray.sweep.collect import write_results
 
+    from dpsm_ray.data import check_data_present
+
     results = Path(results_dir).resolve()
+    check_data_present(spec.base.dataset, spec.base.data_root, spec.base.download)
     claim_results_dir(spec, results, resume)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # state on disk after every trial: a hard kill loses nothing finished
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
@@ -132,6 +159,10 @@ def quiet_libraries() -> None:
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
 
 
+# Settings a resumed sweep may change: they do not change what any trial computes.
+RESUMABLE_CHANGES = ("init_checkpoint", "download")
+
+
 def claim_results_dir(spec: SweepSpec, results: Path, resume: bool) -> None:
     """One sweep per results directory: a new sweep needs an empty one, a resumed sweep the same spec."""
     marker = results / "sweep.json"
@@ -141,7 +172,7 @@ def claim_results_dir(spec: SweepSpec, results: Path, resume: bool) -> None:
             raise SweepError(f"{results} already holds a sweep; pass --resume to continue it, or choose another --results-dir")
         stored = json.loads(marker.read_text())
         changed = sorted(k for k in set(stored) | set(described) if stored.get(k) != described.get(k))
-        changed += sorted(f"base.{k}" for k in described["base"] if stored.get("base", {}).get(k) != described["base"][k] and k not in ("init_checkpoint",))
+        changed += sorted(f"base.{k}" for k in described["base"] if stored.get("base", {}).get(k) != described["base"][k] and k not in RESUMABLE_CHANGES)
         changed = [k for k in changed if k != "base"]
         if changed:
             raise SweepError(f"--resume: the sweep in {results} was started with different settings ({', '.join(changed)}); rerun it with the same options")
@@ -183,7 +214,10 @@ def experiment(spec: SweepSpec, results: Path, name: str, param_space: dict, tun
             trainable(spec),
             param_space=param_space,
             tune_config=tune_config,
-            run_config=tune.RunConfig(name=name, storage_path=str(results / "tune"), verbose=0, callbacks=callbacks),
+            run_config=tune.RunConfig(
+                name=name, storage_path=str(results / "tune"), verbose=0, callbacks=callbacks,
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # only the latest is ever read
+            ),
         )
     grid = tuner.fit()
     finished = [r for r in grid if r.error is not None or r.metrics.get(FINISHED)]
@@ -223,15 +257,17 @@ def trial_dirname(trial) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def best_overrides(spec: SweepSpec, results: Path, method: str, log) -> dict:
+def best_overrides(spec: SweepSpec, results: Path, method: str, log) -> dict | None:
     """The chosen configuration of ``method``: the lowest validation set size among feasible
-    trials (validation coverage >= the floor); without any feasible trial, the highest coverage."""
+    trials (validation coverage >= the floor); without any feasible trial, the highest coverage;
+    None (and a warning) when every search trial of ``method`` failed."""
     import pandas as pd
 
     trials = pd.read_parquet(results / "trials.parquet")
     ok = trials[(trials.stage == "search") & (trials.method == method) & (trials.status == "ok")]
     if ok.empty:
-        raise SweepError(f"every search trial of {method} failed; see {results / 'tune' / f'search-{method}'}")
+        log(f"warning: every search trial of {method} failed (errors in trials.parquet and {results / 'tune' / f'search-{method}'}); {method} is left out of the final stage")
+        return None
     feasible = ok[ok.feasible]
     if feasible.empty:
         log(f"warning: no {method} trial reached validation coverage {spec.coverage_floor:g}; using the one with the highest coverage")
@@ -251,20 +287,23 @@ def final_stage(spec: SweepSpec, results: Path, resume: bool, log) -> None:
 
     from dpsm_ray.sweep.trials import ProgressPrinter
 
+    chosen = {method: best_overrides(spec, results, method, log) for method in spec.methods}
+    chosen = {method: overrides for method, overrides in chosen.items() if overrides is not None}
+    if not chosen:
+        raise SweepError(f"every search trial of every method failed; nothing to re-train (errors in {results / 'trials.parquet'})")
     seeds = [spec.base.seed + offset for offset in range(spec.final_seeds)]
     bases = {seed: with_base_model(spec.base, seed, results, log) for seed in seeds}
-    points = []
-    for method in spec.methods:
-        chosen = best_overrides(spec, results, method, log)
-        for seed in seeds:
-            points.append({**chosen, "method": method, "seed": seed, "init_checkpoint": bases[seed].init_checkpoint})
+    points = [
+        {**overrides, "method": method, "seed": seed, "init_checkpoint": bases[seed].init_checkpoint}
+        for method, overrides in chosen.items() for seed in seeds
+    ]
     params = {
         "base": spec.base.replace(evaluate_test=True).to_dict(),
         "train_storage": str(results / "train_runs"),
         "overrides": tune.grid_search(points),
     }
     tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=spec.concurrency, trial_dirname_creator=trial_dirname)
-    log(f"final: {len(spec.methods)} methods x {len(seeds)} seeds, evaluated on the calibration/test splits")
+    log(f"final: {len(chosen)} methods x {len(seeds)} seeds, evaluated on the calibration/test splits")
     experiment(spec, results, "final", params, tune_config, [ProgressPrinter("final", len(points), ("method", "seed"))], resume, log, total=len(points))
 
 

@@ -35,9 +35,10 @@ PRECISIONS = ("fp32", "bf16")
 STEPS = ("eager", "graph")
 # Fields that do not change what a run computes: left out of the config hash.
 OPERATIONAL_FIELDS = frozenset(
-    {"data_root", "download", "data_workers", "device", "checkpoint_every", "max_failures", "debug_sync_checks", "workers", "gpus_per_worker", "cpus_per_worker", "init_checkpoint", "cache_dir", "evaluate_test",
+    {"data_root", "download", "data_workers", "device", "checkpoint_every", "max_failures", "debug_sync_checks", "gpus_per_worker", "cpus_per_worker", "init_checkpoint", "cache_dir", "evaluate_test",
      "step", "channels_last"}
-)
+)  # not ``workers``: without SyncBatchNorm a BatchNorm model trained by W workers is another model
+PATH_FIELDS = ("data_root", "pretrained_path", "cache_dir")
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class TrainConfig:
     lr_decay: float = option(0.1, "learning-rate decay factor at each milestone, in (0, 1]")
     momentum: float = option(0.9, "SGD momentum, in [0, 1)")
     weight_decay: float = option(1e-4, "SGD weight decay, >= 0")
-    seed: int = option(0, "run seed: splits, initialisation, batches, augmentation, evaluation")
+    seed: int = option(0, "run seed: initialisation, batches, augmentation, evaluation (and the data split, unless --split-seed)")
+    split_seed: int | None = option(None, "seed of the train/val/cal/test split (default: the run seed); sweeps fix it to the sweep seed, so that every seed re-trains on the split the search selected on", type=int)
     train_subset: int | None = option(None, "train on a stratified subset of N training examples (smoke runs)", type=int)
     # --- evaluation ---------------------------------------------------------------------------
     val_splits: int = option(5, "validation re-splits (calibrate on half of val, measure on the other half)")
@@ -111,6 +113,17 @@ class TrainConfig:
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+    def data_seed(self) -> int:
+        """The seed that chooses the train/val/cal/test split (and a ``train_subset``)."""
+        return self.seed if self.split_seed is None else self.split_seed
+
+    def with_absolute_paths(self) -> TrainConfig:
+        """The same config with its paths made absolute: Ray workers and Tune trials run in
+        directories of their own, where a relative path means something else."""
+        from pathlib import Path
+
+        return self.replace(**{name: str(Path(getattr(self, name)).expanduser().resolve()) for name in PATH_FIELDS if getattr(self, name) is not None})
 
     def config_hash(self) -> str:
         """Hash of everything that determines the run's results (operational fields excluded)."""
@@ -165,6 +178,7 @@ def validate(config: TrainConfig) -> None:
     need(0 <= number("momentum") < 1, "momentum", "must be in [0, 1)")
     need(number("weight_decay") >= 0, "weight_decay", "must be >= 0")
     need(integer("seed") >= 0, "seed", "must be an integer >= 0")
+    need(config.split_seed is None or (isinstance(config.split_seed, int) and not isinstance(config.split_seed, bool) and config.split_seed >= 0), "split_seed", "must be an integer >= 0")
     need(config.train_subset is None or (isinstance(config.train_subset, int) and config.train_subset >= 2), "train_subset", "must be an integer >= 2")
     need(config.train_subset is None or config.train_subset <= train_size, "train_subset", f"must be at most the training split's {train_size} examples")
     usable = 2 * ((config.train_subset or train_size) // 2)

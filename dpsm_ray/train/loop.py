@@ -53,11 +53,11 @@ class RunResult:
 
 
 def load_data(config: TrainConfig, device: torch.device) -> DataSplits:
-    data = load_splits(config.dataset, config.data_root, seed=config.seed, download=config.download, data_workers=config.data_workers)
+    data = load_splits(config.dataset, config.data_root, seed=config.data_seed(), download=config.download, data_workers=config.data_workers)
     if config.train_subset is not None:
         if config.train_subset > len(data.train):
             raise ConfigError("train_subset", config.train_subset, f"must be at most the {len(data.train)} training examples found on disk")
-        keep = stratified_partition(data.train.labels, [config.train_subset], derive_seed(config.seed, "subset"))[0]
+        keep = stratified_partition(data.train.labels, [config.train_subset], derive_seed(config.data_seed(), "subset"))[0]
         data.train = data.train.subset(keep)
     return data.to(device)
 

@@ -63,8 +63,8 @@ def test_search_space_per_method_uses_log_uniform_paper_bounds():
     assert DEFAULT_RANGES["gamma"].low == min(PAPER_GRID["gamma"]) and DEFAULT_RANGES["gamma"].high == max(PAPER_GRID["gamma"])
 
 
-def base():
-    return TrainConfig(dataset="digits", epochs=2)
+def base(**changes):
+    return TrainConfig(**{"dataset": "digits", "epochs": 2, **changes})
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -83,10 +83,64 @@ def test_sweep_spec_rejects_bad_settings(kwargs, field):
 
 
 def test_sweep_spec_validates_the_configs_its_ranges_produce():
-    # a linear range reaching a negative lambda would make invalid trial configs: caught up front
+    # a linear range reaching a negative lambda would make invalid trial configs: caught up front,
+    # named as the option the user typed
     with pytest.raises(ConfigError) as error:
         SweepSpec(name="t", base=base(), ranges=(("lambda", Range(-1.0, 1.0, log=False)),))
-    assert error.value.field == "conformal_weight"
+    assert (error.value.field, error.value.value) == ("range", "lambda=-1:1")
+    assert "conformal_weight=-1.0" in error.value.allowed and "lambda must be >= 0" in error.value.allowed
+
+
+@pytest.mark.parametrize("kwargs, field, value", [
+    ({"grid_subsets": (("lr", (0.01, -1.0)),)}, "subset", "lr=-1.0"),  # not only the grid's first point
+    ({"grid_subsets": (("batch_size", (64, 66)),)}, "subset", "batch_size=66"),  # 66 leaves a partial worker slice
+    ({"grid_fixed": (("epochs", 0),)}, "fix", "epochs=0"),
+    ({"base": base(train_subset=100)}, "grid", "batch_size=128"),  # the paper grid's batch 128 > 100 examples
+])
+def test_sweep_spec_validates_every_value_of_the_grid(kwargs, field, value):
+    settings = {"name": "t", "base": base(workers=4), "grid": True, **kwargs}
+    if "base" in kwargs:
+        settings["base"] = kwargs["base"]
+    with pytest.raises(ConfigError) as error:
+        SweepSpec(**settings)
+    assert (error.value.field, error.value.value) == (field, value)
+
+
+def test_sweep_spec_fixes_the_data_split_and_makes_paths_absolute(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    spec = SweepSpec(name="t", base=base(data_root="data", seed=3), seed=3)
+    assert spec.base.split_seed == 3  # final seeds 3, 4, ... all train on the split the search used
+    assert spec.base.data_root == str(tmp_path / "data")
+    assert SweepSpec(name="t", base=base(split_seed=7)).base.split_seed == 7  # an explicit one is kept
+
+
+def test_a_method_whose_every_search_trial_failed_is_left_out_of_the_final_stage(tmp_path):
+    import pandas as pd
+
+    from dpsm_ray.results.schema import TRIALS
+    from dpsm_ray.results.store import write_parquet
+    from dpsm_ray.sweep.protocol import best_overrides
+
+    spec = SweepSpec(name="t", base=base(), methods=("ce", "dpsm"))
+    config = spec.base.replace(method="ce", lr=0.02).to_dict()
+    rows = [
+        {"stage": "search", "method": "ce", "trial_id": "a", "status": "ok", "feasible": True, "val_coverage": 0.91, "val_set_size": 1.2, "milestones": [], "config_json": __import__("json").dumps(config)},
+        {"stage": "search", "method": "dpsm", "trial_id": "b", "status": "failed", "error": "training loss is nan", "milestones": []},
+    ]
+    write_parquet(tmp_path / "trials.parquet", pd.DataFrame(rows), TRIALS)
+    lines = []
+    assert best_overrides(spec, tmp_path, "ce", lines.append) == {"lr": 0.02}
+    assert best_overrides(spec, tmp_path, "dpsm", lines.append) is None
+    assert "every search trial of dpsm failed" in lines[-1] and "left out of the final stage" in lines[-1]
+
+
+def test_a_missing_dataset_stops_the_sweep_before_it_claims_the_results_dir(tmp_path):
+    from dpsm_ray.sweep.protocol import run_sweep
+
+    spec = SweepSpec(name="t", base=base(dataset="cifar100", data_root=str(tmp_path / "data")), methods=("ce",))
+    with pytest.raises(FileNotFoundError, match="cifar-100-python.*--download"):
+        run_sweep(spec, tmp_path / "results")
+    assert not (tmp_path / "results").exists()  # so rerunning with --download is a fresh sweep
 
 
 def test_sweep_spec_never_evaluates_test_data_in_the_search():
@@ -108,6 +162,8 @@ DEFAULTS = {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits", "epoc
     (["--grid", "paper", "--subset", "momentum=0.9"], "unknown grid axis 'momentum'"),
     (["--batch-size", "100000"], "--batch-size=100000 is invalid"),
     (["--dataset", "inaturalist2019"], "--dataset='inaturalist2019' is invalid: dataset must be one of"),
+    (["--grid", "paper", "--subset", "lr=0.01,-1"], "--subset='lr=-1.0' is invalid: eta must be > 0 (sets lr=-1.0 for "),
+    (["--dataset", "cifar100", "--data-root", "nowhere"], "CIFAR-100 not found at"),
 ])
 def test_script_errors_name_the_option_before_ray_starts(argv, needle, capsys, tmp_path):
     import ray

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from dpsm_ray.train.config import ConfigError, TrainConfig
 
@@ -40,6 +41,28 @@ def test_config_hash_ignores_operational_fields_only():
     assert base.config_hash() == TrainConfig(device="cpu", data_workers=1, checkpoint_every=3).config_hash()
     assert base.config_hash() != TrainConfig(seed=1).config_hash()
     assert base.config_hash() != TrainConfig(conformal_weight=0.25).config_hash()
+
+
+def test_config_hash_tells_apart_worker_counts_and_split_seeds():
+    # W workers without SyncBatchNorm train another BatchNorm model; the split decides the data
+    assert TrainConfig().config_hash() != TrainConfig(workers=2).config_hash()
+    assert TrainConfig().config_hash() != TrainConfig(split_seed=5).config_hash()
+
+
+def test_the_split_seed_chooses_the_data_and_the_run_seed_the_rest():
+    from dpsm_ray.train.loop import load_data
+
+    cpu = torch.device("cpu")
+    ids = lambda config: {name: getattr(load_data(config, cpu), name).ids.tolist() for name in ("train", "val", "cal", "test")}
+    assert ids(TrainConfig(seed=1, split_seed=0)) == ids(TrainConfig(seed=0))
+    assert ids(TrainConfig(seed=1)) != ids(TrainConfig(seed=0))
+    assert TrainConfig(seed=4).data_seed() == 4 and TrainConfig(seed=4, split_seed=0).data_seed() == 0
+
+
+def test_paths_are_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = TrainConfig(data_root="data", cache_dir="~/cache").with_absolute_paths()
+    assert config.data_root == str(tmp_path / "data") and config.cache_dir.startswith("/") and "~" not in config.cache_dir
 
 
 def test_round_trips_through_a_dict():
