@@ -50,8 +50,11 @@ def paper_table(evals: pd.DataFrame, metric: str = "set_size", digits: int = 2) 
         change = ["DPSM vs best baseline"]
         for score in scores:
             means = evals[evals.score == score].groupby("method")[metric].mean()
-            best = means[baselines].min()
-            percent = 100.0 * (means["dpsm"] - best) / best if best else math.nan
+            best, ours = means.reindex(baselines).min(), means.get("dpsm", math.nan)
+            if not (best > 0 and math.isfinite(ours)):  # a score some method lacks, or empty sets
+                change.append("n/a")
+                continue
+            percent = 100.0 * (ours - best) / best
             change.append(f"{'↓' if percent <= 0 else '↑'} {abs(percent):.2f}%")
         rows.append(change)
     return rows

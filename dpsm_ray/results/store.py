@@ -51,7 +51,11 @@ def write_parquet(path: str | os.PathLike, rows: list[dict] | pd.DataFrame, colu
 
 
 def run_key(config) -> dict:
-    return {"run_id": config.config_hash(), "dataset": config.dataset, "model": config.model, "method": config.method, "seed": config.seed}
+    """The columns that identify a run in every file; ``model`` is the architecture that ran (``auto`` resolved)."""
+    from dpsm_ray.models import default_model
+
+    model = default_model(config.dataset) if config.model == "auto" else config.model
+    return {"run_id": config.config_hash(), "dataset": config.dataset, "model": model, "method": config.method, "seed": config.seed}
 
 
 def write_run(out_dir: str | os.PathLike, result) -> None:

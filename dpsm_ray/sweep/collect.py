@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 
-from dpsm_ray.models import default_model
 from dpsm_ray.results.schema import EPOCHS, EVALS, TRIALS
-from dpsm_ray.results.store import write_parquet
+from dpsm_ray.results.store import run_key, write_parquet
 from dpsm_ray.train.loop import EPOCH_COLUMNS
 from dpsm_ray.train.ray_train import FINISHED, RESULT_FILE
 
@@ -42,6 +41,17 @@ def trial_id_of(result) -> str:
     return result.metrics.get("trial_id") or Path(result.path).name.removeprefix("trial_")
 
 
+def epoch_rows(history) -> list[dict]:
+    """One row per epoch from a trial's reported history, in epoch order.  Tune's history is
+    append-only: a run that restarted from a checkpoint older than its last report (a worker
+    failure, ``checkpoint_every`` > 1) reports some epochs twice, and the later report -- the one
+    the finished run continued from -- is kept."""
+    if history is None or "epoch" not in history:
+        return []
+    rows = [r for r in history.to_dict("records") if r.get(FINISHED) is not True]  # NaN (unset) in epoch rows
+    return sorted({int(r["epoch"]): r for r in rows}.values(), key=lambda r: r["epoch"])
+
+
 def collect(spec, results: Path, stage: str, name: str) -> tuple[list[dict], list[dict], list[dict]]:
     """Rows of trials.parquet, epochs.parquet and evals.parquet for one experiment."""
     from dpsm_ray.sweep.protocol import feasible
@@ -55,12 +65,8 @@ def collect(spec, results: Path, stage: str, name: str) -> tuple[list[dict], lis
         # a failed trial's Result carries no config; its trial directory always does
         params = result.config or json.loads((Path(result.path) / "params.json").read_text())
         config = trial_config(params)
-        key = {
-            "sweep": spec.name, "stage": stage, "trial_id": trial_id_of(result), "run_id": config.config_hash(),
-            "dataset": config.dataset, "model": default_model(config.dataset) if config.model == "auto" else config.model, "method": config.method, "seed": config.seed,
-        }
-        history = result.metrics_dataframe
-        rows = [] if history is None else [r for r in history.to_dict("records") if r.get(FINISHED) not in (True,)]  # NaN (unset) in other rows
+        key = {"sweep": spec.name, "stage": stage, "trial_id": trial_id_of(result), **run_key(config)}
+        rows = epoch_rows(result.metrics_dataframe)
         epochs += [{**key, **{c: row.get(c) for c in EPOCH_COLUMNS}} for row in rows]
         metrics = result.metrics if result.error is None else (rows[-1] if rows else {})
         error = None if result.error is None else (str(result.error).strip().splitlines() or ["error"])[-1][:500]

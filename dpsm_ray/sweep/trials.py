@@ -9,6 +9,7 @@ small driver that runs a Ray Train ``TorchTrainer`` (RAY_NOTES: Train V2 inside 
 
 from __future__ import annotations
 
+import math
 import time
 
 from ray import tune
@@ -58,8 +59,9 @@ class ConstrainedOptunaSearch(OptunaSearch):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         optuna_trial = self._ot_trials.get(trial_id)
-        if optuna_trial is not None and result and not error and result.get(CONSTRAINED) is not None and trial_id not in self._completed_trials:
-            optuna_trial.set_constraint("coverage", self.coverage_floor - float(result[CONSTRAINED]))
+        coverage = (result or {}).get(CONSTRAINED)
+        if optuna_trial is not None and not error and isinstance(coverage, (int, float)) and math.isfinite(coverage) and trial_id not in self._completed_trials:
+            optuna_trial.set_constraint("coverage", self.coverage_floor - float(coverage))
         super().on_trial_complete(trial_id, result=result, error=error)
 
     def study(self):

@@ -153,6 +153,7 @@ def trainer_for(config: TrainConfig, storage_path: str | os.PathLike, name: str,
             name=name,
             storage_path=str(Path(storage_path).resolve()),
             failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),  # resuming reads only the latest
             callbacks=list(callbacks),
             # Ray Train's INFO lines (every report and checkpoint) would bury the progress lines
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
