@@ -134,6 +134,8 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
     check_data_present(spec.base.dataset, spec.base.data_root, spec.base.download)
     claim_results_dir(spec, results, resume)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # state on disk after every trial: a hard kill loses nothing finished
+    # ... which is the snapshot-per-checkpoint that Tune warns about (once per report) with num_to_keep set
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
     from dpsm_ray.train.ray_train import ensure_ray
 
