@@ -125,10 +125,9 @@ class SweepSpec:
 
 def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool = False, log=print) -> Path:
     """Run (or, with ``resume``, continue) ``spec`` into ``results_dir``; returns that directory."""
+    from dpsm_ray.data import check_data_present
     from dpsm_ray.results.report import write_report
     from dpsm_ray.sweep.collect import write_results
-
-    from dpsm_ray.data import check_data_present
 
     results = Path(results_dir).resolve()
     check_data_present(spec.base.dataset, spec.base.data_root, spec.base.download)
