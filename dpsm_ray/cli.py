@@ -11,10 +11,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
 from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0 (the error names the value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0; got {text!r}")
+    return value
 
 
 def _flag(field: dataclasses.Field) -> str:
@@ -65,14 +78,22 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.results.tables import format_summary, summarise
     from dpsm_ray.train import run_training
 
+    from dpsm_ray.train.ray_session import InsufficientResources
+
     out = Path(args.out).resolve() if args.out else None
+    ray_options = {"resource_timeout_s": args.resource_timeout} if config.workers else {}
     try:
         check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
-        result = run_training(config, out)
+        result = run_training(config, out, **ray_options)
     except ConfigError as error:
         fail(parser, error)
-    except FileNotFoundError as error:  # a dataset or weights file that is not where it was said to be
+    except (FileNotFoundError, InsufficientResources) as error:  # a missing dataset or weights file; workers that cannot start
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    finally:
+        if config.workers:
+            import ray
+
+            ray.shutdown()
     if out is not None:
         write_run(out, result)
     print(f"{config.method} on {config.dataset}, alpha={config.alpha}: test metrics over {config.eval_splits} calibration/test re-splits")
@@ -104,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train one model with the chosen objective, print a progress line per epoch and a final table.",
     )
     add_config_options(train)
+    train.add_argument("--resource-timeout", type=positive_seconds, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS",
+                       help="with --workers on a Ray cluster: how long to wait for the CPUs/GPUs the workers ask for before giving up "
+                       "(an embedded Ray fails at once; default: %(default)s)")
     train.add_argument("--out", help="write config.json, splits.json, epochs.parquet, evals.parquet and a checkpoint here; "
                        "running again with the same directory resumes from the checkpoint")
     train.set_defaults(handler=cmd_train, parser=train)

@@ -10,10 +10,15 @@ RAY_TEST_CPUS = 4  # logical CPUs: lets 2 Train workers and a Tune driver coexis
 def ray_session(tmp_path_factory):
     import ray
 
-    from dpsm_ray.train.ray_train import embedded_ray_settings
+    from dpsm_ray.train.ray_session import start_embedded
 
-    embedded_ray_settings()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(address="local", num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False)
+    start_embedded(num_cpus=RAY_TEST_CPUS, worker_output=False)
     yield
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `cluster` tests first: `ray up` and `ray down` run `ray stop`, which ends every Ray
+    process of this user, so they must be done before any other test starts the session's Ray."""
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is None)

@@ -1,4 +1,4 @@
-"""cluster/gpu.yaml against Ray's own cluster-launcher schema (offline: no cloud calls)."""
+"""cluster/gpu.yaml and cluster/local.yaml against Ray's own cluster-launcher schema (offline: no cloud calls)."""
 
 import copy
 from pathlib import Path
@@ -54,3 +54,32 @@ def test_head_node_type_must_exist(config):
     config["head_node_type"] = "haed"
     with pytest.raises(ValueError, match="head_node_type"):
         validate(config)
+
+
+def test_local_cluster_config_is_valid_and_installs_the_project_like_the_gpu_one(config):
+    local = yaml.safe_load((ROOT / "cluster" / "local.yaml").read_text())
+    validate(local)
+    assert local["provider"]["type"] == "local" and {"head_ip", "worker_ips"} <= set(local["provider"])
+    assert {"ssh_user", "ssh_private_key"} <= set(local["auth"])
+    assert local["file_mounts"] == config["file_mounts"] == {"~/dpsm_ray": "."}
+    assert any("pip install -q -e ~/dpsm_ray" in command for command in local["setup_commands"])
+    # the launcher's login shells reset PATH: the environment must come from ~/.bashrc
+    assert any("~/.bashrc" in command for command in local["setup_commands"])
+
+
+@pytest.mark.parametrize("name", ["gpu.yaml", "local.yaml"])
+def test_rsync_exclusions_keep_every_file_of_the_package(name):
+    """rsync matches an unanchored pattern against any path's tail: "results" would drop
+    dpsm_ray/results/ from every node (seen: `No module named 'dpsm_ray.results'` on the head)."""
+    import subprocess
+
+    def excluded(path: str, pattern: str) -> bool:
+        if pattern.startswith("/"):
+            return path == pattern[1:] or path.startswith(pattern[1:] + "/")
+        return pattern.removeprefix("**/") in path.split("/")
+
+    patterns = yaml.safe_load((ROOT / "cluster" / name).read_text())["rsync_exclude"]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    package = [path for path in tracked if path.startswith(("dpsm_ray/", "sweeps/")) or path == "pyproject.toml"]
+    assert package and not [path for path in package if any(excluded(path, p) for p in patterns)]
+    assert excluded("results/digits/trials.parquet", "/results") and excluded("dpsm_ray/results/x.py", "results")

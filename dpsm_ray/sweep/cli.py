@@ -12,6 +12,7 @@ from pathlib import Path
 from dpsm_ray.objectives import METHODS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
 # TrainConfig fields a sweep script lets you change (the rest are the script's choice).
 CONFIG_OPTIONS = {
@@ -82,7 +83,10 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--fix", action="append", default=[], metavar="AXIS=VALUE", help=f"paper grid: fix an axis ({', '.join(PAPER_GRID)}); repeatable")
     add("--subset", action="append", default=[], metavar="AXIS=V1,V2", help="paper grid: keep only these values of an axis; repeatable")
     add("--concurrency", type=int, default=defaults.get("concurrency", 1), help="trials running at once (default: %(default)s)")
-    add("--address", help="Ray cluster address (default: $RAY_ADDRESS, a cluster running on this machine, else an embedded local Ray)")
+    add("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a Ray instance embedded in this process)")
+    add("--resource-timeout", type=float, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS", help="on a Ray cluster: how long to wait for the CPUs/GPUs one trial asks for before giving up (an embedded Ray fails at once; default: %(default)s)")
+    add("--trial-retries", type=int, default=2, metavar="N", help="restarts of a trial from its last checkpoint after its process dies (a lost node); a trial that raises is retried too (default: %(default)s)")
+    add("--worker-logs", action="store_true", help="show the trials' own output (epoch lines, Ray's) here; by default it stays in Ray's session logs and one line per trial is printed")
     add("--download", action="store_true", help="download the dataset into --data-root if it is missing")
     add("--trials-per-gpu", default="auto", metavar="N|auto", help=f"single-worker GPU trials packed on one GPU (each asks for 1/N of it); auto: {SMALL_MODEL_TRIALS_PER_GPU} for the 32x32 models, 1 for resnet50/densenet121; --gpus-per-worker overrides (default: %(default)s)")
     for option, kind in CONFIG_OPTIONS.items():
@@ -118,6 +122,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
         coverage_slack=args.coverage_slack, ranges=ranges, grid=args.grid == "paper", grid_fixed=tuple(fixed.items()),
         grid_subsets=tuple(subsets.items()), concurrency=args.concurrency, seed=args.seed,
         trial_resources=tuple((k, v) for k, v in resources.items() if v), address=args.address,
+        resource_timeout=args.resource_timeout, trial_retries=args.trial_retries, worker_logs=args.worker_logs,
     )
 
 
@@ -132,12 +137,15 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     from dpsm_ray.sweep.protocol import SweepError, run_sweep
+    from dpsm_ray.train.ray_session import InsufficientResources
 
     started = time.perf_counter()
     try:
         results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=lambda line: print(line, flush=True))
     except SweepError as error:
         parser.exit(3, f"{parser.prog}: {error}\n")
+    except (InsufficientResources, ConnectionError) as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     except KeyboardInterrupt:  # Ctrl-C between Tune experiments (Tune handles it during one)
         parser.exit(130, f"{parser.prog}: interrupted; rerun with --resume to continue\n")
     except FileNotFoundError as error:

@@ -18,15 +18,27 @@ from dpsm_ray.train.loop import EPOCH_COLUMNS
 from dpsm_ray.train.ray_train import FINISHED, RESULT_FILE
 
 
-def experiment_results(path: Path):
-    """The ``ResultGrid`` of the Tune experiment at ``path`` (None if it was never started)."""
+def finished_trials(path: Path) -> list[tuple[int, object, object]]:
+    """``(trial_index, Trial, Result)`` for every trial of the Tune experiment at ``path`` that
+    has ended (finished or failed); ``trial_index`` is the trial's position in the order the
+    searcher proposed it, which the sweep seed fixes (Tune's trial ids are random).
+
+    Trials still pending or running in the saved state (an interrupted sweep) are left out: a
+    resume finishes them, and their last report or checkpoint may not be their final one."""
+    import logging
+
     from ray import tune
 
-    from dpsm_ray.sweep.trials import run_trial
+    from dpsm_ray.sweep.trials import proposal_order
 
     if not tune.Tuner.can_restore(str(path)):
-        return None
-    return tune.Tuner.restore(str(path), trainable=run_trial).get_results()
+        return []
+    # a trial that never started has no result files, which the analysis warns about
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    analysis = tune.ExperimentAnalysis(str(path))
+    index = {trial.trial_id: position for position, trial in enumerate(proposal_order(analysis.trials))}
+    ended = [(index[trial.trial_id], trial, result) for trial, result in zip(analysis.trials, tune.ResultGrid(analysis)) if trial.status in ("TERMINATED", "ERROR")]
+    return sorted(ended, key=lambda item: item[0])
 
 
 def final_checkpoint_path(result) -> str | None:
@@ -35,10 +47,6 @@ def final_checkpoint_path(result) -> str | None:
     if result.metrics.get("checkpoint_path"):
         return result.metrics["checkpoint_path"]
     return result.checkpoint.path if result.checkpoint is not None else None
-
-
-def trial_id_of(result) -> str:
-    return result.metrics.get("trial_id") or Path(result.path).name.removeprefix("trial_")
 
 
 def epoch_rows(history) -> list[dict]:
@@ -57,21 +65,18 @@ def collect(spec, results: Path, stage: str, name: str) -> tuple[list[dict], lis
     from dpsm_ray.sweep.protocol import feasible
     from dpsm_ray.sweep.trials import trial_config
 
-    grid = experiment_results(results / "tune" / name)
     trials, epochs, evals = [], [], []
-    if grid is None:
-        return trials, epochs, evals
-    for result in sorted(grid, key=trial_id_of):  # a stable row order, however Tune lists them
-        # a failed trial's Result carries no config; its trial directory always does
-        params = result.config or json.loads((Path(result.path) / "params.json").read_text())
-        config = trial_config(params)
-        key = {"sweep": spec.name, "stage": stage, "trial_id": trial_id_of(result), **run_key(config)}
+    for index, trial, result in finished_trials(results / "tune" / name):
+        config = trial_config(trial.config)
+        key = {"sweep": spec.name, "stage": stage, "trial_id": trial.trial_id, **run_key(config)}
         rows = epoch_rows(result.metrics_dataframe)
         epochs += [{**key, **{c: row.get(c) for c in EPOCH_COLUMNS}} for row in rows]
         metrics = result.metrics if result.error is None else (rows[-1] if rows else {})
         error = None if result.error is None else (str(result.error).strip().splitlines() or ["error"])[-1][:500]
         trials.append({
             **key,
+            "trial_index": index,
+            "node_ip": result.metrics.get("node_ip"),
             "status": "ok" if result.error is None else "failed",
             "error": error,
             "feasible": feasible(metrics.get("val_coverage"), spec.coverage_floor) if result.error is None else None,

@@ -25,7 +25,7 @@ from dpsm_ray.objectives import METHODS
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, grid_size, paper_grid, search_space
 from dpsm_ray.train.config import ConfigError, TrainConfig
-from dpsm_ray.train.ray_train import FINISHED
+from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, check_capacity, ensure_ray, run_demand
 
 
 class SweepError(RuntimeError):
@@ -53,7 +53,11 @@ class SweepSpec:
     concurrency: int = 1
     seed: int = 0
     trial_resources: tuple[tuple[str, float], ...] = (("cpu", 1.0),)
+    # how the sweep runs, not what it computes: free to differ on --resume
     address: str | None = field(default=None, compare=False)
+    resource_timeout: float = field(default=DEFAULT_RESOURCE_TIMEOUT_S, compare=False)  # seconds a cluster may take to provide one trial's resources
+    trial_retries: int = field(default=2, compare=False)  # restarts of a trial from its last checkpoint after a crash (a lost node)
+    worker_logs: bool = field(default=False, compare=False)  # forward trials' own output (epoch lines, Tune's) to this terminal
 
     def __post_init__(self) -> None:
         for method in self.methods:
@@ -69,6 +73,10 @@ class SweepSpec:
             raise ConfigError("coverage_slack", self.coverage_slack, f"must be in [0, 1 - alpha) = [0, {1 - self.base.alpha:g})")
         if self.concurrency < 1:
             raise ConfigError("concurrency", self.concurrency, "must be an integer >= 1")
+        if self.trial_retries < 0:
+            raise ConfigError("trial_retries", self.trial_retries, "must be an integer >= 0")
+        if not self.resource_timeout > 0:
+            raise ConfigError("resource_timeout", self.resource_timeout, "must be a number of seconds > 0")
         # the search never evaluates on test data; every seed trains on the one split the search
         # selected on (otherwise seed S+1's cal/test would hold seed S's validation points); and
         # trials run in directories of their own, so paths must be absolute
@@ -83,6 +91,11 @@ class SweepSpec:
                         raise
                     option, text = self.option_setting(error.field, overrides[error.field])
                     raise ConfigError(option, text, f"{error.allowed} (sets {error.field}={error.value!r} for {method})") from None
+
+    def trial_demand(self) -> Demand:
+        """What one trial holds at once (its own process, and its Ray Train workers)."""
+        base = self.base
+        return run_demand(base.workers, base.cpus_per_worker, base.gpus_per_worker, own=dict(self.trial_resources))
 
     @property
     def coverage_floor(self) -> float:
@@ -117,9 +130,9 @@ class SweepSpec:
         return option, f"{knob}={value}"
 
     def describe(self) -> dict:
-        payload = dataclasses.asdict(self)
+        """What ``sweep.json`` records: the settings that decide the results."""
+        payload = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
         payload["base"] = self.base.to_dict()
-        payload.pop("address")
         return json.loads(json.dumps(payload, default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v)))
 
 
@@ -131,15 +144,18 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
 
     results = Path(results_dir).resolve()
     check_data_present(spec.base.dataset, spec.base.data_root, spec.base.download)
-    claim_results_dir(spec, results, resume)
+    new = check_results_dir(spec, results, resume)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # state on disk after every trial: a hard kill loses nothing finished
     # ... which is the snapshot-per-checkpoint that Tune warns about (once per report) with num_to_keep set
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
-    from dpsm_ray.train.ray_train import ensure_ray
-
     quiet_libraries()
-    ensure_ray(spec.address, worker_output=False)
+    ensure_ray(spec.address, worker_output=spec.worker_logs)
+    check_capacity(spec.trial_demand(), timeout_s=spec.resource_timeout, log=log)
+    if new:  # only now: a sweep refused above leaves no directory to --resume
+        from dpsm_ray.results import write_json
+
+        write_json(results / "sweep.json", spec.describe())
     base = with_base_model(spec.base, spec.base.seed, results, log)
     for index, method in enumerate(spec.methods):
         search_method(spec, base.replace(method=method), index, results, resume, log)
@@ -164,8 +180,9 @@ def quiet_libraries() -> None:
 RESUMABLE_CHANGES = ("init_checkpoint", "download")
 
 
-def claim_results_dir(spec: SweepSpec, results: Path, resume: bool) -> None:
-    """One sweep per results directory: a new sweep needs an empty one, a resumed sweep the same spec."""
+def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> bool:
+    """One sweep per results directory: a new sweep needs one without a sweep, a resumed sweep
+    the same spec.  Returns whether the sweep is new (its ``sweep.json`` is still to be written)."""
     marker = results / "sweep.json"
     described = spec.describe()
     if marker.exists():
@@ -177,13 +194,10 @@ def claim_results_dir(spec: SweepSpec, results: Path, resume: bool) -> None:
         changed = [k for k in changed if k != "base"]
         if changed:
             raise SweepError(f"--resume: the sweep in {results} was started with different settings ({', '.join(changed)}); rerun it with the same options")
-        return
+        return False
     if resume:
         raise SweepError(f"--resume: no sweep to resume in {results}")
-    results.mkdir(parents=True, exist_ok=True)
-    from dpsm_ray.results import write_json
-
-    write_json(marker, described)
+    return True
 
 
 def with_base_model(config: TrainConfig, seed: int, results: Path, log) -> TrainConfig:
@@ -206,6 +220,8 @@ def experiment(spec: SweepSpec, results: Path, name: str, param_space: dict, tun
     stopped early (Ctrl-C: Tune catches it, saves its state and returns)."""
     from ray import tune
 
+    from dpsm_ray.sweep.collect import finished_trials
+
     path = results / "tune" / name
     if resume and tune.Tuner.can_restore(str(path)):
         log(f"resuming {name}")
@@ -218,13 +234,31 @@ def experiment(spec: SweepSpec, results: Path, name: str, param_space: dict, tun
             run_config=tune.RunConfig(
                 name=name, storage_path=str(results / "tune"), verbose=0, callbacks=callbacks,
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),  # only the latest is ever read
+                # a trial whose process died (a lost node, an OOM kill) restarts from its last
+                # checkpoint, on whichever node has room
+                failure_config=tune.FailureConfig(max_failures=spec.trial_retries),
             ),
         )
-    grid = tuner.fit()
-    finished = [r for r in grid if r.error is not None or r.metrics.get(FINISHED)]
-    if len(finished) < total:
-        raise SweepInterrupted(f"{name} stopped after {len(finished)} of {total} trials; rerun with --resume to continue")
-    return grid
+    fit_keeping_ctrl_c(tuner)
+    # ended as Tune's saved state says: a trial stopped right after its final report has the
+    # report but is not done (its last checkpoint is not yet recorded)
+    ended = len(finished_trials(path))
+    if ended < total:
+        raise SweepInterrupted(f"{name} stopped after {ended} of {total} trials; rerun with --resume to continue")
+
+
+def fit_keeping_ctrl_c(tuner):
+    """``tuner.fit()``, then this process's own Ctrl-C handling back: Tune installs a SIGINT (and
+    SIGUSR1) handler that stops its run and never removes it, so without this a Ctrl-C between two
+    stages would go to the finished run and be lost."""
+    import signal
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, getattr(signal, "SIGUSR1", None)) if sig is not None}
+    try:
+        return tuner.fit()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def search_method(spec: SweepSpec, base: TrainConfig, index: int, results: Path, resume: bool, log) -> None:
@@ -261,7 +295,8 @@ def trial_dirname(trial) -> str:
 def best_overrides(spec: SweepSpec, results: Path, method: str, log) -> dict | None:
     """The chosen configuration of ``method``: the lowest validation set size among feasible
     trials (validation coverage >= the floor); without any feasible trial, the highest coverage;
-    None (and a warning) when every search trial of ``method`` failed."""
+    None (and a warning) when every search trial of ``method`` failed.  Ties (common on small
+    validation splits) go to the trial proposed first, so the sweep seed fixes the choice."""
     import pandas as pd
 
     trials = pd.read_parquet(results / "trials.parquet")
@@ -272,9 +307,9 @@ def best_overrides(spec: SweepSpec, results: Path, method: str, log) -> dict | N
     feasible = ok[ok.feasible]
     if feasible.empty:
         log(f"warning: no {method} trial reached validation coverage {spec.coverage_floor:g}; using the one with the highest coverage")
-        chosen = ok.sort_values(["val_coverage", "trial_id"], ascending=[False, True]).iloc[0]
+        chosen = ok.sort_values(["val_coverage", "trial_index"], ascending=[False, True]).iloc[0]
     else:
-        chosen = feasible.sort_values(["val_set_size", "trial_id"]).iloc[0]
+        chosen = feasible.sort_values(["val_set_size", "trial_index"]).iloc[0]
     config = json.loads(chosen.config_json)
     searched = spec.grid_axes(method) if spec.grid else {field_name(k): None for k in METHOD_KNOBS[method]}
     overrides = {name: (tuple(config[name]) if isinstance(config[name], list) else config[name]) for name in searched}

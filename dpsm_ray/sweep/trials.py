@@ -29,6 +29,13 @@ def trial_config(params: dict) -> TrainConfig:
     return TrainConfig.from_dict({**params["base"], **params["overrides"]})
 
 
+def proposal_order(trials: list) -> list:
+    """``trials`` in the order Tune created them, i.e. the order the searcher (Optuna, or the
+    grid) proposed them: the leading number of each trial's experiment tag, which is kept
+    across restores.  Tune's own list is not: a restore reorders it by last result time."""
+    return sorted(trials, key=lambda trial: int(trial.experiment_tag.split("_", 1)[0]))
+
+
 def run_trial(params: dict) -> None:
     """The Tune trainable.  Errors propagate: Tune marks the trial ERROR and the sweep goes on."""
     config = trial_config(params)
@@ -75,13 +82,9 @@ class ProgressPrinter(tune.Callback):
         self.label, self.total, self.knobs = label, total, knobs
         self.epoch_every_s = epoch_every_s
         self._last_line: dict[str, float] = {}
-        self._numbers: dict[str, int] = {}
 
-    def _number(self, trial) -> int:
-        return self._numbers.setdefault(trial.trial_id, len(self._numbers) + 1)
-
-    def _say(self, trial, text: str) -> None:
-        print(f"[{self.label} {self._number(trial)}/{self.total}] trial {trial.trial_id}  {text}", flush=True)
+    def _say(self, trials, trial, text: str) -> None:
+        print(f"[{self.label} {proposal_order(trials).index(trial) + 1}/{self.total}] trial {trial.trial_id}  {text}", flush=True)
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         self._last_line[trial.trial_id] = time.monotonic()
@@ -92,19 +95,19 @@ class ProgressPrinter(tune.Callback):
         now = time.monotonic()
         if now - self._last_line.get(trial.trial_id, now) >= self.epoch_every_s:
             self._last_line[trial.trial_id] = now
-            self._say(trial, f"epoch {result['epoch']}/{trial_config(trial.config).epochs}  val cov {result[CONSTRAINED]:.3f}  val size {result[OBJECTIVE]:.2f}")
+            self._say(trials, trial, f"epoch {result['epoch']}/{trial_config(trial.config).epochs}  val cov {result[CONSTRAINED]:.3f}  val size {result[OBJECTIVE]:.2f}")
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         result = trial.last_result or {}
         config = trial_config(trial.config)
         knobs = "  ".join(f"{name}={short(getattr(config, name))}" for name in self.knobs)
         seconds = result.get("time_total_s", 0.0)
-        self._say(trial, f"done in {seconds:.0f}s  val size {result.get(OBJECTIVE, float('nan')):.3f}  val cov {result.get(CONSTRAINED, float('nan')):.3f}  {knobs}")
+        self._say(trials, trial, f"done in {seconds:.0f}s  val size {result.get(OBJECTIVE, float('nan')):.3f}  val cov {result.get(CONSTRAINED, float('nan')):.3f}  {knobs}")
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         error = trial.get_error()
         lines = str(error).strip().splitlines() if error is not None else []
-        self._say(trial, f"FAILED: {lines[-1] if lines else 'see error.txt in ' + str(trial.local_path)}")
+        self._say(trials, trial, f"FAILED: {lines[-1] if lines else 'see error.txt in ' + str(trial.local_path)}")
 
 
 def short(value) -> str:

@@ -22,40 +22,13 @@ import torch
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.env import LocalEnv, ProcessGroupEnv
 from dpsm_ray.train.loop import RunResult, train
+from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, check_capacity, ensure_ray, run_demand
 
 STATE_FILE = "state.pt"
 RESULT_FILE = "result.pt"
 # Marks the last report (the results).  Not "done": Tune reads "done" as "stop this trial" and
 # would kill the trial driver while its Train run is still shutting down (leaking its placement group).
 FINISHED = "run_finished"
-
-
-def ensure_ray(address: str | None = None, num_cpus: int | None = None, *, worker_output: bool = True) -> None:
-    """Connect to Ray: ``address`` (or ``RAY_ADDRESS``) if given; otherwise a cluster already
-    running on this machine (the head node under ``ray submit``); otherwise start an embedded
-    local instance with ``num_cpus`` CPUs.  ``worker_output=False`` keeps an embedded instance's
-    worker and actor output out of this terminal (it stays in /tmp/ray/session_latest/logs):
-    a sweep prints its own progress lines instead."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-        return
-    try:
-        ray.init(address="auto")
-    except ConnectionError:
-        embedded_ray_settings()
-        ray.init(address="local", num_cpus=num_cpus, log_to_driver=worker_output)
-
-
-def embedded_ray_settings() -> None:
-    """Settings for a Ray instance this process starts itself (a laptop, CI), set before
-    ``ray.init`` so Ray's own processes inherit them.  Ray Train polls its workers every 2 s by
-    default, which adds ~10 s to every short run; 0.2 s halves a digits trial."""
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
 class RayCheckpointing:
@@ -168,14 +141,18 @@ def read_result(config: TrainConfig, checkpoint) -> RunResult:
     return RunResult(config, **payload)
 
 
-def train_distributed(config: TrainConfig, out_dir=None, log=None, *, inject_failure: dict | None = None) -> RunResult:
+def train_distributed(config: TrainConfig, out_dir=None, log=None, *, resource_timeout_s: float = DEFAULT_RESOURCE_TIMEOUT_S,
+                      inject_failure: dict | None = None) -> RunResult:
     """Run ``config`` on ``config.workers`` Ray Train workers and return its results.
 
     Checkpoints live under ``out_dir/ray`` (a temporary directory without ``out_dir``); running the
-    same config with the same ``out_dir`` again resumes.  ``inject_failure`` (``{"after_epoch",
-    "rank", "marker"}``) kills that worker once, for fault-tolerance tests.
+    same config with the same ``out_dir`` again resumes.  Workers that the Ray in use cannot hold
+    raise ``InsufficientResources`` (see ``ray_session.check_capacity``) instead of waiting forever.
+    ``inject_failure`` (``{"after_epoch", "rank", "marker"}``) kills that worker once, for
+    fault-tolerance tests.
     """
     ensure_ray()
+    check_capacity(run_demand(config.workers, config.cpus_per_worker, config.gpus_per_worker), timeout_s=resource_timeout_s, log=log)
     storage = Path(out_dir) / "ray" if out_dir is not None else Path(tempfile.mkdtemp(prefix="dpsm_ray_"))
     result = trainer_for(config, storage, f"train-{config.config_hash()}", inject_failure=inject_failure).fit()
     return read_result(config, result.checkpoint)

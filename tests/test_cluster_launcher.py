@@ -1,0 +1,229 @@
+"""The cluster path as a user runs it: the README's `ray up` / `ray submit` / `ray rsync-down` /
+`ray down` commands, verbatim, with cluster/local.yaml filled in as the README says -- against a
+"machine" reached over SSH: an sshd this test starts on 127.0.0.1 with its own host key, client key
+and config (the machine's own ssh setup is not touched).  A second Ray node joins the head on this
+same machine under the address 127.0.0.2, so that a sweep's trials run on two nodes, and one of them
+is killed in the middle of a sweep.
+
+`ray up` and `ray down` run `ray stop`, which ends every Ray process of this user on the machine:
+these tests are marked `cluster`, and tests/conftest.py runs them before any other test can start
+Ray.  The remote login shell's environment comes from the remote ~/.bashrc (the launcher resets
+PATH): the test gives the node a home of its own (sshd's SetEnv HOME) whose .bashrc puts this
+machine's Python on PATH, as a user's machine would have it.
+"""
+
+import getpass
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAD, WORKER = "127.0.0.1", "127.0.0.2"
+TOOLS = {"sshd": shutil.which("sshd") or "/usr/sbin/sshd", "ssh-keygen": shutil.which("ssh-keygen"), "rsync": shutil.which("rsync"), "nc": shutil.which("nc")}
+MISSING = [name for name, path in TOOLS.items() if not path or not Path(path).exists()]
+if MISSING:
+    pytest.skip(f"needs {', '.join(MISSING)} (apt-get install openssh-server rsync netcat-openbsd; .ci/run installs them)", allow_module_level=True)
+
+
+@dataclass
+class Machines:
+    """The SSH side of the two nodes: where sshd listens, the key it accepts, the nodes' home."""
+
+    port: int
+    key: Path
+    home: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HEAD, 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory):
+    import ray
+
+    assert not ray.is_initialized(), "a cluster test must run before this session starts Ray (tests/conftest.py orders them)"
+    root = tmp_path_factory.mktemp("machines")
+    ssh, home = root / "ssh", root / "home"
+    ssh.mkdir()
+    home.mkdir()
+    for name in ("host_key", "id_ed25519"):
+        subprocess.run([TOOLS["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / name)], check=True)
+    shutil.copy(ssh / "id_ed25519.pub", ssh / "authorized_keys")
+    # the nodes' Python is this machine's (the one running the tests); pip's cache is shared so
+    # that installing the project on a "node" does not download what this machine already has
+    (home / ".bashrc").write_text(f"export PATH={Path(sys._base_executable).parent}:$PATH\nexport PIP_CACHE_DIR={Path.home() / '.cache' / 'pip'}\n")
+    port = free_port()
+    (ssh / "sshd_config").write_text("\n".join([
+        f"Port {port}", f"ListenAddress {HEAD}",
+        f"HostKey {ssh / 'host_key'}", f"AuthorizedKeysFile {ssh / 'authorized_keys'}", f"PidFile {ssh / 'sshd.pid'}",
+        "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
+        "UsePAM no", "StrictModes no", f"SetEnv HOME={home}", "",
+    ]))
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+    log = (root / "sshd.log").open("w")
+    sshd = subprocess.Popen([TOOLS["sshd"], "-D", "-e", "-f", str(ssh / "sshd_config")], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((HEAD, port), timeout=1).close()
+            break
+        except OSError:
+            assert sshd.poll() is None, (root / "sshd.log").read_text()
+            time.sleep(0.2)
+    yield Machines(port=port, key=ssh / "id_ed25519", home=home)
+    sshd.terminate()
+    sshd.wait(timeout=20)
+
+
+def checkout_copy(destination: Path) -> None:
+    """This checkout's files (tracked, and new files git does not ignore), as a user's clone."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+
+
+def fill_in(config_path: Path, machines: Machines) -> None:
+    """Edit cluster/local.yaml as the README tells a user to: the head's address, the SSH user and
+    key, and (sshd on a port other than 22) the proxy command.  The worker node is started by
+    hand instead (see the test): the head's autoscaler would reach a worker_ips machine with
+    `ssh -i ~/ray_bootstrap_key.pem` on port 22, and ssh expands ~ from the password database,
+    not from the HOME this test gives the nodes."""
+    config = yaml.safe_load(config_path.read_text())
+    # a name of its own: the launcher keys its SSH connection sharing (ControlPath) on the cluster
+    # name, and must not reuse a connection another run left open to another sshd
+    config["cluster_name"] = f"dpsm-ray-test-{uuid.uuid4().hex[:8]}"
+    config["provider"].update(head_ip=HEAD, worker_ips=[])
+    config["auth"] = {"ssh_user": getpass.getuser(), "ssh_private_key": str(machines.key), "ssh_proxy_command": f"nc %h {machines.port}"}
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def readme_cluster_commands() -> list[str]:
+    """The first block of `ray ...` commands in the README's section on one's own machines."""
+    section = (ROOT / "README.md").read_text().split("## On your own machines", 1)[1].split("\n## ", 1)[0]
+    commands, started = [], False
+    for line in section.splitlines():
+        if line.startswith("    ray "):
+            commands.append(line.strip())
+            started = True
+        elif started:
+            break
+    return commands
+
+
+def ray_cli(command: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("RAY_ADDRESS", None)
+    started = time.monotonic()
+    run = subprocess.run(shlex.split(command), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    print(f"{time.monotonic() - started:6.1f}s  {command}  -> exit {run.returncode}")
+    assert run.returncode == 0, f"{command}\n{run.stdout[-6000:]}\n{run.stderr[-6000:]}"
+    return run
+
+
+def ray_processes() -> list[str]:
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in ps.splitlines() if re.search(r"raylet|gcs_server|ray::|dashboard/agent.py|default_worker.py|monitor.py", line)]
+
+
+def worker_node_pids() -> list[int]:
+    """The processes of the Ray node started with --node-ip-address=127.0.0.2 (its raylet and the
+    workers it launched)."""
+    pids = []
+    for line in ray_processes():
+        if re.search(rf"node.ip.address[= ]{re.escape(WORKER)}\b", line):
+            pids.append(int(line.split()[0]))
+    return pids
+
+
+def trial_rows(results: Path) -> list[dict]:
+    """The last reported row of every trial of a sweep's Tune experiments, as written so far."""
+    rows = []
+    for path in results.glob("tune/*/trial_*/result.json"):
+        lines = path.read_text().splitlines()
+        if lines:
+            rows.append({**json.loads(lines[-1]), "path": str(path.parent)})
+    return rows
+
+
+def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(machines, tmp_path):
+    checkout = tmp_path / "dpsm_ray"
+    checkout_copy(checkout)
+    fill_in(checkout / "cluster" / "local.yaml", machines)
+    up, submit, rsync_down, down = commands = readme_cluster_commands()
+    assert [c.split()[:2] for c in commands] == [["ray", "up"], ["ray", "submit"], ["ray", "rsync-down"], ["ray", "down"]], commands
+
+    try:
+        ray_cli(up, checkout, timeout=1200)
+        # a second node on this machine, with an address of its own, joins the head's cluster
+        config = shlex.split(up)[-1]
+        joined = ray_cli(f"ray exec {config} 'ray start --address={HEAD}:6379 --node-ip-address={WORKER}'", checkout, timeout=300)
+        deadline = time.monotonic() + 60
+        while not worker_node_pids():
+            assert time.monotonic() < deadline, "the worker node did not start:\n" + joined.stdout[-3000:] + "\n".join(ray_processes())
+            time.sleep(1)
+
+        # 1. the README's sweep, its results copied back
+        run = ray_cli(submit, checkout, timeout=1200)
+        finished, forwarded = "sweep finished" in run.stdout, re.findall(r"\(\w+ pid=\d+\).*", run.stdout)
+        assert finished and not forwarded, run.stdout[-4000:]  # one line per trial: no worker output
+        ray_cli(rsync_down, checkout, timeout=300)
+        *_, remote, local = shlex.split(rsync_down)
+        local_results = checkout / local / Path(remote).name  # rsync copies the directory into local/
+        trials = pd.read_parquet(local_results / "trials.parquet")
+        assert len(pd.read_parquet(local_results / "evals.parquet")) and len(pd.read_parquet(local_results / "epochs.parquet"))
+        assert trials.status.eq("ok").all() and trials.trial_id.is_unique
+        # the head registers under this machine's address (Ray replaces 127.0.0.1 by it)
+        assert WORKER in set(trials.node_ip) and trials.node_ip.nunique() == 2, f"the trials ran on {set(trials.node_ip)} only"
+
+        # 2. a worker node lost mid-sweep: its trial restarts from its checkpoint elsewhere, and
+        # every trial is recorded once
+        results = machines.home / "results" / "faults"
+        faulty = submit.split(" -- ")[0] + f" -- --results-dir {results} --methods ce,cut --trials 3 --final-seeds 1 --concurrency 4 --epochs 6"
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        sweep = subprocess.Popen(shlex.split(faulty), cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        killed = []
+        deadline = time.monotonic() + 900
+        while not killed and sweep.poll() is None and time.monotonic() < deadline:
+            running_there = [r for r in trial_rows(results) if r.get("node_ip") == WORKER and not r.get("run_finished") and r.get("epoch", 0) >= 1]
+            if running_there:
+                killed = worker_node_pids()
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+        output = sweep.communicate(timeout=900)[0][-6000:]
+        assert killed, "no trial ran on the worker node to be interrupted\n" + output
+        assert sweep.returncode == 0, output
+        trials = pd.read_parquet(results / "trials.parquet")
+        search = trials[trials.stage == "search"]
+        assert search.groupby("method").size().to_dict() == {"ce": 3, "cut": 3} and len(trials[trials.stage == "final"]) == 2
+        assert trials.trial_id.is_unique and trials.status.eq("ok").all() and trials.epochs_completed.eq(6).all()
+        epochs = pd.read_parquet(results / "epochs.parquet")
+        assert not epochs.duplicated(["trial_id", "epoch"]).any() and len(epochs) == 6 * len(trials)
+    finally:
+        ray_cli(down, checkout, timeout=600)
+    deadline = time.monotonic() + 60
+    while ray_processes() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not ray_processes(), "left running after `ray down`:\n" + "\n".join(ray_processes())
