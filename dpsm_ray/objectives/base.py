@@ -50,6 +50,11 @@ class Objective:
     def prepare(self, device: torch.device) -> None:
         """Put any state on ``device`` before the first step (a captured step needs it there)."""
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The state a step changes in place on the device (DPSM's q, CUT's step counter): what a
+        captured CUDA graph must find at the same addresses and restore after its warm-up."""
+        return []
+
     def state_dict(self) -> dict:
         return {}
 

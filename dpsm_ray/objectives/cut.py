@@ -5,14 +5,24 @@ CE on B1, plus lambda times sup_t |F_hat(t) - t| over B2's label scores (global 
 workers).  With the sorted scores s_(1) <= ... <= s_(n) the supremum is
 max_i max(i/n - s_(i), s_(i) - (i-1)/n); the sort is NeuralSort's differentiable relaxation
 (``sort_temperature``; 0 uses the exact sort, which is differentiable in the values too).
+
+``score``: ``hps`` (1 - p_y, this project's default), or ``aps``, the randomised APS conformity
+score Einbinder et al. use -- exactly Unif(0, 1) for the true conditional distribution, which is
+what makes the uniform the right target.  Its U is fresh for every step and batch position, a
+pure function of (run seed, step, position in the global B2): the same on any worker count, and
+computed on the device from a step counter that is part of the objective's state (so a resumed
+run, and a step captured in a CUDA graph, draw the same U).
 """
 
 from __future__ import annotations
 
 import torch
 
-from dpsm_ray.conformal import label_scores, soft_sort
+from dpsm_ray.conformal import label_scores, score_matrix, soft_sort
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, cross_entropy, hps_scores
+from dpsm_ray.seeding import counter_uniforms, derive_seed
+
+CUT_SCORES = ("hps", "aps")
 
 
 def ks_to_uniform(values: torch.Tensor, sort_temperature: float) -> torch.Tensor:
@@ -26,11 +36,42 @@ def ks_to_uniform(values: torch.Tensor, sort_temperature: float) -> torch.Tensor
 class CUT(Objective):
     name = "cut"
 
-    def __init__(self, *, sort_temperature: float, **kwargs) -> None:
+    def __init__(self, *, sort_temperature: float, score: str = "hps", seed: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
+        if score not in CUT_SCORES:
+            raise ValueError(f"score must be one of {', '.join(CUT_SCORES)}; got {score!r}")
         self.sort_temperature = sort_temperature
+        self.score = score
+        self.uniform_seed = derive_seed(seed, "cut_uniforms")
+        self.steps = torch.zeros((), dtype=torch.int64)  # steps taken: APS's U of the next one
+
+    def prepare(self, device: torch.device) -> None:
+        if self.steps.device != device:
+            self.steps = self.steps.to(device)
+
+    def uniforms(self, local_size: int, device: torch.device) -> torch.Tensor:
+        """U for this worker's part of the global B2 at the current step."""
+        global_size = local_size * self.collective.world_size
+        position = self.collective.rank * local_size + torch.arange(local_size, device=device)
+        return counter_uniforms(self.uniform_seed, self.steps * global_size + position)
 
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
         ce = cross_entropy(logits1, labels1)
-        scores = self.collective.gather(label_scores(hps_scores(logits2), labels2))
+        if self.score == "hps":
+            local_scores = label_scores(hps_scores(logits2), labels2)
+        else:
+            self.prepare(logits2.device)
+            u = self.uniforms(logits2.shape[0], logits2.device)
+            local_scores = label_scores(score_matrix(logits2.softmax(dim=1), "aps", u=u), labels2)
+            self.steps.add_(1)
+        scores = self.collective.gather(local_scores)
         return self._output(ce, ks_to_uniform(scores, self.sort_temperature))
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [self.steps] if self.score == "aps" else []
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"].clone()

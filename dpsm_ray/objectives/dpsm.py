@@ -19,20 +19,34 @@ import torch
 
 from dpsm_ray.conformal import empirical_quantile, label_scores, pinball_grad, pinball_loss, soft_set_size
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, cross_entropy, hps_scores
+from dpsm_ray.seeding import generator
+
+Q_INITS = ("dataset", "zero", "random")
 
 
 class DPSM(Objective):
     name = "dpsm"
 
-    def __init__(self, *, sigmoid_temperature: float, quantile_lr: float, **kwargs) -> None:
+    def __init__(self, *, sigmoid_temperature: float, quantile_lr: float, q_init: str = "dataset", seed: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
+        if q_init not in Q_INITS:
+            raise ValueError(f"q_init must be one of {', '.join(Q_INITS)}; got {q_init!r}")
         self.sigmoid_temperature = sigmoid_temperature
         self.quantile_lr = quantile_lr  # gamma
+        self.q_init, self.seed = q_init, seed
         self.q: torch.Tensor | None = None
 
     def initialize(self, train_label_scores: torch.Tensor) -> None:
-        """q_0 = Q_n, the (1 - alpha) quantile of the starting model's D1 scores."""
-        self.q = empirical_quantile(train_label_scores.detach(), 1 - self.alpha).clone()
+        """q_0: Q_n, the (1 - alpha) quantile of the starting model's D1 scores (``dataset``, this
+        project's default); 0 (``zero``); or Unif(0, 1), the range of HPS scores, drawn from the
+        run seed (``random``: Algorithm 1, line 2).  The same value on every worker."""
+        scores = train_label_scores.detach()
+        if self.q_init == "dataset":
+            self.q = empirical_quantile(scores, 1 - self.alpha).clone()
+        elif self.q_init == "zero":
+            self.q = torch.zeros((), dtype=scores.dtype, device=scores.device)
+        else:
+            self.q = torch.rand((), generator=generator(self.seed, "q_init"), dtype=torch.float64).to(scores.device, scores.dtype)
 
     def prepare(self, device: torch.device) -> None:
         if self.q is not None and self.q.device != device:
@@ -50,6 +64,9 @@ class DPSM(Objective):
         pinball = self.collective.mean(pinball_loss(q, lower_scores, self.alpha))
         self.q.sub_(self.quantile_lr * grad_q)
         return self._output(ce, size, pinball, q)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [] if self.q is None else [self.q]
 
     def state_dict(self) -> dict:
         # a copy: self.q keeps changing in place after the checkpoint is taken

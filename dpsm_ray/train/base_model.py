@@ -28,7 +28,7 @@ SMALL_RECIPE = {"batch_size": 64, "epochs": 30, "lr": 0.05, "milestones": ()}
 # Knobs that only matter when fine-tuning: reset so that, e.g., every alpha shares one base model.
 FINE_TUNING_DEFAULTS = {
     name: TrainConfig.__dataclass_fields__[name].default
-    for name in ("alpha", "conformal_weight", "sigmoid_temperature", "sort_temperature", "quantile_lr", "val_splits", "eval_splits", "eval_scores")
+    for name in ("alpha", "conformal_weight", "sigmoid_temperature", "sort_temperature", "quantile_lr", "q_init", "conftr_split", "cut_score", "val_splits", "eval_splits", "eval_scores")
 }
 
 
@@ -50,6 +50,7 @@ def base_config(config: TrainConfig) -> TrainConfig:
         init="scratch",
         init_checkpoint=None,
         lr_decay=0.1,
+        lr_schedule="step",
         base_batch_size=None,
         base_epochs=None,
         base_lr=None,

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpsm_ray.conformal import SCORE_KINDS
-from dpsm_ray.objectives import METHODS
+from dpsm_ray.objectives import CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS
 
 
 class ConfigError(ValueError):
@@ -32,6 +32,10 @@ def option(default, help: str, **metadata):
 
 
 PRECISIONS = ("fp32", "bf16")
+LR_SCHEDULES = ("step", "exp")
+# Options only one method reads: left out of the other methods' config hash, so fixing them
+# for a whole sweep does not split the runs of methods they do not change.
+METHOD_FIELDS = {"quantile_lr": "dpsm", "q_init": "dpsm", "conftr_split": "conftr", "cut_score": "cut"}
 STEPS = ("eager", "graph")
 # Fields that do not change what a run computes: left out of the config hash.
 OPERATIONAL_FIELDS = frozenset(
@@ -67,12 +71,16 @@ class TrainConfig:
     sigmoid_temperature: float = option(0.1, "tau_Sigmoid: temperature T of the soft set size, > 0", flag="--temperature")
     sort_temperature: float = option(0.01, "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)")
     quantile_lr: float = option(0.01, "gamma: DPSM's learning rate for q, > 0")
+    q_init: str = option("dataset", "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random start)")
+    conftr_split: str = option("halves", "ConfTr's calibration/prediction split: halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1) or batch (each batch of the whole training set split at random, CE on all of it: Stutz et al.)")
+    cut_score: str = option("hps", "CUT's training score: hps (1 - p_y), or aps (randomised APS conformity scores, uniform for a calibrated model: Einbinder et al.)")
     # --- optimisation -----------------------------------------------------------------------
     lr: float = option(0.05, "eta: SGD learning rate of the model, > 0")
     batch_size: int = option(64, "total batch per step over all workers; half from D1, half from D2")
     epochs: int = option(30, "number of epochs, >= 1")
     milestones: tuple[int, ...] = option((), "epochs at which the learning rate is multiplied by --lr-decay")
-    lr_decay: float = option(0.1, "learning-rate decay factor at each milestone, in (0, 1]")
+    lr_decay: float = option(0.1, "learning-rate decay factor, in (0, 1]: applied at each milestone (--lr-schedule step) or after every epoch from the first milestone on (exp)")
+    lr_schedule: str = option("step", "how --lr-decay applies: step (once at each milestone) or exp (after every epoch from the first milestone on, or from the start without milestones)")
     momentum: float = option(0.9, "SGD momentum, in [0, 1)")
     weight_decay: float = option(1e-4, "SGD weight decay, >= 0")
     seed: int = option(0, "run seed: initialisation, batches, augmentation, evaluation (and the data split, unless --split-seed)")
@@ -130,6 +138,7 @@ class TrainConfig:
         relevant = {k: v for k, v in self.to_dict().items() if k not in OPERATIONAL_FIELDS}
         if self.init == "scratch":  # the base recipe only matters when starting from the base model
             relevant = {k: v for k, v in relevant.items() if not k.startswith("base_")}
+        relevant = {k: v for k, v in relevant.items() if METHOD_FIELDS.get(k, self.method) == self.method}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
@@ -169,12 +178,16 @@ def validate(config: TrainConfig) -> None:
     need(number("sigmoid_temperature") > 0, "sigmoid_temperature", "must be > 0")
     need(number("sort_temperature") >= 0, "sort_temperature", "must be >= 0")
     need(number("quantile_lr") > 0, "quantile_lr", "gamma must be > 0")
+    need(config.q_init in Q_INITS, "q_init", f"must be one of {', '.join(Q_INITS)}")
+    need(config.conftr_split in CONFTR_SPLITS, "conftr_split", f"must be one of {', '.join(CONFTR_SPLITS)}")
+    need(config.cut_score in CUT_SCORES, "cut_score", f"must be one of {', '.join(CUT_SCORES)}")
     need(number("lr") > 0, "lr", "eta must be > 0")
     need(integer("batch_size") >= 2 and config.batch_size % 2 == 0, "batch_size", "must be an even integer >= 2 (half from D1, half from D2)")
     need(integer("epochs") >= 1, "epochs", "must be an integer >= 1")
     need(all(isinstance(m, int) and 0 < m for m in config.milestones), "milestones", "must be positive epoch numbers")
     need(list(config.milestones) == sorted(set(config.milestones)), "milestones", "must be strictly increasing")
     need(0 < number("lr_decay") <= 1, "lr_decay", "must be in (0, 1]")
+    need(config.lr_schedule in LR_SCHEDULES, "lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
     need(0 <= number("momentum") < 1, "momentum", "must be in [0, 1)")
     need(number("weight_decay") >= 0, "weight_decay", "must be >= 0")
     need(integer("seed") >= 0, "seed", "must be an integer >= 0")

@@ -9,10 +9,13 @@ Data order (SPEC section 3): the training split is cut once, at random, into hal
 (Algorithm 1, line 3).  Each epoch draws one global permutation of each half from the run seed;
 global step i takes the i-th ``batch_size / 2`` block of each, and worker r its contiguous
 ``1 / W`` slice.  No sampler padding; a last partial block is dropped on every worker alike.
+ConfTr with ``conftr_split="batch"`` instead permutes the whole training split and cuts each
+``batch_size`` block into its two halves (Stutz et al.'s random calibration/prediction split).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -77,6 +80,32 @@ def step_batches(half: torch.Tensor, epoch: int, seed: int, name: str, global_ba
     return [order[i * global_batch + rank * local : i * global_batch + (rank + 1) * local] for i in range(steps)]
 
 
+def split_batches(pool: torch.Tensor, epoch: int, seed: int, batch_size: int, rank: int, world: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """ConfTr's batch split: each global batch is a random ``batch_size`` block of ``pool``, its
+    first half B1 (calibration) and its second half B2 (prediction); this worker's slice of each."""
+    order = pool[torch.randperm(pool.numel(), generator=generator(seed, "batch", epoch))]
+    steps, half = pool.numel() // batch_size, batch_size // 2
+    blocks = order[: steps * batch_size].reshape(steps, 2, half)[:, :, rank * (half // world) : (rank + 1) * (half // world)]
+    return list(blocks[:, 0]), list(blocks[:, 1])
+
+
+def exponential_factor(epoch: int, start: int, decay: float) -> float:
+    """The exp schedule's lr factor in 0-based ``epoch``: one ``decay`` per epoch from epoch ``start`` on."""
+    return decay ** max(0, epoch - start + 1)
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig):
+    """``step``: the lr times ``lr_decay`` at each milestone (MultiStepLR).  ``exp``: times
+    ``lr_decay`` after every epoch from the first milestone on (from the first epoch without
+    milestones) -- the other reading of the paper's decay column, under which iNaturalist's
+    milestone 3 and factor 0.97 decay the lr to 0.97^57 = 0.18 of its start over 60 epochs instead
+    of to 0.97 once."""
+    if config.lr_schedule == "step":
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(config.milestones), gamma=config.lr_decay)
+    start = config.milestones[0] if config.milestones else 1
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(exponential_factor, start=start, decay=config.lr_decay))
+
+
 def shard(n: int, rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
     """Contiguous shard of ``range(n)`` for ``rank`` and the sizes of all shards (no padding)."""
     parts = torch.arange(n).tensor_split(world)
@@ -134,10 +163,14 @@ def train(config: TrainConfig, env) -> RunResult:
         sigmoid_temperature=config.sigmoid_temperature,
         sort_temperature=config.sort_temperature,
         quantile_lr=config.quantile_lr,
+        q_init=config.q_init,
+        conftr_split=config.conftr_split,
+        cut_score=config.cut_score,
+        seed=config.seed,
         collective=env.collective,
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(config.milestones), gamma=config.lr_decay)
+    scheduler = lr_scheduler(optimizer, config)
     d1, d2 = halves(train_size, config.seed)
     result = RunResult(config, split_sizes=data.sizes(), split_ids={n: getattr(data, n).ids.tolist() for n in ("train", "val", "cal", "test")})
 
@@ -154,8 +187,11 @@ def train(config: TrainConfig, env) -> RunResult:
         start_epoch = state["epoch"] + 1
         env.log(f"resumed from the checkpoint after epoch {state['epoch'] + 1}")
     else:
-        # q_0 = Q_n of the starting model on D1, in eval mode without augmentation
-        objective.initialize(label_scores_of(model, data.train, d1, data.num_classes, env, config.precision))
+        # the starting model's D1 scores, in eval mode without augmentation: q_0 = their Q_n by default
+        d1_scores = label_scores_of(model, data.train, d1, data.num_classes, env, config.precision)
+        objective.initialize(d1_scores)
+        if isinstance(objective, DPSM):
+            env.log(f"[dpsm] q_0 {float(objective.q):.4f} ({config.q_init})  Q_n {float(empirical_quantile(d1_scores, 1 - config.alpha)):.4f}")
         start_epoch = 0
 
     step = None  # built from the first batch (a captured step needs its shapes)
@@ -231,8 +267,11 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
     global_half = config.batch_size // 2
     if global_half % world:  # config.workers is checked up front; this is the process group that really runs
         raise ConfigError("batch_size", config.batch_size, f"must be divisible by 2 * {world} workers: each takes an equal slice of each half")
-    batches1 = step_batches(d1, epoch, config.seed, "d1", global_half, rank, world)
-    batches2 = step_batches(d2, epoch, config.seed, "d2", global_half, rank, world)
+    if isinstance(objective, ConfTr) and objective.split == "batch":
+        batches1, batches2 = split_batches(torch.arange(len(train_split)), epoch, config.seed, config.batch_size, rank, world)
+    else:
+        batches1 = step_batches(d1, epoch, config.seed, "d1", global_half, rank, world)
+        batches2 = step_batches(d2, epoch, config.seed, "d2", global_half, rank, world)
     augment_seed = derive_seed(config.seed, "augment", epoch)
     model.train()
     totals: dict[str, torch.Tensor] = {}

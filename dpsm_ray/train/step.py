@@ -95,7 +95,8 @@ class GraphStep:
 
     Single process only (its collectives would sit inside the graph).  Built from the first
     batch, after any checkpoint has been loaded: the graph holds the addresses of the parameters,
-    the momentum buffers and DPSM's q, so they are only ever updated in place afterwards.
+    the momentum buffers and the objective's state (DPSM's q), so they are only ever updated in
+    place afterwards.
     """
 
     def __init__(self, model: nn.Module, objective: Objective, optimizer: torch.optim.Optimizer, example, *, precision: str = "fp32", channels_last: bool = False, capture: bool = True) -> None:
@@ -128,10 +129,8 @@ class GraphStep:
 
     def _state_tensors(self) -> list[torch.Tensor]:
         """Everything a step changes in place: parameters, buffers (BatchNorm statistics),
-        momentum and q."""
-        tensors = [*self.params, *self.model.buffers(), *self.buffers]
-        q = getattr(self.objective, "q", None)
-        return tensors + ([q] if isinstance(q, torch.Tensor) else [])
+        momentum and the objective's state (DPSM's q, CUT's step counter)."""
+        return [*self.params, *self.model.buffers(), *self.buffers, *self.objective.state_tensors()]
 
     def _capture(self) -> None:
         # Warm-up steps run for real, so the state they change is put back afterwards: the

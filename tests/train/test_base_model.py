@@ -37,3 +37,6 @@ def test_the_base_recipe_is_cross_entropy_with_fine_tuning_knobs_reset():
     assert (base.method, base.init, base.epochs, base.model) == ("ce", "scratch", 2, "mlp")
     assert base.alpha == 0.1 and base.conformal_weight == TrainConfig().conformal_weight
     assert base_config(fine.replace(dataset="cifar100", base_epochs=None)).milestones == (81, 122)
+    # the fine-tuning run's open choices are not the base recipe's: one base model for all of them
+    chosen = fine.replace(lr_schedule="exp", q_init="random", conftr_split="batch", cut_score="aps")
+    assert base_config(chosen) == base_config(fine) and base_config(chosen).lr_schedule == "step"

@@ -22,6 +22,10 @@ from dpsm_ray.train.config import ConfigError, TrainConfig
         ({"eval_scores": ("thr",)}, "eval_scores", "hps, aps, raps"),
         ({"train_subset": 5000}, "train_subset", "at most"),
         ({"alpha": float("nan")}, "alpha", "finite"),
+        ({"q_init": "median"}, "q_init", "dataset, zero, random"),
+        ({"conftr_split": "thirds"}, "conftr_split", "halves, batch"),
+        ({"cut_score": "raps"}, "cut_score", "hps, aps"),
+        ({"lr_schedule": "cosine"}, "lr_schedule", "step, exp"),
     ],
 )
 def test_bad_values_name_the_field_value_and_range(changes, field, fragment):
@@ -41,6 +45,14 @@ def test_config_hash_ignores_operational_fields_only():
     assert base.config_hash() == TrainConfig(device="cpu", data_workers=1, checkpoint_every=3).config_hash()
     assert base.config_hash() != TrainConfig(seed=1).config_hash()
     assert base.config_hash() != TrainConfig(conformal_weight=0.25).config_hash()
+
+
+def test_an_option_only_another_method_reads_leaves_the_hash_alone():
+    for method, option, value in [("dpsm", "q_init", "random"), ("dpsm", "quantile_lr", 0.3), ("conftr", "conftr_split", "batch"), ("cut", "cut_score", "aps")]:
+        assert TrainConfig(method=method, **{option: value}).config_hash() != TrainConfig(method=method).config_hash(), option
+        for other in {"ce", "conftr", "cut", "dpsm"} - {method}:
+            assert TrainConfig(method=other, **{option: value}).config_hash() == TrainConfig(method=other).config_hash(), (option, other)
+    assert TrainConfig(lr_schedule="exp").config_hash() != TrainConfig().config_hash()  # every method's
 
 
 def test_config_hash_tells_apart_worker_counts_and_split_seeds():
@@ -68,3 +80,29 @@ def test_paths_are_made_absolute(tmp_path, monkeypatch):
 def test_round_trips_through_a_dict():
     config = TrainConfig(milestones=(3, 7), eval_scores=("hps",))
     assert TrainConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize("schedule,milestones,expected", [
+    ("step", (2, 4), [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]),  # x0.5 at epochs 2 and 4 (0-based)
+    ("exp", (2, 4), [1.0, 1.0, 0.5, 0.25, 0.125, 0.0625]),  # x0.5 after every epoch from epoch 2 on
+    ("exp", (), [1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125]),  # ... from the first epoch on
+    ("step", (), [1.0] * 6),
+])
+def test_learning_rate_schedules_by_hand(schedule, milestones, expected):
+    from dpsm_ray.train.loop import lr_scheduler
+
+    config = TrainConfig(lr=1.0, lr_decay=0.5, milestones=milestones, lr_schedule=schedule)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=config.lr)
+    scheduler = lr_scheduler(optimizer, config)
+    lrs = []
+    for _ in expected:
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx(expected)
+    # what a resumed run restores
+    restored = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=config.lr)
+    again = lr_scheduler(restored, config)
+    again.load_state_dict(scheduler.state_dict())
+    restored.load_state_dict(optimizer.state_dict())
+    assert restored.param_groups[0]["lr"] == pytest.approx(optimizer.param_groups[0]["lr"])

@@ -43,16 +43,21 @@ def spawn(world, configs, tmp_path, function=_run_workers):
     return [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
 
 
+# the four methods, and the options that change what a step draws: ConfTr's random batch split
+# and CUT's APS uniforms must not depend on the worker count either
+VARIANTS = [(m, {}) for m in METHODS] + [("conftr", {"conftr_split": "batch"}), ("cut", {"cut_score": "aps"})]
+
+
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    """All four methods trained once by two gloo workers (with the per-step sync assertion on)."""
-    configs = [TrainConfig(**BASE, method=m, debug_sync_checks=True).to_dict() for m in METHODS]
+    """Every variant trained once by two gloo workers (with the per-step sync assertion on)."""
+    configs = [TrainConfig(**BASE, method=m, **options, debug_sync_checks=True).to_dict() for m, options in VARIANTS]
     return spawn(2, configs, tmp_path_factory.mktemp("ddp"))
 
 
-@pytest.mark.parametrize("index,method", list(enumerate(METHODS)))
-def test_two_workers_train_like_one_worker_with_the_global_batch(two_workers, index, method):
-    single = train(TrainConfig(**BASE, method=method), LocalEnv(torch.device("cpu"), log=lambda line: None))
+@pytest.mark.parametrize("index,method,options", [(i, m, o) for i, (m, o) in enumerate(VARIANTS)])
+def test_two_workers_train_like_one_worker_with_the_global_batch(two_workers, index, method, options):
+    single = train(TrainConfig(**BASE, method=method, **options), LocalEnv(torch.device("cpu"), log=lambda line: None))
     epochs, evals, state = two_workers[0][index]
     for one, two in zip(single.epochs, epochs):
         for column in ("upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error", "soft_size"):

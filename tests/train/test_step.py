@@ -25,17 +25,17 @@ def batches(count, half=8, classes=10, shape=(3, 16, 16), seed=0, device="cpu"):
     return out
 
 
-def setup(method, model_name="cnn", device="cpu", seed=0):
+def setup(method, model_name="cnn", device="cpu", seed=0, options=None):
     torch.manual_seed(seed)
     model = build_model(model_name, 10, input_shape=(3, 16, 16) if model_name == "cnn" else (3, 32, 32)).to(device)
-    objective = build_objective(method, alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, sort_temperature=0.01, quantile_lr=0.05, collective=LocalCollective())
+    objective = build_objective(method, alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, sort_temperature=0.01, quantile_lr=0.05, collective=LocalCollective(), **(options or {}))
     objective.initialize(torch.linspace(0.05, 0.95, 50, device=device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     return model, objective, optimizer
 
 
-def run(step_kind, method, data, lr_change_at=None, **kwargs):
-    model, objective, optimizer = setup(method, device=data[0][0].device.type)
+def run(step_kind, method, data, lr_change_at=None, options=None, **kwargs):
+    model, objective, optimizer = setup(method, device=data[0][0].device.type, options=options)
     step = None
     trace = []
     for i, batch in enumerate(data):
@@ -68,17 +68,24 @@ def test_sgd_momentum_update_is_torch_sgd():
             torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_graph_ready_step_trains_like_the_eager_step(method):
+# every objective, and the objectives whose options change the step (ConfTr's CE on the whole
+# batch; CUT's randomised APS, with its step counter as in-place state)
+STEP_VARIANTS = [(method, {}) for method in METHODS] + [("conftr", {"conftr_split": "batch"}), ("cut", {"cut_score": "aps", "seed": 3})]
+
+
+@pytest.mark.parametrize("method,options", STEP_VARIANTS)
+def test_graph_ready_step_trains_like_the_eager_step(method, options):
     data = batches(6)
-    eager = run("eager", method, data, lr_change_at=3)
-    graph = run("graph", method, data, lr_change_at=3, capture=False)
+    eager = run("eager", method, data, lr_change_at=3, options=options)
+    graph = run("graph", method, data, lr_change_at=3, options=options, capture=False)
     for a, b in zip(eager[0].state_dict().values(), graph[0].state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # BatchNorm statistics included
     for row_e, row_g in zip(eager[3], graph[3]):
         assert row_e.keys() == row_g.keys()
         for name in row_e:
             assert row_g[name] == pytest.approx(row_e[name], rel=1e-5, abs=1e-6, nan_ok=True), name
+    if options.get("cut_score") == "aps":
+        assert int(graph[1].steps) == int(eager[1].steps) == len(data)  # one U draw per step
     if method == "dpsm":
         # q moved (in place) along the same trajectory
         assert float(graph[1].q) == pytest.approx(float(eager[1].q), abs=1e-7)
@@ -135,24 +142,26 @@ def test_fast_path_options_leave_the_config_hash_to_what_changes_results():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device: the captured CUDA graph is compared with the eager step")
-@pytest.mark.parametrize("method", METHODS)
-def test_captured_step_matches_the_eager_step_on_gpu(method):
+@pytest.mark.parametrize("method,options", STEP_VARIANTS)
+def test_captured_step_matches_the_eager_step_on_gpu(method, options):
     data = batches(8, half=32, shape=(3, 32, 32), device="cuda")
-    eager = run_resnet("eager", method, data)
-    captured = run_resnet("graph", method, data)
+    eager = run_resnet("eager", method, data, options=options)
+    captured = run_resnet("graph", method, data, options=options)
     for a, b in zip(eager[0].state_dict().values(), captured[0].state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    if options.get("cut_score") == "aps":  # the warm-up's draws were put back, the replays counted
+        assert int(captured[1].steps) == int(eager[1].steps) == len(data)
     # bf16 + channels_last + captured graph against plain fp32 eager: within bf16 tolerance
-    fast = run_resnet("graph", method, data, precision="bf16", channels_last=True)
+    fast = run_resnet("graph", method, data, options=options, precision="bf16", channels_last=True)
     for row_e, row_f in zip(eager[3], fast[3]):
         assert row_f["ce"] == pytest.approx(row_e["ce"], rel=5e-2)
         assert row_f["upper"] == pytest.approx(row_e["upper"], rel=5e-2)
 
 
-def run_resnet(step_kind, method, data, **kwargs):
+def run_resnet(step_kind, method, data, options=None, **kwargs):
     torch.manual_seed(0)
     model = build_model("resnet20", 10).cuda()
-    objective = build_objective(method, alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, sort_temperature=0.01, quantile_lr=0.05, collective=LocalCollective())
+    objective = build_objective(method, alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, sort_temperature=0.01, quantile_lr=0.05, collective=LocalCollective(), **(options or {}))
     objective.initialize(torch.linspace(0.05, 0.95, 50, device="cuda"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     if kwargs.get("channels_last"):
