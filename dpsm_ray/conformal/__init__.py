@@ -1,10 +1,12 @@
 """Conformal prediction: scores, the exact quantile, prediction sets and metrics.  Imports torch only."""
 
-from dpsm_ray.conformal.evaluate import EVAL_COLUMNS, evaluate, resplit
+from dpsm_ray.conformal.evaluate import CLASS_COLUMNS, EVAL_COLUMNS, evaluate, evaluate_classes, resplit
 from dpsm_ray.conformal.metrics import (
     SSCV_BINS,
     accuracy,
+    class_counts,
     class_coverage,
+    class_set_size,
     coverage,
     covered,
     covgap,
@@ -30,12 +32,15 @@ from dpsm_ray.conformal.quantile import (
 from dpsm_ray.conformal.scores import SCORE_KINDS, example_uniforms, label_scores, score_matrix
 
 __all__ = [
+    "CLASS_COLUMNS",
     "EVAL_COLUMNS",
     "SCORE_KINDS",
     "SSCV_BINS",
     "accuracy",
     "check_alpha",
+    "class_counts",
     "class_coverage",
+    "class_set_size",
     "conformal_quantile",
     "conformal_rank",
     "coverage",
@@ -44,6 +49,7 @@ __all__ = [
     "empirical_quantile",
     "empirical_rank",
     "evaluate",
+    "evaluate_classes",
     "example_uniforms",
     "hard_batch_quantile",
     "label_scores",

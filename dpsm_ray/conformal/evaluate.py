@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
-from dpsm_ray.conformal.metrics import accuracy, coverage, covered, covgap, prediction_sets, set_size, sscv, wsc
+from dpsm_ray.conformal.metrics import accuracy, class_coverage, class_counts, class_set_size, coverage, covered, covgap, prediction_sets, set_size, sscv, wsc
 from dpsm_ray.conformal.quantile import check_alpha, conformal_quantile
 from dpsm_ray.conformal.scores import SCORE_KINDS, check_score_kind, example_uniforms, label_scores, score_matrix
 
 EVAL_COLUMNS = ("score", "split", "alpha", "n_cal", "n_test", "q", "coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
+CLASS_COLUMNS = ("score", "split", "label", "n_test", "coverage", "set_size")
 
 
 def resplit(n: int, splits: int, cal_fraction: float, seed: int, device: torch.device | str = "cpu"):
@@ -23,6 +26,25 @@ def resplit(n: int, splits: int, cal_fraction: float, seed: int, device: torch.d
     generator = torch.Generator().manual_seed(seed)
     order = torch.rand(splits, n, generator=generator).argsort(dim=1).to(device)
     return order[:, :n_cal], order[:, n_cal:]
+
+
+def calibrated_sets(probs, labels, alpha, *, scores, splits, cal_fraction, seed, example_ids, raps_lambda, raps_k_reg) -> Iterator:
+    """For each score: the re-splits' calibration/test indices, the conformal quantile of each
+    calibration part ``[R]`` and the prediction sets of its test part ``[R, n_test, K]`` (what
+    :func:`evaluate` and :func:`evaluate_classes` share)."""
+    check_alpha(alpha)
+    for kind in scores:
+        check_score_kind(kind)
+    if probs.ndim != 2 or labels.shape != probs.shape[:1]:
+        raise ValueError(f"probs must be [n, K] and labels [n]; got {tuple(probs.shape)} and {tuple(labels.shape)}")
+    n = probs.shape[0]
+    cal, test = resplit(n, splits, cal_fraction, seed, probs.device)
+    ids = torch.arange(n, device=probs.device) if example_ids is None else example_ids
+    u = example_uniforms(seed, ids).to(probs.device)
+    for kind in scores:
+        all_scores = score_matrix(probs, kind, u=u, raps_lambda=raps_lambda, raps_k_reg=raps_k_reg)
+        q = conformal_quantile(label_scores(all_scores, labels)[cal], alpha)
+        yield kind, cal, test, q, prediction_sets(all_scores[test], q)
 
 
 def evaluate(
@@ -49,23 +71,11 @@ def evaluate(
     they do not depend on order or batching.  WSC slabs live in ``features`` (default: the
     log-probabilities, i.e. the model's logit space).
     """
-    check_alpha(alpha)
-    for kind in scores:
-        check_score_kind(kind)
-    if probs.ndim != 2 or labels.shape != probs.shape[:1]:
-        raise ValueError(f"probs must be [n, K] and labels [n]; got {tuple(probs.shape)} and {tuple(labels.shape)}")
-    n = probs.shape[0]
-    cal, test = resplit(n, splits, cal_fraction, seed, probs.device)
-    ids = torch.arange(n, device=probs.device) if example_ids is None else example_ids
-    u = example_uniforms(seed, ids).to(probs.device)
     features = probs.clamp(min=1e-30).log() if features is None else features
-    test_labels = labels[test]
-    test_accuracy = accuracy(probs[test], test_labels)
     rows = []
-    for kind in scores:
-        all_scores = score_matrix(probs, kind, u=u, raps_lambda=raps_lambda, raps_k_reg=raps_k_reg)
-        q = conformal_quantile(label_scores(all_scores, labels)[cal], alpha)
-        sets = prediction_sets(all_scores[test], q)
+    protocol = dict(scores=scores, splits=splits, cal_fraction=cal_fraction, seed=seed, example_ids=example_ids, raps_lambda=raps_lambda, raps_k_reg=raps_k_reg)
+    for kind, cal, test, q, sets in calibrated_sets(probs, labels, alpha, **protocol):
+        test_labels = labels[test]
         metrics = {
             "q": q,
             "coverage": coverage(sets, test_labels),
@@ -73,10 +83,42 @@ def evaluate(
             "covgap": covgap(sets, test_labels, alpha),
             "sscv": sscv(sets, test_labels, alpha),
             "wsc": wsc(features[test], covered(sets, test_labels), delta=wsc_delta, directions=wsc_directions, seed=seed),
-            "accuracy": test_accuracy,
+            "accuracy": accuracy(probs[test], test_labels),
         }
         for split in range(splits):
             row = {"score": kind, "split": split, "alpha": alpha, "n_cal": cal.shape[1], "n_test": test.shape[1]}
             row.update({name: float(value[split]) for name, value in metrics.items()})
             rows.append(row)
+    return rows
+
+
+def evaluate_classes(
+    probs: torch.Tensor,
+    labels: torch.Tensor,
+    alpha: float,
+    *,
+    scores: tuple[str, ...] = SCORE_KINDS,
+    splits: int = 10,
+    cal_fraction: float = 0.3,
+    seed: int = 0,
+    example_ids: torch.Tensor | None = None,
+    raps_lambda: float = 0.01,
+    raps_k_reg: int = 5,
+) -> list[dict]:
+    """One row per (score, re-split, class): the class's test points, their coverage (NaN when
+    the test part has none) and their average set size -- the same re-splits, uniforms and sets
+    as :func:`evaluate` with the same arguments."""
+    rows = []
+    protocol = dict(scores=scores, splits=splits, cal_fraction=cal_fraction, seed=seed, example_ids=example_ids, raps_lambda=raps_lambda, raps_k_reg=raps_k_reg)
+    num_classes = probs.shape[1]
+    for kind, _, test, _, sets in calibrated_sets(probs, labels, alpha, **protocol):
+        test_labels = labels[test]
+        metrics = {
+            "n_test": class_counts(test_labels, num_classes).tolist(),
+            "coverage": class_coverage(sets, test_labels, num_classes).tolist(),
+            "set_size": class_set_size(sets, test_labels, num_classes).tolist(),
+        }
+        for split in range(splits):
+            for label in range(num_classes):
+                rows.append({"score": kind, "split": split, "label": label, **{name: value[split][label] for name, value in metrics.items()}})
     return rows

@@ -57,15 +57,30 @@ def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (probs.argmax(dim=-1) == labels).to(torch.float64).mean(dim=-1)
 
 
+def class_counts(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Examples of each class, ``[..., K]`` int64."""
+    shape = (*labels.shape[:-1], num_classes)
+    return torch.zeros(shape, dtype=torch.int64, device=labels.device).scatter_add_(-1, labels, torch.ones_like(labels))
+
+
+def _class_mean(values: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Mean of ``values`` ``[..., n]`` over the examples of each class, ``[..., K]``; NaN for a
+    class with no example."""
+    shape = (*labels.shape[:-1], num_classes)
+    sums = torch.zeros(shape, dtype=torch.float64, device=labels.device).scatter_add_(-1, labels, values.to(torch.float64))
+    counts = class_counts(labels, num_classes)
+    return torch.where(counts > 0, sums / counts.clamp(min=1), torch.nan)
+
+
 def class_coverage(sets: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Coverage of each class, ``[..., K]``; NaN for a class with no example."""
-    hit = covered(sets, labels).to(torch.float64)
-    shape = (*labels.shape[:-1], num_classes)
-    hits = torch.zeros(shape, dtype=torch.float64, device=labels.device).scatter_add_(-1, labels, hit)
-    counts = torch.zeros(shape, dtype=torch.float64, device=labels.device).scatter_add_(
-        -1, labels, torch.ones_like(hit)
-    )
-    return torch.where(counts > 0, hits / counts.clamp(min=1), torch.nan)
+    return _class_mean(covered(sets, labels), labels, num_classes)
+
+
+def class_set_size(sets: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Average set size over the examples of each class, ``[..., K]``; NaN for a class with no
+    example."""
+    return _class_mean(sets.sum(dim=-1), labels, num_classes)
 
 
 def covgap(sets: torch.Tensor, labels: torch.Tensor, alpha: float) -> torch.Tensor:

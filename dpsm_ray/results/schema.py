@@ -31,6 +31,17 @@ EPOCHS = {
     "q_dataset": pa.float64(),  # Q_n: the (1 - alpha) quantile of D1 scores, eval mode
     "q_error": pa.float64(),  # |q - Q_n| (DPSM); mean |tau_batch - Q_n| (ConfTr)
     "soft_size": pa.float64(),  # soft set size of D2 at Q_n
+    # the paper's figures, over the whole training split; "at q": DPSM's q, ConfTr's batch taus (averaged)
+    "q_dataset_train": pa.float64(),  # Q_n of the whole training split (figure 3(a))
+    "q_error_train": pa.float64(),  # |q - Q_n| against it (figure 3(a))
+    "upper_loss_q": pa.float64(),  # CE + lambda * soft size at q (figure 2(c))
+    "upper_loss_qn": pa.float64(),  # ... at Q_n
+    "upper_gap": pa.float64(),  # upper_loss_q - upper_loss_qn
+    "lower_loss_q": pa.float64(),  # pinball loss at q (figure 2(d))
+    "lower_loss_qn": pa.float64(),  # ... at Q_n, its minimum
+    "lower_gap": pa.float64(),  # lower_loss_q - lower_loss_qn, >= 0
+    "train_soft_size_q": pa.float64(),  # soft set size of the training split at q (figure 3(c))
+    "train_set_size_q": pa.float64(),  # hard set size of the training split at q (figure 3(c))
     "val_coverage": pa.float64(),
     "val_set_size": pa.float64(),
     "val_accuracy": pa.float64(),
@@ -51,6 +62,16 @@ EVALS = {
     "sscv": pa.float64(),
     "wsc": pa.float64(),
     "accuracy": pa.float64(),
+}
+
+CLASSES = {
+    **RUN_KEY,
+    "score": pa.string(),
+    "split": pa.int64(),
+    "label": pa.int64(),  # the class
+    "n_test": pa.int64(),  # the class's points in the test part of the re-split
+    "coverage": pa.float64(),  # class-conditional coverage (null when n_test is 0)
+    "set_size": pa.float64(),  # average set size over the class's test points (null when n_test is 0)
 }
 
 TRIALS = {

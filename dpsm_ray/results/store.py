@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dpsm_ray.results.schema import EPOCHS, EVALS, arrow_schema
+from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, arrow_schema
 
 
 def atomic_path(path: Path) -> Path:
@@ -59,7 +59,8 @@ def run_key(config) -> dict:
 
 
 def write_run(out_dir: str | os.PathLike, result) -> None:
-    """A finished run's files: config.json, splits.json, epochs.parquet, evals.parquet, model.pt."""
+    """A finished run's files: config.json, splits.json, epochs.parquet, evals.parquet,
+    classes.parquet, model.pt."""
     import torch
 
     out = Path(out_dir)
@@ -72,3 +73,4 @@ def write_run(out_dir: str | os.PathLike, result) -> None:
     write_json(out / "splits.json", result.split_ids)
     write_parquet(out / "epochs.parquet", [{**key, **row} for row in result.epochs], EPOCHS)
     write_parquet(out / "evals.parquet", [{**key, **row} for row in result.evals], EVALS)
+    write_parquet(out / "classes.parquet", [{**key, **row} for row in result.classes], CLASSES)

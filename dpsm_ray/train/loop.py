@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from dpsm_ray.conformal import empirical_quantile, evaluate, label_scores, soft_set_size
+from dpsm_ray.conformal import empirical_quantile, evaluate, evaluate_classes, label_scores, pinball_loss, prediction_sets, set_size, soft_set_size
 from dpsm_ray.data import DataSplits, Split, load_splits, stratified_partition
 from dpsm_ray.models import build_model, default_model
 from dpsm_ray.objectives import ConfTr, DPSM, Objective, build_objective, hps_scores
@@ -35,8 +36,12 @@ EVAL_BATCH = 512
 # Per-epoch columns of epochs.parquet, in order (docs/results.md).
 EPOCH_COLUMNS = (
     "epoch", "lr", "upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error",
-    "soft_size", "val_coverage", "val_set_size", "val_accuracy", "epoch_seconds",
+    "soft_size", "q_dataset_train", "q_error_train", "upper_loss_q", "upper_loss_qn", "upper_gap",
+    "lower_loss_q", "lower_loss_qn", "lower_gap", "train_soft_size_q", "train_set_size_q",
+    "val_coverage", "val_set_size", "val_accuracy", "epoch_seconds",
 )
+# Elements of the largest [thresholds, n, K] block the diagnostics evaluate at once.
+DIAGNOSTIC_BLOCK = 2**24
 
 
 class DivergedError(RuntimeError):
@@ -45,11 +50,13 @@ class DivergedError(RuntimeError):
 
 @dataclass
 class RunResult:
-    """What a finished run hands back: one row per epoch, and the final evaluation rows."""
+    """What a finished run hands back: one row per epoch, the final evaluation rows, and the
+    final model's per-class rows (one per score, re-split and class)."""
 
     config: TrainConfig
     epochs: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
+    classes: list[dict] = field(default_factory=list)
     split_sizes: dict[str, int] = field(default_factory=dict)
     split_ids: dict[str, list[int]] = field(default_factory=dict)
     model_state: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -223,7 +230,7 @@ def train(config: TrainConfig, env) -> RunResult:
         env.report(row, checkpoint)
 
     if config.evaluate_test:
-        result.evals = final_evaluation(model, data, config, env)
+        result.evals, result.classes = final_evaluation(model, data, config, env)
     result.model_state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return result
 
@@ -301,24 +308,74 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
 
 
 def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env) -> dict:
-    """Q_n of D1's scores, the quantile's estimation error, and the soft set size on D2 at Q_n
-    (all in eval mode, no augmentation)."""
-    d1_scores = label_scores_of(model, data.train, d1, data.num_classes, env, config.precision).double()
-    q_dataset = empirical_quantile(d1_scores, 1 - config.alpha)
+    """The quantile's diagnostics at the end of an epoch, from the whole training split in eval
+    mode without augmentation (docs/results.md, epochs.parquet).
+
+    Against Algorithm 1's lower level on D1: Q_n of D1's scores, the quantile's error, and the soft
+    set size of D2 at Q_n.  Against the paper's figures, which take Q_n over the whole training set:
+    the error (figure 3(a)), the upper loss CE + lambda * soft size and the lower (pinball) loss at
+    the learned quantile and at Q_n, with their gaps (figure 2(c)(d)), and the soft and hard set
+    size at the learned quantile (figure 3(c), beside the validation set size).  The learned
+    quantile is DPSM's q, or ConfTr's batch quantiles -- the training split's scores cut into
+    random calibration batches of the run's size, each quantity averaged over them.  Methods
+    without a quantile get NaN for every quantity that needs one.
+    """
+    logits = predict(model, data.train, torch.arange(len(data.train)), data.num_classes, env, config.precision)
+    labels = data.train.labels.to(logits.device)
+    scores = hps_scores(logits).double()
+    train_scores = label_scores(scores, labels)
+    d1_scores, device = train_scores[d1.to(logits.device)], logits.device
+    level = 1 - config.alpha
+    q_dataset, q_train = empirical_quantile(d1_scores, level), empirical_quantile(train_scores, level)
+    learned = learned_quantiles(objective, d1_scores, train_scores, config)
+    row = {
+        "q_dataset": float(q_dataset),
+        "soft_size": float(soft_set_size(scores[d2.to(device)], q_dataset, config.sigmoid_temperature)),
+        "q_dataset_train": float(q_train),
+        **{name: math.nan for name in ("q_error", "q_error_train", "upper_loss_q", "upper_loss_qn", "upper_gap", "lower_loss_q", "lower_loss_qn", "lower_gap", "train_soft_size_q", "train_set_size_q")},
+    }
+    if learned is None:
+        return row
+    learned = learned.to(device)
+    block = max(1, DIAGNOSTIC_BLOCK // scores.numel())
+
+    def at_learned(quantity) -> float:
+        """``quantity`` (thresholds ``[c]`` -> values ``[c]``) averaged over the learned quantiles."""
+        return float(torch.cat([quantity(part) for part in learned.split(block)]).mean())
+
+    ce = float(F.cross_entropy(logits.double(), labels))
+    soft_q = at_learned(lambda q: soft_set_size(scores, q, config.sigmoid_temperature))
+    soft_qn = float(soft_set_size(scores, q_train, config.sigmoid_temperature))
+    lower_q = at_learned(lambda q: pinball_loss(q[:, None], train_scores, config.alpha))
+    lower_qn = float(pinball_loss(q_train, train_scores, config.alpha))
+    row.update({
+        "q_error": float((learned - q_dataset).abs().mean()),
+        "q_error_train": float((learned - q_train).abs().mean()),
+        "upper_loss_q": ce + config.conformal_weight * soft_q,
+        "upper_loss_qn": ce + config.conformal_weight * soft_qn,
+        "upper_gap": config.conformal_weight * (soft_q - soft_qn),
+        "lower_loss_q": lower_q,
+        "lower_loss_qn": lower_qn,
+        "lower_gap": lower_q - lower_qn,
+        "train_soft_size_q": soft_q,
+        "train_set_size_q": at_learned(lambda q: set_size(prediction_sets(scores, q))),
+    })
+    return row
+
+
+def learned_quantiles(objective: Objective, d1_scores: torch.Tensor, train_scores: torch.Tensor, config: TrainConfig) -> torch.Tensor | None:
+    """The quantile(s) a method trains with, at the current model: DPSM's q; ConfTr's batch
+    quantiles of its calibration pool (D1 for the halves split, else ``train_scores``) cut into
+    random batches of the run's calibration size; None for CE and CUT."""
     if isinstance(objective, DPSM):
-        q_error = (objective.q.double().to(q_dataset.device) - q_dataset).abs()
-    elif isinstance(objective, ConfTr):
-        # the batch quantile's error at this f: over D1 cut into random batches of the global B1 size
-        half = config.batch_size // 2
-        order = torch.randperm(d1_scores.numel(), generator=generator(config.seed, "q_error")).to(d1_scores.device)
-        usable = (d1_scores.numel() // half) * half
-        taus = objective.batch_quantile(d1_scores[order[:usable]].reshape(-1, half))
-        q_error = (taus - q_dataset).abs().mean()
-    else:
-        q_error = torch.tensor(math.nan)
-    d2_scores = hps_scores(predict(model, data.train, d2, data.num_classes, env, config.precision)).double()
-    soft = soft_set_size(d2_scores, q_dataset, config.sigmoid_temperature)
-    return {"q_dataset": float(q_dataset), "q_error": float(q_error), "soft_size": float(soft)}
+        return objective.q.detach().double().reshape(1)
+    if not isinstance(objective, ConfTr):
+        return None
+    pool = d1_scores if objective.split == "halves" else train_scores
+    half = config.batch_size // 2
+    order = torch.randperm(pool.numel(), generator=generator(config.seed, "q_error")).to(pool.device)
+    usable = (pool.numel() // half) * half
+    return objective.batch_quantile(pool[order[:usable]].reshape(-1, half)).detach()
 
 
 def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig, env) -> dict:
@@ -343,22 +400,20 @@ def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig,
     }
 
 
-def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> list[dict]:
+def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> tuple[list[dict], list[dict]]:
     """The paper's protocol: pool cal and test, re-split at random ``eval_splits`` times keeping
-    the calibration size, and evaluate every score."""
+    the calibration size, and evaluate every score: one row per score and re-split, and one per
+    score, re-split and class (the class-conditional coverage of the paper's figures 5-6)."""
     probs = torch.cat([predict(model, s, torch.arange(len(s)), data.num_classes, env, config.precision) for s in (data.cal, data.test)]).double().softmax(dim=1).cpu()
     labels = torch.cat([data.cal.labels, data.test.labels])
-    ids = torch.cat([data.cal.ids, data.test.ids]).cpu()
-    return evaluate(
-        probs,
-        labels,
-        config.alpha,
+    protocol = dict(
         scores=config.eval_scores,
         splits=config.eval_splits,
         cal_fraction=len(data.cal) / (len(data.cal) + len(data.test)),
         seed=config.seed,
-        example_ids=ids,
+        example_ids=torch.cat([data.cal.ids, data.test.ids]).cpu(),
     )
+    return evaluate(probs, labels, config.alpha, **protocol), evaluate_classes(probs, labels, config.alpha, **protocol)
 
 
 def progress_line(row: dict, config: TrainConfig) -> str:

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from dpsm_ray.conformal import EVAL_COLUMNS, SCORE_KINDS, evaluate, example_uniforms, resplit, score_matrix
+from dpsm_ray.conformal import CLASS_COLUMNS, EVAL_COLUMNS, SCORE_KINDS, evaluate, evaluate_classes, example_uniforms, resplit, score_matrix
 
 
 def calibrated_data(n, k, seed):
@@ -39,6 +39,30 @@ def test_evaluate_matches_a_slow_loop_over_splits():
         assert row["coverage"] == pytest.approx(cov)
         assert row["set_size"] == pytest.approx(size)
         assert (row["n_cal"], row["n_test"]) == (60, 60)
+
+
+def test_class_rows_match_a_slow_loop_and_add_up_to_the_marginal_rows():
+    probs, labels = calibrated_data(120, 6, seed=0)
+    rows = evaluate_classes(probs, labels, 0.1, splits=4, cal_fraction=0.5, seed=9)
+    marginal = evaluate(probs, labels, 0.1, splits=4, cal_fraction=0.5, seed=9, wsc_directions=8)
+    assert len(rows) == 3 * 4 * 6 and set(rows[0]) == set(CLASS_COLUMNS)
+    cal, test = resplit(120, 4, 0.5, 9)
+    u = example_uniforms(9, torch.arange(120))
+    for row in rows:
+        # the class's own test points, through the slow loop
+        members = [i for i in test[row["split"]].tolist() if labels[i] == row["label"]]
+        assert row["n_test"] == len(members)
+        if members:
+            _, cov, size = slow_split_metrics(probs, labels, 0.1, cal[row["split"]], torch.tensor(members), row["score"], u)
+            assert (row["coverage"], row["set_size"]) == (pytest.approx(cov), pytest.approx(size))
+        else:
+            assert math.isnan(row["coverage"]) and math.isnan(row["set_size"])
+    for row in marginal:
+        part = [r for r in rows if (r["score"], r["split"]) == (row["score"], row["split"]) and r["n_test"]]
+        assert sum(r["n_test"] for r in part) == row["n_test"]
+        assert sum(r["coverage"] * r["n_test"] for r in part) / row["n_test"] == pytest.approx(row["coverage"])
+        assert sum(r["set_size"] * r["n_test"] for r in part) / row["n_test"] == pytest.approx(row["set_size"])
+        assert 100 * sum(abs(r["coverage"] - 0.9) for r in part) / len(part) == pytest.approx(row["covgap"])
 
 
 def test_mean_coverage_is_valid_and_not_conservative():

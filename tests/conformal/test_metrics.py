@@ -5,7 +5,9 @@ import torch
 
 from dpsm_ray.conformal import (
     accuracy,
+    class_counts,
     class_coverage,
+    class_set_size,
     coverage,
     covered,
     covgap,
@@ -64,6 +66,16 @@ def test_covgap_by_hand_ignores_absent_classes():
     assert covgap(sets, LABELS, 0.1).item() == pytest.approx(expected)
     padded = torch.cat([sets, torch.zeros(4, 1, dtype=torch.bool)], dim=1)
     assert covgap(padded, LABELS, 0.1).item() == pytest.approx(expected)
+
+
+def test_class_counts_and_set_sizes_by_hand():
+    sets = prediction_sets(SCORES, Q)  # sizes 1, 2, 0, 3 for labels 0, 2, 1, 2
+    assert class_counts(LABELS, 4).tolist() == [1, 1, 2, 0]
+    per_class = class_set_size(sets, LABELS, 4)
+    assert per_class[:3].tolist() == [1.0, 0.0, (2 + 3) / 2] and math.isnan(per_class[3])
+    # over re-splits: one row per leading index
+    both = class_set_size(sets.expand(2, -1, -1), LABELS.expand(2, -1), 3)
+    assert both.tolist() == [[1.0, 0.0, 2.5]] * 2
 
 
 def test_sscv_by_hand():

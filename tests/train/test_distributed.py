@@ -60,7 +60,7 @@ def test_two_workers_train_like_one_worker_with_the_global_batch(two_workers, in
     single = train(TrainConfig(**BASE, method=method, **options), LocalEnv(torch.device("cpu"), log=lambda line: None))
     epochs, evals, state = two_workers[0][index]
     for one, two in zip(single.epochs, epochs):
-        for column in ("upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error", "soft_size"):
+        for column in ("upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error", "soft_size", "q_error_train", "upper_gap", "lower_gap", "train_set_size_q"):
             a, b = one[column], two[column]
             assert (math.isnan(a) and math.isnan(b)) or abs(a - b) < 1e-5, (method, column, a, b)
     for name, tensor in single.model_state.items():
@@ -99,7 +99,7 @@ def test_batchnorm_workers_evaluate_with_rank_0s_statistics(tmp_path):
     model = mlp_with_batchnorm("mlp", 10)
     model.load_state_dict(state0)
     data = loop.load_data(config, torch.device("cpu"))
-    single = loop.final_evaluation(model, data, config, LocalEnv(torch.device("cpu")))
+    single, _ = loop.final_evaluation(model, data, config, LocalEnv(torch.device("cpu")))
     assert [r["coverage"] for r in evals0] == pytest.approx([r["coverage"] for r in single], abs=1e-12)
     assert [r["set_size"] for r in evals0] == pytest.approx([r["set_size"] for r in single], abs=1e-12)
     val = loop.validation_metrics(model, data.val, data.num_classes, config, LocalEnv(torch.device("cpu")))

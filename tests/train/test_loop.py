@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from dpsm_ray.results.schema import EPOCHS
+from dpsm_ray.results.schema import CLASSES, EPOCHS
 from dpsm_ray.train import DivergedError, LocalEnv, TrainConfig, train
 from dpsm_ray.train.loop import EPOCH_COLUMNS, halves, split_batches, step_batches
 
@@ -63,8 +63,14 @@ def test_every_method_trains_on_digits_with_valid_coverage(method):
     mean_coverage = sum(r["coverage"] for r in result.evals) / len(result.evals)
     assert mean_coverage > 0.85
     has_quantile = method in ("dpsm", "conftr")
-    assert math.isfinite(last["q"]) == has_quantile and math.isfinite(last["q_error"]) == has_quantile
-    assert math.isfinite(last["q_dataset"]) and last["soft_size"] > 0
+    for column in ("q", "q_error", "q_error_train", "upper_loss_q", "upper_gap", "lower_gap", "train_set_size_q"):
+        assert math.isfinite(last[column]) == has_quantile, column
+    assert math.isfinite(last["q_dataset"]) and math.isfinite(last["q_dataset_train"]) and last["soft_size"] > 0
+    # the final model's class rows: every score, re-split and class
+    assert len(result.classes) == 3 * 3 * 10 and set(result.classes[0]) <= set(CLASSES)
+    hps = [r for r in result.classes if r["score"] == "hps" and r["split"] == 0]
+    mean_coverage = sum(r["coverage"] * r["n_test"] for r in hps if r["n_test"]) / sum(r["n_test"] for r in hps)
+    assert mean_coverage == pytest.approx(next(r["coverage"] for r in result.evals if r["score"] == "hps" and r["split"] == 0))
 
 
 @pytest.mark.parametrize("changes", [
@@ -123,6 +129,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, method, changes):
     resumed = train(config, LocalEnv(torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
     assert without_timing(resumed.epochs) == without_timing(reference.epochs)
     assert without_timing(resumed.evals) == without_timing(reference.evals)
+    assert without_timing(resumed.classes) == without_timing(reference.classes)
     if method == "dpsm":
         # q continued from its checkpointed value (after epoch 2), not from a fresh Q_n
         assert saved_q["q"].item() == pytest.approx(reference.epochs[1]["q"])
@@ -157,3 +164,99 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
 def test_a_diverging_run_fails_loudly():
     with pytest.raises(DivergedError, match="epoch 1"):
         run(method="ce", lr=1e12, epochs=1)
+
+
+# --- the epoch diagnostics against a hand computation -----------------------------------------
+
+TABLE_LOGITS = [[2.0, 0.0, -1.0], [0.5, 1.5, 0.0], [0.0, 0.0, 3.0], [1.0, 1.0, 1.0], [-1.0, 2.0, 0.5], [0.3, -0.2, 0.1]]
+TABLE_LABELS = [0, 1, 2, 1, 0, 2]
+
+
+class Table(torch.nn.Module):
+    """A 'model' whose logits for example i are row i of a fixed table (input: the index)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("logits", torch.tensor(TABLE_LOGITS))
+
+    def forward(self, x):
+        return self.logits[x[:, 0].long()]
+
+
+def table_data():
+    from dpsm_ray.data import DataSplits, Split, TensorSource
+
+    source = TensorSource(torch.arange(6.0)[:, None], torch.tensor(TABLE_LABELS))
+    split = Split("train", torch.arange(6), source)
+    return DataSplits("table", 3, (1,), split, split, split, split)
+
+
+def by_hand(alpha, temperature, weight, d1, d2, quantile):
+    """Every diagnostic with plain floats: HPS scores 1 - softmax, Q_n the ceil(n (1 - alpha))-th
+    smallest label score, the pinball loss rho, the sigmoid soft size."""
+    probs = [[math.exp(v) / sum(math.exp(w) for w in row) for v in row] for row in TABLE_LOGITS]
+    scores = [[1 - p for p in row] for row in probs]
+    label_score = [scores[i][y] for i, y in enumerate(TABLE_LABELS)]
+    kth = lambda values, level: sorted(values)[math.ceil(round(len(values) * level, 9)) - 1]
+    q_d1, q_train = kth([label_score[i] for i in d1], 1 - alpha), kth(label_score, 1 - alpha)
+    soft = lambda rows, q: sum(1 / (1 + math.exp(-(q - s) / temperature)) for row in rows for s in row) / len(rows)
+    rho = lambda q: sum((1 - alpha) * (s - q) if s >= q else alpha * (q - s) for s in label_score) / 6
+    ce = -sum(math.log(probs[i][y]) for i, y in enumerate(TABLE_LABELS)) / 6
+    hard = sum(s <= quantile for row in scores for s in row) / 6
+    return {
+        "q_dataset": q_d1,
+        "q_dataset_train": q_train,
+        "soft_size": soft([scores[i] for i in d2], q_d1),
+        "q_error": abs(quantile - q_d1),
+        "q_error_train": abs(quantile - q_train),
+        "upper_loss_q": ce + weight * soft(scores, quantile),
+        "upper_loss_qn": ce + weight * soft(scores, q_train),
+        "upper_gap": weight * (soft(scores, quantile) - soft(scores, q_train)),
+        "lower_loss_q": rho(quantile),
+        "lower_loss_qn": rho(q_train),
+        "lower_gap": rho(quantile) - rho(q_train),
+        "train_soft_size_q": soft(scores, quantile),
+        "train_set_size_q": hard,
+    }
+
+
+def diagnostics_of(method, objective_setup, **config_changes):
+    from dpsm_ray.objectives import build_objective
+    from dpsm_ray.train.loop import epoch_diagnostics
+
+    config = TrainConfig(dataset="digits", method=method, alpha=0.4, sigmoid_temperature=0.2, conformal_weight=0.7, sort_temperature=0.0, **config_changes)
+    objective = build_objective(method, alpha=0.4, conformal_weight=0.7, sigmoid_temperature=0.2, sort_temperature=0.0, quantile_lr=0.1)
+    objective_setup(objective)
+    d1, d2 = torch.tensor([4, 0, 2]), torch.tensor([1, 5, 3])
+    return epoch_diagnostics(Table(), objective, table_data(), d1, d2, config, LocalEnv(torch.device("cpu"), **QUIET)), d1.tolist(), d2.tolist()
+
+
+def test_dpsm_epoch_diagnostics_by_hand():
+    def set_q(objective):
+        objective.q = torch.tensor(0.5)
+
+    row, d1, d2 = diagnostics_of("dpsm", set_q)
+    expected = by_hand(0.4, 0.2, 0.7, d1, d2, quantile=0.5)
+    assert set(row) == set(expected)
+    for name, value in expected.items():
+        assert row[name] == pytest.approx(value, abs=1e-6), name
+    assert row["lower_gap"] >= 0  # Q_n minimises the pinball loss
+
+
+def test_conftr_epoch_diagnostics_by_hand():
+    # batch 6: one calibration batch of 3 holding all of D1, so tau is its conformal quantile,
+    # the ceil((3 + 1)(1 - 0.4)) = 3rd smallest of D1's scores
+    row, d1, d2 = diagnostics_of("conftr", lambda objective: None, batch_size=6)
+    probs = [[math.exp(v) / sum(math.exp(w) for w in r) for v in r] for r in TABLE_LOGITS]
+    tau = sorted(1 - probs[i][TABLE_LABELS[i]] for i in d1)[2]
+    expected = by_hand(0.4, 0.2, 0.7, d1, d2, quantile=tau)
+    for name, value in expected.items():
+        assert row[name] == pytest.approx(value, abs=1e-6), name
+
+
+def test_methods_without_a_quantile_have_only_the_dataset_quantiles():
+    row, d1, d2 = diagnostics_of("cut", lambda objective: None)
+    expected = by_hand(0.4, 0.2, 0.7, d1, d2, quantile=0.0)
+    for name in ("q_dataset", "q_dataset_train", "soft_size"):
+        assert row[name] == pytest.approx(expected[name], abs=1e-6)
+    assert all(math.isnan(value) for name, value in row.items() if name not in ("q_dataset", "q_dataset_train", "soft_size"))
