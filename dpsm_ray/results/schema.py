@@ -23,6 +23,7 @@ EPOCHS = {
     **RUN_KEY,
     "epoch": pa.int64(),
     "lr": pa.float64(),
+    "quantile_lr": pa.float64(),  # gamma: DPSM's learning rate for q per step in this epoch
     "upper_loss": pa.float64(),  # epoch mean of CE + lambda * L_c
     "ce_loss": pa.float64(),
     "conformal_loss": pa.float64(),  # L_c: soft size (ConfTr, DPSM), KS distance (CUT), 0 (CE)
@@ -40,7 +41,7 @@ EPOCHS = {
     "lower_loss_q": pa.float64(),  # pinball loss at q (figure 2(d))
     "lower_loss_qn": pa.float64(),  # ... at Q_n, its minimum
     "lower_gap": pa.float64(),  # lower_loss_q - lower_loss_qn, >= 0
-    "train_soft_size_q": pa.float64(),  # soft set size of the training split at q (figure 3(c))
+    "train_soft_size_q": pa.float64(),  # soft set size of the training split at q (figure 3(b))
     "train_set_size_q": pa.float64(),  # hard set size of the training split at q (figure 3(c))
     "val_coverage": pa.float64(),
     "val_set_size": pa.float64(),

@@ -33,6 +33,10 @@ def option(default, help: str, **metadata):
 
 PRECISIONS = ("fp32", "bf16")
 LR_SCHEDULES = ("step", "exp")
+# The default gamma per epoch: in an epoch q moves at most this times alpha down (times 1 - alpha
+# up), whatever the number of steps.  Chosen by |q - Q_n| from scratch and fine-tuning
+# (docs/method.md): from scratch Q_n falls from ~0.9 to ~0.01 within five epochs.
+QUANTILE_LR_PER_EPOCH = 2.0
 # Options only one method reads: left out of the other methods' config hash, so fixing them
 # for a whole sweep does not split the runs of methods they do not change.
 METHOD_FIELDS = {"quantile_lr": "dpsm", "q_init": "dpsm", "conftr_split": "conftr", "cut_score": "cut"}
@@ -70,7 +74,11 @@ class TrainConfig:
     conformal_weight: float = option(0.5, "lambda: weight of the conformal term L_c, >= 0", flag="--lambda")
     sigmoid_temperature: float = option(0.1, "tau_Sigmoid: temperature T of the soft set size, > 0", flag="--temperature")
     sort_temperature: float = option(0.01, "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)")
-    quantile_lr: float = option(0.01, "gamma: DPSM's learning rate for q, > 0")
+    quantile_lr: float | None = option(
+        None,
+        f"gamma: DPSM's learning rate for q per step, > 0 (the paper's gamma); default: {QUANTILE_LR_PER_EPOCH:g} / (steps per epoch), so that q moves as far per epoch on any dataset size (docs/method.md)",
+        type=float,
+    )
     q_init: str = option("dataset", "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random start)")
     conftr_split: str = option("halves", "ConfTr's calibration/prediction split: halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1) or batch (each batch of the whole training set split at random, CE on all of it: Stutz et al.)")
     cut_score: str = option("hps", "CUT's training score: hps (1 - p_y), or aps (randomised APS conformity scores, uniform for a calibrated model: Einbinder et al.)")
@@ -121,6 +129,16 @@ class TrainConfig:
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+    def steps_per_epoch(self, train_size: int) -> int:
+        """Global steps in an epoch over ``train_size`` training examples (either split: the
+        halves D1/D2 give each step half a batch, ConfTr's batch split whole batches)."""
+        return (train_size // 2) // (self.batch_size // 2)
+
+    def resolved_quantile_lr(self, train_size: int) -> float:
+        """gamma per step: ``quantile_lr``, or by default QUANTILE_LR_PER_EPOCH spread over the
+        epoch's steps (a reparametrisation of the paper's constant step)."""
+        return self.quantile_lr if self.quantile_lr is not None else QUANTILE_LR_PER_EPOCH / self.steps_per_epoch(train_size)
 
     def data_seed(self) -> int:
         """The seed that chooses the train/val/cal/test split (and a ``train_subset``)."""
@@ -177,7 +195,7 @@ def validate(config: TrainConfig) -> None:
     need(number("conformal_weight") >= 0, "conformal_weight", "lambda must be >= 0")
     need(number("sigmoid_temperature") > 0, "sigmoid_temperature", "must be > 0")
     need(number("sort_temperature") >= 0, "sort_temperature", "must be >= 0")
-    need(number("quantile_lr") > 0, "quantile_lr", "gamma must be > 0")
+    need(config.quantile_lr is None or number("quantile_lr") > 0, "quantile_lr", "gamma must be > 0")
     need(config.q_init in Q_INITS, "q_init", f"must be one of {', '.join(Q_INITS)}")
     need(config.conftr_split in CONFTR_SPLITS, "conftr_split", f"must be one of {', '.join(CONFTR_SPLITS)}")
     need(config.cut_score in CUT_SCORES, "cut_score", f"must be one of {', '.join(CUT_SCORES)}")

@@ -35,7 +35,7 @@ from dpsm_ray.train.step import autocast, build_step
 EVAL_BATCH = 512
 # Per-epoch columns of epochs.parquet, in order (docs/results.md).
 EPOCH_COLUMNS = (
-    "epoch", "lr", "upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error",
+    "epoch", "lr", "quantile_lr", "upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error",
     "soft_size", "q_dataset_train", "q_error_train", "upper_loss_q", "upper_loss_qn", "upper_gap",
     "lower_loss_q", "lower_loss_qn", "lower_gap", "train_soft_size_q", "train_set_size_q",
     "val_coverage", "val_set_size", "val_accuracy", "epoch_seconds",
@@ -169,7 +169,7 @@ def train(config: TrainConfig, env) -> RunResult:
         conformal_weight=config.conformal_weight,
         sigmoid_temperature=config.sigmoid_temperature,
         sort_temperature=config.sort_temperature,
-        quantile_lr=config.quantile_lr,
+        quantile_lr=config.resolved_quantile_lr(train_size),
         q_init=config.q_init,
         conftr_split=config.conftr_split,
         cut_score=config.cut_score,
@@ -198,7 +198,8 @@ def train(config: TrainConfig, env) -> RunResult:
         d1_scores = label_scores_of(model, data.train, d1, data.num_classes, env, config.precision)
         objective.initialize(d1_scores)
         if isinstance(objective, DPSM):
-            env.log(f"[dpsm] q_0 {float(objective.q):.4f} ({config.q_init})  Q_n {float(empirical_quantile(d1_scores, 1 - config.alpha)):.4f}")
+            env.log(f"[dpsm] q_0 {float(objective.q):.4f} ({config.q_init})  Q_n {float(empirical_quantile(d1_scores, 1 - config.alpha)):.4f}"
+                    f"  gamma {objective.quantile_lr:.4g} per step, {config.steps_per_epoch(train_size)} steps per epoch")
         start_epoch = 0
 
     step = None  # built from the first batch (a captured step needs its shapes)
@@ -208,7 +209,7 @@ def train(config: TrainConfig, env) -> RunResult:
         stats, step = train_epoch(model, objective, optimizer, data.train, d1, d2, epoch, config, env, step)
         sync_buffers(model, env.collective)
         scheduler.step()
-        row = {"epoch": epoch + 1, "lr": lr, **stats}
+        row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr if isinstance(objective, DPSM) else math.nan, **stats}
         row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
         row.update(validation_metrics(model, data.val, data.num_classes, config, env))
         row["epoch_seconds"] = time.perf_counter() - started

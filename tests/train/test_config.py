@@ -106,3 +106,11 @@ def test_learning_rate_schedules_by_hand(schedule, milestones, expected):
     again.load_state_dict(scheduler.state_dict())
     restored.load_state_dict(optimizer.state_dict())
     assert restored.param_groups[0]["lr"] == pytest.approx(optimizer.param_groups[0]["lr"])
+
+
+def test_the_default_gamma_is_spread_over_the_steps_of_an_epoch():
+    # digits: 1000 training examples, halves of 500, 32 per half-batch: 15 steps per epoch
+    assert TrainConfig(batch_size=64).steps_per_epoch(1000) == 15
+    assert TrainConfig(batch_size=64).resolved_quantile_lr(1000) == pytest.approx(2.0 / 15)
+    assert TrainConfig(batch_size=128).resolved_quantile_lr(45000) == pytest.approx(2.0 / 351)  # CIFAR-100 at batch 128
+    assert TrainConfig(quantile_lr=0.01).resolved_quantile_lr(1000) == 0.01  # an explicit gamma is per step, as in the paper
