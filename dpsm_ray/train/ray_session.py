@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,9 +72,21 @@ def start_embedded(num_cpus: int | None = None, *, worker_output: bool = True, *
     import ray
 
     embedded_ray_settings()
-    ray.init(address="local", num_cpus=num_cpus, log_to_driver=worker_output, **init_options)
+    # Ray's own processes reach its state API (the dashboard) through RAY_API_SERVER_ADDRESS or
+    # RAY_ADDRESS, else by scanning the machine for Ray instances, which fails once two run on it:
+    # then Ray Train's placement-group cleaner dies and a trial Tune stops keeps its workers'
+    # resources.  So the dashboard gets its port here and Ray's processes inherit its address.
+    port = free_local_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    ray.init(address="local", num_cpus=num_cpus, log_to_driver=worker_output, dashboard_host="127.0.0.1", dashboard_port=port, **init_options)
     _embedded_address = ray.get_runtime_context().gcs_address
     return current_session()
+
+
+def free_local_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def started_cluster_address() -> str | None:
@@ -123,9 +136,13 @@ class Demand:
         own = f"{amounts(self.own)} for the trial's own process + " if self.own else ""
         return f"{own}--workers {self.workers} x {per}"
 
+    def shown(self, have: dict[str, float]) -> list[str]:
+        """The resources worth naming: CPUs, and GPUs when asked for or present."""
+        return [k for k in RESOURCES if k == "CPU" or self.total(k) > 0 or have.get(k, 0) > 0]
+
     def shortfall(self, have: dict[str, float], where: str) -> str:
         """Why ``have`` cannot hold this demand, naming the options that set it."""
-        shown = [k for k in RESOURCES if k == "CPU" or self.total(k) > 0 or have.get(k, 0) > 0]
+        shown = self.shown(have)
         advice = "lower --cpus-per-worker or --gpus-per-worker"
         if not self.in_process:
             room = [math.floor((have.get(k, 0.0) - self.own.get(k, 0.0)) / v + 1e-9) for k, v in self.per_worker.items() if v > 0]
@@ -174,8 +191,10 @@ def wait_for(demand: Demand, timeout_s: float, log: Callable[[str], None]) -> No
         ready, _ = ray.wait([group.ready()], timeout=min(2.0, timeout_s))
         if not ready:
             have = cluster_capacity()
-            log(f"waiting up to {timeout_s:.0f}s for the Ray cluster to provide {amounts({k: demand.total(k) for k in RESOURCES})} "
-                f"({demand.describe()}); it has {amounts(have)} now and an autoscaler may add nodes (--resource-timeout sets the wait)")
+            shown = demand.shown(have)
+            log(f"waiting up to {timeout_s:.0f}s for the Ray cluster to provide {amounts({k: demand.total(k) for k in shown})} "
+                f"({demand.describe()}); it has {amounts({k: have.get(k, 0.0) for k in shown})} now and an autoscaler may add nodes "
+                "(--resource-timeout sets the wait)")
             ready, _ = ray.wait([group.ready()], timeout=max(0.0, timeout_s - 2.0))
     finally:
         remove_placement_group(group)

@@ -54,7 +54,7 @@ def test_waiting_on_a_cluster_says_what_it_waits_for_and_gives_up(ray_session):
     wait_for(run_demand(2, 1, 0, own={"cpu": 0.1}), 30, lines.append)  # fits: no wait, no line
     assert lines == []
     started = time.monotonic()
-    with pytest.raises(InsufficientResources, match=r"after 3s the Ray cluster has 4 CPUs; at most --workers 3 fit .* raise --resource-timeout"):
+    with pytest.raises(InsufficientResources, match=r"after 3s the Ray cluster has 4 CPUs; at most --workers 4 fit .* raise --resource-timeout"):
         wait_for(run_demand(5, 1, 0), 3, lines.append)
     assert 2.5 < time.monotonic() - started < 15
     assert len(lines) == 1 and lines[0].startswith("waiting up to 3s for the Ray cluster to provide 5 CPUs (--workers 5 x --cpus-per-worker 1); it has 4 CPUs now")
