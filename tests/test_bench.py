@@ -1,9 +1,12 @@
-"""bench/throughput.py at its CPU size, as CI runs it: it must run every pipeline and report."""
+"""The benchmarks at their small sizes, as CI runs them: each must run every arm and report."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from dpsm_ray.objectives import METHODS
 
@@ -38,3 +41,28 @@ def test_throughput_benchmark_rejects_bad_options_by_name():
     assert result.returncode == 2 and "--batches must be even" in result.stderr
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--quick", "--methods", "ce,foo"], capture_output=True, text=True)
     assert result.returncode == 2 and "--methods: unknown foo" in result.stderr
+
+
+@pytest.mark.ray
+def test_sweep_efficiency_benchmark_runs_quick_and_prints_json_and_a_table(tmp_path):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "sweep_efficiency.py"), "--quick", "--out", str(out)],
+                            capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads((out / "sweep_efficiency.json").read_text())
+    arms = {arm["arm"]: arm for arm in record["arms"]}
+    assert list(arms) == ["grid", "tpe", "tpe+asha", "random+asha"]
+    assert arms["grid"]["trials"] == 4 and arms["grid"]["epochs"] == 4 * 3 and arms["grid"]["stopped"] == 0  # 2 x 2 points, 3 epochs each
+    for arm in arms.values():
+        assert arm["failed"] == 0 and arm["curve"][-1]["epochs"] == arm["epochs"] and arm["curve"][-1]["best"] == arm["best"]
+        bests = [point["best"] for point in arm["curve"] if point["best"] == point["best"]]  # NaN until a feasible finished trial
+        assert bests == sorted(bests, reverse=True)
+    assert arms["tpe"]["epochs"] == 3 * 3 and arms["tpe+asha"]["epochs"] <= 3 * 3
+    summary = record["summary"]
+    assert summary["tpe_asha_vs_grid_epochs"] == round(arms["tpe+asha"]["epochs"] / arms["grid"]["epochs"], 3)
+    assert (out / "sweep_efficiency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = result.stdout.splitlines()[2:]
+    assert table[0].split() == ["arm", "trials", "stopped", "failed", "epochs", "wall", "s", "best", "val", "size"]
+    assert [line.split()[0] for line in table[1:5]] == list(arms)

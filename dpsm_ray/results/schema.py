@@ -79,7 +79,7 @@ TRIALS = {
     **RUN_KEY,
     "trial_index": pa.int64(),  # position in its stage, in the order the searcher proposed it (seed-fixed, unlike trial_id)
     "node_ip": pa.string(),  # the Ray node the trial's own process last ran on
-    "status": pa.string(),  # ok | failed
+    "status": pa.string(),  # ok | stopped (early, by ASHA) | failed
     "error": pa.string(),  # last line of the error for failed trials
     "feasible": pa.bool_(),  # val_coverage >= 1 - alpha - slack
     "val_coverage": pa.float64(),

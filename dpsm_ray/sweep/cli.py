@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from dpsm_ray.objectives import METHODS
+from dpsm_ray.sweep.protocol import SAMPLERS, SCHEDULERS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
@@ -82,6 +83,13 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--grid", choices=["paper"], help="run the paper's exhaustive grid (SPEC section 4) instead of Optuna")
     add("--fix", action="append", default=[], metavar="AXIS=VALUE", help=f"paper grid: fix an axis ({', '.join(PAPER_GRID)}); repeatable")
     add("--subset", action="append", default=[], metavar="AXIS=V1,V2", help="paper grid: keep only these values of an axis; repeatable")
+    add("--grid-budget", type=int, metavar="N", help="paper grid: a random N of its configurations, chosen by --seed (default: all)")
+    add("--sampler", choices=SAMPLERS, default="tpe", help="Optuna's sampler: tpe, or random (default: %(default)s)")
+    add("--scheduler", choices=SCHEDULERS, default=defaults.get("scheduler", "fifo"),
+        help="fifo: every search trial runs to the end; asha: stop unpromising trials early on their validation set size (default: %(default)s)")
+    add("--grace-period", type=int, default=defaults.get("grace_period", 5), metavar="EPOCHS", help="asha: epochs every trial runs before it may be stopped (default: %(default)s)")
+    add("--reduction-factor", type=int, default=3, metavar="ETA", help="asha: one in ETA trials goes on at each rung (default: %(default)s)")
+    add("--optuna-storage", metavar="URL", help="SQLAlchemy URL of the Optuna studies, e.g. postgresql://user@head/optuna (default: sqlite:///RESULTS/optuna.db)")
     add("--concurrency", type=int, default=defaults.get("concurrency", 1), help="trials running at once (default: %(default)s)")
     add("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a Ray instance embedded in this process)")
     add("--resource-timeout", type=float, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS", help="on a Ray cluster: how long to wait for the CPUs/GPUs one trial asks for before giving up (an embedded Ray fails at once; default: %(default)s)")
@@ -113,14 +121,15 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
             raise ValueError(f"--fix {text!r}: give exactly one value (use --subset for several)")
         fixed[axis] = parsed[0]
     subsets = dict(parse_axis_values(text, "--subset") for text in args.subset)
-    if (fixed or subsets) and not args.grid:
-        raise ValueError("--fix/--subset apply to --grid paper")
+    if (fixed or subsets or args.grid_budget is not None) and not args.grid:
+        raise ValueError("--fix/--subset/--grid-budget apply to --grid paper")
     workers = base.workers
     resources = {"cpu": base.cpus_per_worker, "gpu": base.gpus_per_worker} if workers == 0 else {"cpu": 0.1}
     return SweepSpec(
         name=name, base=base, methods=methods, trials=args.trials, final_seeds=args.final_seeds,
         coverage_slack=args.coverage_slack, ranges=ranges, grid=args.grid == "paper", grid_fixed=tuple(fixed.items()),
-        grid_subsets=tuple(subsets.items()), concurrency=args.concurrency, seed=args.seed,
+        grid_subsets=tuple(subsets.items()), grid_budget=args.grid_budget, sampler=args.sampler, scheduler=args.scheduler, grace_period=args.grace_period,
+        reduction_factor=args.reduction_factor, optuna_storage=args.optuna_storage, concurrency=args.concurrency, seed=args.seed,
         trial_resources=tuple((k, v) for k, v in resources.items() if v), address=args.address,
         resource_timeout=args.resource_timeout, trial_retries=args.trial_retries, worker_logs=args.worker_logs,
     )

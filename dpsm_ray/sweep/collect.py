@@ -73,11 +73,12 @@ def collect(spec, results: Path, stage: str, name: str) -> tuple[list[dict], lis
         epochs += [{**key, **{c: row.get(c) for c in EPOCH_COLUMNS}} for row in rows]
         metrics = result.metrics if result.error is None else (rows[-1] if rows else {})
         error = None if result.error is None else (str(result.error).strip().splitlines() or ["error"])[-1][:500]
+        status = "failed" if result.error is not None else "ok" if result.metrics.get(FINISHED) else "stopped"  # by the scheduler (ASHA)
         trials.append({
             **key,
             "trial_index": index,
             "node_ip": result.metrics.get("node_ip"),
-            "status": "ok" if result.error is None else "failed",
+            "status": status,
             "error": error,
             "feasible": feasible(metrics.get("val_coverage"), spec.coverage_floor) if result.error is None else None,
             "val_coverage": metrics.get("val_coverage"),

@@ -28,6 +28,12 @@ from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, check_capacity, ensure_ray, run_demand
 
 
+# Search schedulers: every trial to the end, or asynchronous successive halving over epochs
+# (ASHA, Li et al. 2020) on the validation set size.
+SCHEDULERS = ("fifo", "asha")
+SAMPLERS = ("tpe", "random")
+
+
 class SweepError(RuntimeError):
     """A sweep that cannot start or continue as asked (the message says what to do)."""
 
@@ -50,6 +56,11 @@ class SweepSpec:
     grid: bool = False  # the paper's exhaustive grid instead of Optuna
     grid_fixed: tuple[tuple[str, object], ...] = ()
     grid_subsets: tuple[tuple[str, tuple], ...] = ()
+    grid_budget: int | None = None  # a seeded random subset of this many grid points
+    sampler: str = "tpe"  # Optuna's sampler: "tpe", or "random" (a baseline for the search itself)
+    scheduler: str = "fifo"  # or "asha": stop unpromising search trials early (SCHEDULERS)
+    grace_period: int = 5  # ASHA: epochs every trial runs before it can be stopped
+    reduction_factor: int = 3  # ASHA: 1 in reduction_factor trials goes on at each rung
     concurrency: int = 1
     seed: int = 0
     trial_resources: tuple[tuple[str, float], ...] = (("cpu", 1.0),)
@@ -58,6 +69,7 @@ class SweepSpec:
     resource_timeout: float = field(default=DEFAULT_RESOURCE_TIMEOUT_S, compare=False)  # seconds a cluster may take to provide one trial's resources
     trial_retries: int = field(default=2, compare=False)  # restarts of a trial from its last checkpoint after a crash (a lost node)
     worker_logs: bool = field(default=False, compare=False)  # forward trials' own output (epoch lines, Tune's) to this terminal
+    optuna_storage: str | None = field(default=None, compare=False)  # SQLAlchemy URL; default: sqlite in the results directory
 
     def __post_init__(self) -> None:
         for method in self.methods:
@@ -73,6 +85,16 @@ class SweepSpec:
             raise ConfigError("coverage_slack", self.coverage_slack, f"must be in [0, 1 - alpha) = [0, {1 - self.base.alpha:g})")
         if self.concurrency < 1:
             raise ConfigError("concurrency", self.concurrency, "must be an integer >= 1")
+        if self.sampler not in SAMPLERS:
+            raise ConfigError("sampler", self.sampler, f"must be one of {', '.join(SAMPLERS)}")
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError("scheduler", self.scheduler, f"must be one of {', '.join(SCHEDULERS)}")
+        if self.grace_period < 1:
+            raise ConfigError("grace_period", self.grace_period, "must be an integer >= 1 (epochs)")
+        if self.reduction_factor < 2:
+            raise ConfigError("reduction_factor", self.reduction_factor, "must be an integer >= 2")
+        if self.grid_budget is not None and (self.grid_budget < 1 or not self.grid):
+            raise ConfigError("grid_budget", self.grid_budget, "must be an integer >= 1, with --grid paper")
         if self.trial_retries < 0:
             raise ConfigError("trial_retries", self.trial_retries, "must be an integer >= 0")
         if not self.resource_timeout > 0:
@@ -136,8 +158,9 @@ class SweepSpec:
         return json.loads(json.dumps(payload, default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v)))
 
 
-def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool = False, log=print) -> Path:
-    """Run (or, with ``resume``, continue) ``spec`` into ``results_dir``; returns that directory."""
+def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool = False, log=print, search_only: bool = False) -> Path:
+    """Run (or, with ``resume``, continue) ``spec`` into ``results_dir``; returns that directory.
+    ``search_only`` stops after the searches (benchmarks of the search itself)."""
     from dpsm_ray.data import check_data_present
     from dpsm_ray.results.report import write_report
     from dpsm_ray.sweep.collect import write_results
@@ -160,6 +183,8 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
     for index, method in enumerate(spec.methods):
         search_method(spec, base.replace(method=method), index, results, resume, log)
         write_results(spec, results)
+    if search_only:
+        return results
     final_stage(spec, results, resume, log)
     write_results(spec, results)
     write_report(results, log=log)
@@ -197,6 +222,13 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> bool:
         return False
     if resume:
         raise SweepError(f"--resume: no sweep to resume in {results}")
+    if not spec.grid and (spec.optuna_storage or (results / "optuna.db").exists()):  # a study of the same name would feed another sweep's trials to TPE
+        import optuna
+
+        taken = set(optuna.study.get_all_study_names(optuna_storage_url(spec, results))) & {study_name(results, m) for m in spec.methods}
+        if taken:
+            raise SweepError(f"the Optuna storage {optuna_storage_url(spec, results)} already holds the studies {', '.join(sorted(taken))}; "
+                             "choose another --results-dir name or delete them (optuna delete-study)")
     return True
 
 
@@ -271,21 +303,63 @@ def search_method(spec: SweepSpec, base: TrainConfig, index: int, results: Path,
     name = f"search-{method}"
     params = {"base": base.to_dict(), "train_storage": str(results / "train_runs")}
     knobs = tuple(field_name(k) for k in METHOD_KNOBS[method])
+    stopping = ""
+    scheduler = None
+    if spec.scheduler == "asha":
+        longest = max(spec.grid_axes(method).get("epochs", (base.epochs,))) if spec.grid else base.epochs
+        # max_t one past the last epoch: ASHA stops every trial that reaches max_t, and a trial's
+        # last epoch must be followed by its final report, not cut off before it
+        scheduler = tune.schedulers.ASHAScheduler(
+            time_attr="epoch", metric=OBJECTIVE, mode="min", max_t=longest + 1, grace_period=min(spec.grace_period, longest), reduction_factor=spec.reduction_factor,
+        )
+        stopping = f"; ASHA stops trials early (grace period {spec.grace_period} epochs, reduction factor {spec.reduction_factor})"
     if spec.grid:
         axes = spec.grid_axes(method)
-        total = grid_size(axes)
-        log(f"{name}: the paper grid has {total} configurations ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())})")
-        params["overrides"] = {k: tune.grid_search(list(v)) if len(v) > 1 else v[0] for k, v in axes.items()}
-        tune_config = tune.TuneConfig(metric=OBJECTIVE, mode="min", num_samples=1, max_concurrent_trials=spec.concurrency, trial_dirname_creator=trial_dirname)
+        points = grid_points(axes, spec.grid_budget, derive_seed(spec.seed, "grid", method))
+        total = len(points)
+        budget = f", a seeded random {total} of them" if total < grid_size(axes) else ""
+        log(f"{name}: the paper grid has {grid_size(axes)} configurations ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())}){budget}{stopping}")
+        params["overrides"] = tune.grid_search(points)
+        tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=spec.concurrency, trial_dirname_creator=trial_dirname, scheduler=scheduler)
         knobs = tuple(k for k, v in axes.items() if len(v) > 1)
     else:
         total = spec.trials
-        log(f"{name}: {total} Optuna TPE trials over {', '.join(knobs)} (validation coverage >= {spec.coverage_floor:g} as a constraint)")
+        log(f"{name}: {total} Optuna {spec.sampler.upper()} trials over {', '.join(knobs)} (validation coverage >= {spec.coverage_floor:g} as a constraint){stopping}")
         params["overrides"] = search_space(method, dict(spec.ranges))
-        sampler = optuna.samplers.TPESampler(seed=derive_seed(spec.seed, "tpe", method) % 2**32, n_startup_trials=min(4, total))
-        searcher = ConstrainedOptunaSearch(metric=OBJECTIVE, mode="min", sampler=sampler, coverage_floor=spec.coverage_floor)
-        tune_config = tune.TuneConfig(search_alg=searcher, num_samples=total, max_concurrent_trials=spec.concurrency, trial_dirname_creator=trial_dirname)
+        sampler_seed = derive_seed(spec.seed, spec.sampler, method) % 2**32
+        sampler = (optuna.samplers.TPESampler(seed=sampler_seed, n_startup_trials=min(4, total)) if spec.sampler == "tpe"
+                   else optuna.samplers.RandomSampler(seed=sampler_seed))
+        searcher = ConstrainedOptunaSearch(
+            metric=OBJECTIVE, mode="min", sampler=sampler, coverage_floor=spec.coverage_floor,
+            storage=optuna.storages.RDBStorage(optuna_storage_url(spec, results)), study_name=study_name(results, method),
+        )
+        tune_config = tune.TuneConfig(search_alg=searcher, num_samples=total, max_concurrent_trials=spec.concurrency, trial_dirname_creator=trial_dirname, scheduler=scheduler)
     experiment(spec, results, name, params, tune_config, [ProgressPrinter(name, total, knobs)], resume, log, total=total)
+
+
+def grid_points(axes: dict[str, tuple], budget: int | None, seed: int) -> list[dict]:
+    """Every point of the grid ``axes`` in order (the last axis varying fastest), or a seeded random
+    ``budget`` of them, kept in that order."""
+    import itertools
+    import random
+
+    points = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    if budget is None or budget >= len(points):
+        return points
+    keep = sorted(random.Random(seed).sample(range(len(points)), budget))
+    return [points[i] for i in keep]
+
+
+def optuna_storage_url(spec: SweepSpec, results: Path) -> str:
+    """Where each method's Optuna study lives: ``--optuna-storage`` (any SQLAlchemy URL, e.g. a
+    PostgreSQL on a cluster's head node) or a SQLite file in the results directory."""
+    return spec.optuna_storage or f"sqlite:///{results / 'optuna.db'}"
+
+
+def study_name(results: Path, method: str) -> str:
+    """The Optuna study of ``method``'s search: named after the results directory, so that sweeps
+    sharing one database server keep apart."""
+    return f"{results.name}-{method}"
 
 
 def trial_dirname(trial) -> str:
@@ -293,23 +367,42 @@ def trial_dirname(trial) -> str:
 
 
 def best_overrides(spec: SweepSpec, results: Path, method: str, log) -> dict | None:
-    """The chosen configuration of ``method``: the lowest validation set size among feasible
-    trials (validation coverage >= the floor); without any feasible trial, the highest coverage;
+    """The chosen configuration of ``method`` (docs/results.md, "the pick"):
+
+    1. the finished feasible trial (validation coverage >= the floor) with the lowest validation
+       set size;
+    2. replaced by a feasible trial that ASHA stopped after e epochs only if its set size after e
+       epochs was lower than the pick's own after e epochs (the largest such margin wins);
+    3. without a finished feasible trial, the feasible stopped trial that ran longest, then the
+       smallest set size; without any feasible trial, the highest coverage (finished trials first).
+
     None (and a warning) when every search trial of ``method`` failed.  Ties (common on small
     validation splits) go to the trial proposed first, so the sweep seed fixes the choice."""
     import pandas as pd
 
     trials = pd.read_parquet(results / "trials.parquet")
-    ok = trials[(trials.stage == "search") & (trials.method == method) & (trials.status == "ok")]
-    if ok.empty:
+    search = trials[(trials.stage == "search") & (trials.method == method)]
+    finished, stopped = search[search.status == "ok"], search[search.status == "stopped"]
+    if finished.empty and stopped.empty:
         log(f"warning: every search trial of {method} failed (errors in trials.parquet and {results / 'tune' / f'search-{method}'}); {method} is left out of the final stage")
         return None
-    feasible = ok[ok.feasible]
-    if feasible.empty:
-        log(f"warning: no {method} trial reached validation coverage {spec.coverage_floor:g}; using the one with the highest coverage")
-        chosen = ok.sort_values(["val_coverage", "trial_index"], ascending=[False, True]).iloc[0]
-    else:
+    feasible, feasible_stopped = finished[finished.feasible == True], stopped[stopped.feasible == True]  # noqa: E712 (nullable)
+    if not feasible.empty:
         chosen = feasible.sort_values(["val_set_size", "trial_index"]).iloc[0]
+        if not feasible_stopped.empty:
+            epochs = pd.read_parquet(results / "epochs.parquet")
+            at_epoch = epochs[epochs.trial_id == chosen.trial_id].set_index("epoch").val_set_size
+            margin = feasible_stopped.epochs_completed.map(at_epoch) - feasible_stopped.val_set_size
+            ahead = feasible_stopped.assign(margin=margin)[margin > 0]
+            if not ahead.empty:
+                chosen = ahead.sort_values(["margin", "trial_index"], ascending=[False, True]).iloc[0]
+                log(f"{method}: trial {chosen.trial_id}, stopped after {chosen.epochs_completed} epochs, was {chosen.margin:.3f} ahead of the best finished trial there")
+    elif not feasible_stopped.empty:
+        chosen = feasible_stopped.sort_values(["epochs_completed", "val_set_size", "trial_index"], ascending=[False, True, True]).iloc[0]
+    else:
+        log(f"warning: no {method} trial reached validation coverage {spec.coverage_floor:g}; using the one with the highest coverage")
+        pool = finished if not finished.empty else stopped
+        chosen = pool.sort_values(["val_coverage", "trial_index"], ascending=[False, True]).iloc[0]
     config = json.loads(chosen.config_json)
     searched = spec.grid_axes(method) if spec.grid else {field_name(k): None for k in METHOD_KNOBS[method]}
     overrides = {name: (tuple(config[name]) if isinstance(config[name], list) else config[name]) for name in searched}

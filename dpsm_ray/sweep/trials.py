@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 
+import optuna
 from ray import tune
 from ray.tune.search.optuna import OptunaSearch
 
@@ -57,7 +58,8 @@ class ConstrainedOptunaSearch(OptunaSearch):
     Ray does not expose Optuna's constraints, so the value (1 - alpha - slack) - val_coverage
     (feasible when <= 0) is set on the Optuna trial just before Ray tells the study the result;
     Optuna 5's samplers (TPE by default) read it from there.  A trial that failed, or finished
-    without a coverage, is told as failed by Ray and carries no constraint.
+    without a coverage, is told as failed by Ray and carries no constraint.  A trial a scheduler
+    stopped early (ASHA) is told as pruned: its last validation set size is not a finished run's.
     """
 
     def __init__(self, *args, coverage_floor: float, **kwargs) -> None:
@@ -66,9 +68,15 @@ class ConstrainedOptunaSearch(OptunaSearch):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         optuna_trial = self._ot_trials.get(trial_id)
+        if optuna_trial is None or trial_id in self._completed_trials:
+            return super().on_trial_complete(trial_id, result=result, error=error)
         coverage = (result or {}).get(CONSTRAINED)
-        if optuna_trial is not None and not error and isinstance(coverage, (int, float)) and math.isfinite(coverage) and trial_id not in self._completed_trials:
+        if not error and isinstance(coverage, (int, float)) and math.isfinite(coverage):
             optuna_trial.set_constraint("coverage", self.coverage_floor - float(coverage))
+        if not error and result and not result.get(FINISHED):
+            self._ot_study.tell(optuna_trial, state=optuna.trial.TrialState.PRUNED)
+            self._completed_trials.add(trial_id)
+            return
         super().on_trial_complete(trial_id, result=result, error=error)
 
     def study(self):
@@ -76,7 +84,8 @@ class ConstrainedOptunaSearch(OptunaSearch):
 
 
 class ProgressPrinter(tune.Callback):
-    """One line when a trial finishes or fails, and a line per epoch for trials that run long."""
+    """One line when a trial finishes, is stopped early or fails, and a line per epoch for trials
+    that run long."""
 
     def __init__(self, label: str, total: int, knobs: tuple[str, ...], epoch_every_s: float = 30.0) -> None:
         self.label, self.total, self.knobs = label, total, knobs
@@ -102,7 +111,8 @@ class ProgressPrinter(tune.Callback):
         config = trial_config(trial.config)
         knobs = "  ".join(f"{name}={short(getattr(config, name))}" for name in self.knobs)
         seconds = result.get("time_total_s", 0.0)
-        self._say(trials, trial, f"done in {seconds:.0f}s  val size {result.get(OBJECTIVE, float('nan')):.3f}  val cov {result.get(CONSTRAINED, float('nan')):.3f}  {knobs}")
+        ended = f"done in {seconds:.0f}s" if result.get(FINISHED) else f"stopped by ASHA after {result.get('epoch', 0)}/{config.epochs} epochs, {seconds:.0f}s"
+        self._say(trials, trial, f"{ended}  val size {result.get(OBJECTIVE, float('nan')):.3f}  val cov {result.get(CONSTRAINED, float('nan')):.3f}  {knobs}")
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         error = trial.get_error()

@@ -154,13 +154,18 @@ DEFAULTS = {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits", "epoc
     (["--alpha", "1.5"], "--alpha=1.5 is invalid"),
     (["--methods", "ce,foo"], "--methods="),
     (["--range", "lambda=2:1"], "finite low < high"),
-    (["--fix", "lr=0.01"], "--fix/--subset apply to --grid paper"),
+    (["--fix", "lr=0.01"], "--fix/--subset/--grid-budget apply to --grid paper"),
     (["--grid", "paper", "--fix", "lr=0.01,0.1"], "give exactly one value"),
     (["--grid", "paper", "--subset", "momentum=0.9"], "unknown grid axis 'momentum'"),
     (["--batch-size", "100000"], "--batch-size=100000 is invalid"),
     (["--dataset", "inaturalist2019"], "--dataset='inaturalist2019' is invalid: dataset must be one of"),
     (["--grid", "paper", "--subset", "lr=0.01,-1"], "--subset='lr=-1.0' is invalid: eta must be > 0 (sets lr=-1.0 for "),
     (["--dataset", "cifar100", "--data-root", "nowhere"], "CIFAR-100 not found at"),
+    (["--scheduler", "asha", "--grace-period", "0"], "--grace-period=0 is invalid: must be an integer >= 1 (epochs)"),
+    (["--scheduler", "asha", "--reduction-factor", "1"], "--reduction-factor=1 is invalid: must be an integer >= 2"),
+    (["--grid", "paper", "--grid-budget", "0"], "--grid-budget=0 is invalid: must be an integer >= 1"),
+    (["--trial-retries", "-1"], "--trial-retries=-1 is invalid: must be an integer >= 0"),
+    (["--resource-timeout", "0"], "--resource-timeout=0.0 is invalid: must be a number of seconds > 0"),
 ])
 def test_script_errors_name_the_option_before_ray_starts(argv, needle, capsys, tmp_path):
     import ray
@@ -188,15 +193,48 @@ def test_every_sweep_script_documents_the_common_options(script):
     ({"dataset": "cifar100", "model": "densenet100", "gpus_per_worker": 1, "workers": 2}, [], 1.0),  # DDP trials are not packed
     ({"dataset": "caltech101", "model": "resnet50", "gpus_per_worker": 1, "workers": 1}, [], 1.0),
     ({"dataset": "digits", "gpus_per_worker": 0, "workers": 1}, [], 0.0),  # CPU trials: nothing to pack
+    ({"dataset": "cifar100", "model": "resnet110", "gpus_per_worker": 1, "workers": 0}, [], 0.25),  # in-process trials (the GPU scripts' default)
+    ({"dataset": "caltech101", "model": "resnet50", "gpus_per_worker": 1, "workers": 0}, [], 1.0),
 ])
 def test_gpu_trials_are_packed_by_model_size_unless_overridden(defaults, argv, expected, tmp_path):
     script = {"trials": 2, "final_seeds": 1, "config": {"batch_size": 64, **defaults}}
     args = build_parser("t", "test", script).parse_args(["--results-dir", str(tmp_path), *argv])
     spec = spec_from_args("t", args, script)
     assert spec.base.gpus_per_worker == expected
+    # a trial that trains in its own process holds its GPU share itself; a Ray Train trial's
+    # process only drives its workers
+    own = dict(spec.trial_resources)
+    assert own == ({"cpu": spec.base.cpus_per_worker, "gpu": expected} if spec.base.workers == 0 and expected else
+                   {"cpu": spec.base.cpus_per_worker} if spec.base.workers == 0 else {"cpu": 0.1})
 
 
 def test_trials_per_gpu_must_be_auto_or_a_positive_integer(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_:
         main("t", "test", DEFAULTS, ["--results-dir", str(tmp_path / "r"), "--trials-per-gpu", "0"])
     assert exit_.value.code == 2 and "--trials-per-gpu must be auto or an integer >= 1; got '0'" in capsys.readouterr().err
+
+
+def test_a_grid_budget_is_a_seeded_random_subset_in_grid_order():
+    from dpsm_ray.sweep.protocol import grid_points
+
+    axes = {"lr": (0.01, 0.1), "conformal_weight": (0.1, 0.5, 1.0)}
+    every = grid_points(axes, None, seed=0)
+    assert every == [{"lr": lr, "conformal_weight": w} for lr in (0.01, 0.1) for w in (0.1, 0.5, 1.0)]
+    assert grid_points(axes, 10, seed=0) == every
+    some = grid_points(axes, 4, seed=7)
+    assert len(some) == 4 and some == [p for p in every if p in some]  # in grid order
+    assert grid_points(axes, 4, seed=7) == some and any(grid_points(axes, 4, seed=s) != some for s in range(8))
+
+
+def test_a_new_sweep_refuses_an_optuna_storage_that_already_holds_its_studies(tmp_path):
+    import optuna
+
+    from dpsm_ray.sweep.protocol import SweepError, check_results_dir
+
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = SweepSpec(name="t", base=base(), methods=("ce", "dpsm"), optuna_storage=storage)
+    results = tmp_path / "digits"
+    assert check_results_dir(spec, results, resume=False)
+    optuna.create_study(study_name="digits-dpsm", storage=storage)  # another sweep whose results dir had the same name
+    with pytest.raises(SweepError, match="already holds the studies digits-dpsm"):
+        check_results_dir(spec, results, resume=False)

@@ -98,20 +98,23 @@ def test_evals_parquet(finished_sweep):
     assert (evals.n_cal + evals.n_test).nunique() == 1
 
 
-def test_coverage_constraint_recorded_on_optuna_trials(finished_sweep):
-    from dpsm_ray.sweep.trials import OBJECTIVE, ConstrainedOptunaSearch
+def test_each_method_s_optuna_study_is_in_a_database_with_its_trials_values_and_constraint(finished_sweep):
+    """The study Optuna's TPE sampled from, as optuna-dashboard or a notebook loads it."""
+    import optuna
+
+    from dpsm_ray.sweep.protocol import optuna_storage_url, study_name
 
     spec, results, _ = finished_sweep
+    assert optuna_storage_url(spec, results) == f"sqlite:///{results / 'optuna.db'}"
     trials = pd.read_parquet(results / "trials.parquet")
     for method in ("ce", "dpsm"):
-        searcher = ConstrainedOptunaSearch(metric=OBJECTIVE, mode="min", coverage_floor=spec.coverage_floor)
-        searcher.restore_from_dir(str(results / "tune" / f"search-{method}"))
-        study_trials = searcher.study().trials
-        assert len(study_trials) == 2
-        rows = trials[(trials.stage == "search") & (trials.method == method)]
-        for optuna_trial in study_trials:
+        study = optuna.load_study(study_name=study_name(results, method), storage=optuna_storage_url(spec, results))
+        assert len(study.trials) == 2
+        rows = trials[(trials.stage == "search") & (trials.method == method)].set_index("trial_index")
+        for optuna_trial in study.trials:  # Optuna numbers trials in the order it proposed them
+            row = rows.loc[optuna_trial.number]
             params = {name.split("/")[-1]: value for name, value in optuna_trial.params.items()}  # "overrides/lr"
-            row = rows[rows.lr.map(lambda lr: math.isclose(lr, params["lr"]))].iloc[0]
+            assert math.isclose(params["lr"], row.lr)
             assert optuna_trial.state.name == "COMPLETE"
             assert math.isclose(optuna_trial.value, row.val_set_size)
             assert math.isclose(optuna_trial.constraints["coverage"], spec.coverage_floor - row.val_coverage)
@@ -227,6 +230,12 @@ def test_an_interrupted_sweep_resumes_to_the_rows_of_an_uninterrupted_one(uninte
         pd.testing.assert_frame_equal(actual[name], expected[name], obj=f"{name}.parquet after {point}")
     trials = pd.read_parquet(results / "trials.parquet")
     assert trials.trial_id.is_unique and set(done_first) <= set(trials.trial_id)
+    # and the Optuna studies hold each search trial once
+    import optuna
+
+    for method in ("ce", "dpsm"):
+        study = optuna.load_study(study_name=f"{results.name}-{method}", storage=f"sqlite:///{results / 'optuna.db'}")
+        assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"], study.trials
 
 
 def lines_of(process, seen: list[str]) -> threading.Thread:
@@ -263,3 +272,33 @@ def test_a_sweep_outlives_a_training_run_stopped_beside_it(ray_session, tmp_path
     assert "sweep finished" in "".join(sweep_lines)
     # a two-worker run no longer prints Ray Train's placement-group cleaner warning every second
     assert not any("Failed to query Ray Train Controller" in line for line in train_lines), "".join(train_lines)
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in-process trials", "TorchTrainer trials"])
+def test_asha_stops_a_poor_trial_early_records_it_and_frees_its_workers(ray_session, tmp_path, workers):
+    """lr 1e-5 from scratch is still a random model after one epoch: ASHA (rungs at epochs 1 and
+    2, one in two goes on) stops it there.  It is recorded as stopped with its one epoch, the
+    finished trial is picked, and a stopped Ray Train run gives back its placement group (Ray
+    issue 54305: without the dashboard's state API it leaked and the next trial hung)."""
+    import ray
+
+    groups_before = set(ray.util.placement_group_table())
+    spec = SweepSpec(
+        name="asha", base=tiny_base(init="scratch", epochs=3, workers=workers), methods=("ce",), final_seeds=1, grid=True,
+        grid_fixed=(("batch_size", 64), ("epochs", 3), ("milestones", (25,)), ("lr_decay", 0.1)), grid_subsets=(("lr", (0.05, 1e-5)),),
+        coverage_slack=0.1, scheduler="asha", grace_period=1, reduction_factor=2, trial_resources=(("cpu", 0.1 if workers else 1.0),),
+    )
+    lines = []
+    run_sweep(spec, tmp_path, log=lines.append)
+    trials = pd.read_parquet(tmp_path / "trials.parquet")
+    search = trials[trials.stage == "search"].set_index("lr")
+    assert search.loc[1e-5, "status"] == "stopped" and search.loc[1e-5, "epochs_completed"] == 1
+    assert search.loc[0.05, "status"] == "ok" and search.loc[0.05, "epochs_completed"] == 3
+    epochs = pd.read_parquet(tmp_path / "epochs.parquet")
+    assert epochs.groupby("lr").size().to_dict() == {1e-5: 1, 0.05: 3 + 3}  # the stopped trial's epoch; the pick's, searched and re-trained
+    final = trials[trials.stage == "final"]
+    assert final.lr.tolist() == [0.05] and final.status.tolist() == ["ok"]
+    deadline = time.monotonic() + 30  # Ray Train's cleaner looks once a second
+    while (left := [g for pg, g in ray.util.placement_group_table().items() if pg not in groups_before and g["state"] != "REMOVED"]) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, left
