@@ -97,7 +97,11 @@ TRIALS = {
     "epochs": pa.int64(),
     "milestones": pa.list_(pa.int64()),
     "lr_decay": pa.float64(),
+    "lr_schedule": pa.string(),  # step | exp
     "init": pa.string(),
+    "q_init": pa.string(),  # DPSM's q_0: dataset | zero | random
+    "conftr_split": pa.string(),  # halves | batch
+    "cut_score": pa.string(),  # hps | aps
     "config_json": pa.string(),  # the whole TrainConfig
 }
 

@@ -12,10 +12,18 @@ from pathlib import Path
 
 import torch
 
-from dpsm_ray.results.schema import EPOCHS, EVALS, TRIALS
+from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
 from dpsm_ray.results.store import run_key, write_parquet
 from dpsm_ray.train.loop import EPOCH_COLUMNS
 from dpsm_ray.train.ray_train import FINISHED, RESULT_FILE
+
+
+# The files a sweep writes (docs/results.md) and the TrainConfig fields each trials.parquet row spells out.
+FILES = {"trials": TRIALS, "epochs": EPOCHS, "evals": EVALS, "classes": CLASSES}
+TRIAL_CONFIG_COLUMNS = (
+    "alpha", "conformal_weight", "lr", "quantile_lr", "sigmoid_temperature", "sort_temperature", "batch_size", "epochs", "lr_decay",
+    "lr_schedule", "init", "q_init", "conftr_split", "cut_score",
+)
 
 
 def finished_trials(path: Path) -> list[tuple[int, object, object]]:
@@ -60,12 +68,12 @@ def epoch_rows(history) -> list[dict]:
     return sorted({int(r["epoch"]): r for r in rows}.values(), key=lambda r: r["epoch"])
 
 
-def collect(spec, results: Path, stage: str, name: str) -> tuple[list[dict], list[dict], list[dict]]:
-    """Rows of trials.parquet, epochs.parquet and evals.parquet for one experiment."""
+def collect(spec, results: Path, stage: str, name: str) -> dict[str, list[dict]]:
+    """Rows of each of FILES for one experiment."""
     from dpsm_ray.sweep.protocol import feasible
     from dpsm_ray.sweep.trials import trial_config
 
-    trials, epochs, evals = [], [], []
+    trials, epochs, evals, classes = [], [], [], []
     for index, trial, result in finished_trials(results / "tune" / name):
         config = trial_config(trial.config)
         key = {"sweep": spec.name, "stage": stage, "trial_id": trial.trial_id, **run_key(config)}
@@ -86,14 +94,16 @@ def collect(spec, results: Path, stage: str, name: str) -> tuple[list[dict], lis
             "val_accuracy": metrics.get("val_accuracy"),
             "epochs_completed": len(rows),
             "wall_seconds": result.metrics.get("time_total_s"),
-            **{name: getattr(config, name) for name in ("alpha", "conformal_weight", "lr", "quantile_lr", "sigmoid_temperature", "sort_temperature", "batch_size", "epochs", "lr_decay", "init")},
+            **{name: getattr(config, name) for name in TRIAL_CONFIG_COLUMNS},
             "milestones": list(config.milestones),
             "config_json": json.dumps(config.to_dict()),
         })
         checkpoint = final_checkpoint_path(result) if result.error is None and config.evaluate_test else None
         if checkpoint is not None:
-            evals += [{**key, **row} for row in load_run_payload(checkpoint)["evals"]]
-    return trials, epochs, evals
+            payload = load_run_payload(checkpoint)
+            evals += [{**key, **row} for row in payload["evals"]]
+            classes += [{**key, **row} for row in payload.get("classes", [])]
+    return {"trials": trials, "epochs": epochs, "evals": evals, "classes": classes}
 
 
 def load_run_payload(checkpoint_path: str) -> dict:
@@ -104,13 +114,10 @@ def load_run_payload(checkpoint_path: str) -> dict:
 
 
 def write_results(spec, results: Path) -> None:
-    """Rewrite trials.parquet, epochs.parquet and evals.parquet from every experiment so far."""
-    trials, epochs, evals = [], [], []
+    """Rewrite every one of FILES from every experiment so far."""
+    rows = {name: [] for name in FILES}
     for stage, name in [*(("search", f"search-{m}") for m in spec.methods), ("final", "final")]:
-        t, e, v = collect(spec, results, stage, name)
-        trials += t
-        epochs += e
-        evals += v
-    write_parquet(results / "trials.parquet", trials, TRIALS)
-    write_parquet(results / "epochs.parquet", epochs, EPOCHS)
-    write_parquet(results / "evals.parquet", evals, EVALS)
+        for file, part in collect(spec, results, stage, name).items():
+            rows[file] += part
+    for file, schema in FILES.items():
+        write_parquet(results / f"{file}.parquet", rows[file], schema)

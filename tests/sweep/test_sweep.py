@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from dpsm_ray.results.schema import EPOCHS, EVALS, TRIALS, arrow_schema
+from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS, arrow_schema
 from dpsm_ray.sweep.protocol import SweepError, SweepSpec, run_sweep
 from dpsm_ray.train.config import TrainConfig
 
@@ -67,6 +67,7 @@ def test_trials_parquet(finished_sweep):
         assert config["method"] == row.method and config["seed"] == row.seed
         assert math.isclose(config["lr"], row.lr) and math.isclose(config["conformal_weight"], row.conformal_weight)
         assert config["evaluate_test"] == (row.stage == "final")  # the search never touches test data
+        assert (row.q_init, row.conftr_split, row.cut_score, row.lr_schedule) == (config["q_init"], config["conftr_split"], config["cut_score"], config["lr_schedule"])
     dpsm_search = search[search.method == "dpsm"]
     assert dpsm_search.quantile_lr.nunique() == 2  # Optuna really sampled gamma
     # the final stage re-trains each method's chosen configuration
@@ -96,6 +97,19 @@ def test_evals_parquet(finished_sweep):
     assert evals.groupby(["method", "seed", "score"]).split.apply(sorted).map(lambda s: s == [0, 1, 2, 3]).all()
     assert evals.coverage.between(0, 1).all() and (evals.set_size >= 0).all()
     assert (evals.n_cal + evals.n_test).nunique() == 1
+
+
+def test_classes_parquet_holds_each_final_model_s_class_coverage(finished_sweep):
+    _, results, _ = finished_sweep
+    classes = assert_schema(results / "classes.parquet", CLASSES)
+    evals = pd.read_parquet(results / "evals.parquet")
+    assert set(classes.stage) == {"final"} and set(classes.trial_id) == set(evals.trial_id)
+    # digits: 10 classes per final model, score and re-split; the class counts add up to the test part
+    assert len(classes) == len(evals) * 10
+    n_test = classes.groupby(["trial_id", "score", "split"]).n_test.sum()
+    assert (n_test == evals.set_index(["trial_id", "score", "split"]).n_test.reindex(n_test.index)).all()
+    covered = (classes.coverage * classes.n_test).groupby([classes.trial_id, classes.score, classes.split]).sum() / n_test
+    assert (covered - evals.set_index(["trial_id", "score", "split"]).coverage.reindex(covered.index)).abs().max() < 1e-12
 
 
 def test_each_method_s_optuna_study_is_in_a_database_with_its_trials_values_and_constraint(finished_sweep):
