@@ -128,15 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resource-timeout", type=positive_seconds, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS",
                        help="with --workers on a Ray cluster: how long to wait for the CPUs/GPUs the workers ask for before giving up "
                        "(an embedded Ray fails at once; default: %(default)s)")
-    train.add_argument("--out", help="write config.json, splits.json, epochs.parquet, evals.parquet and a checkpoint here; "
+    train.add_argument("--out", help="write config.json, splits.json, epochs.parquet, evals.parquet, classes.parquet and a checkpoint here; "
                        "running again with the same directory resumes from the checkpoint")
     train.set_defaults(handler=cmd_train, parser=train)
     report = commands.add_parser(
         "report",
         help="print the paper-style tables of a sweep or run and write report.md and figures",
-        description="Read DIR/evals.parquet and DIR/epochs.parquet (a sweep's --results-dir or a run's --out); print the "
+        description="Read DIR/evals.parquet, epochs.parquet and classes.parquet (a sweep's --results-dir or a run's --out); print the "
         "set-size table (mean ± std per method and score, DPSM against the best baseline) and all metrics; write "
-        "DIR/report.md and DIR/figures/*.png (coverage and set-size box plots, loss curves, |q - Q_n|).",
+        "DIR/report.md and DIR/figures/*.png (coverage and set-size box plots, losses and their gaps, |q - Q_n|, "
+        "training against validation set size, class-conditional coverage).",
     )
     report.add_argument("directory", metavar="DIR", help="a sweep's results directory or a training run's --out directory")
     report.set_defaults(handler=cmd_report, parser=report)
