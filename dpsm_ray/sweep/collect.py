@@ -33,16 +33,12 @@ def finished_trials(path: Path) -> list[tuple[int, object, object]]:
 
     Trials still pending or running in the saved state (an interrupted sweep) are left out: a
     resume finishes them, and their last report or checkpoint may not be their final one."""
-    import logging
-
     from ray import tune
 
     from dpsm_ray.sweep.trials import proposal_order
 
     if not tune.Tuner.can_restore(str(path)):
         return []
-    # a trial that never started has no result files, which the analysis warns about
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     analysis = tune.ExperimentAnalysis(str(path))
     index = {trial.trial_id: position for position, trial in enumerate(proposal_order(analysis.trials))}
     ended = [(index[trial.trial_id], trial, result) for trial, result in zip(analysis.trials, tune.ResultGrid(analysis)) if trial.status in ("TERMINATED", "ERROR")]

@@ -25,7 +25,7 @@ from dpsm_ray.objectives import METHODS
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, grid_size, paper_grid, search_space
 from dpsm_ray.train.config import ConfigError, TrainConfig
-from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, check_capacity, ensure_ray, run_demand
+from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, check_before_start, check_capacity, ensure_ray, run_demand
 
 
 # Search schedulers: every trial to the end, or asynchronous successive halving over epochs
@@ -168,6 +168,7 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
     results = Path(results_dir).resolve()
     check_data_present(spec.base.dataset, spec.base.data_root, spec.base.download)
     new = check_results_dir(spec, results, resume)
+    check_before_start(spec.trial_demand(), spec.address)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # state on disk after every trial: a hard kill loses nothing finished
     # ... which is the snapshot-per-checkpoint that Tune warns about (once per report) with num_to_keep set
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -199,6 +200,8 @@ def quiet_libraries() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
+    # a trial still pending when a sweep was interrupted has no results yet, which Tune warns about
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
 
 # Settings a resumed sweep may change: they do not change what any trial computes.

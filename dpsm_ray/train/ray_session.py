@@ -168,16 +168,31 @@ def cluster_capacity() -> dict[str, float]:
     return {k: float(v) for k, v in ray.cluster_resources().items() if k in RESOURCES}
 
 
+def check_before_start(demand: Demand, address: str | None = None) -> None:
+    """Before any Ray work: when ``ensure_ray(address)`` would start an embedded instance, raise
+    ``InsufficientResources`` at once if that instance could not hold ``demand`` (starting Ray
+    takes ~10 s on 2 cores; what it would count is known without it)."""
+    if current_session() is not None or address or os.environ.get("RAY_ADDRESS") or started_cluster_address():
+        return
+    import torch
+    from ray._private.utils import get_num_cpus  # how ray.init counts this machine's CPUs (cgroup quotas included)
+
+    embedded_fits(demand, {"CPU": float(get_num_cpus()), "GPU": float(torch.cuda.device_count())})
+
+
 def check_capacity(demand: Demand, *, timeout_s: float = DEFAULT_RESOURCE_TIMEOUT_S, log: Callable[[str], None] | None = None) -> None:
     """Raise ``InsufficientResources`` unless the current Ray can hold ``demand`` (see the module
     docstring): at once on an embedded instance, after up to ``timeout_s`` on a cluster."""
     session = current_session()
     if session is not None and session.embedded:
-        have = cluster_capacity()
-        if not demand.fits(have):
-            raise InsufficientResources(demand.shortfall(have, "the embedded Ray on this machine") + ", or pass --address of a larger cluster")
+        embedded_fits(demand, cluster_capacity())
         return
     wait_for(demand, timeout_s, log or _stderr)
+
+
+def embedded_fits(demand: Demand, have: dict[str, float]) -> None:
+    if not demand.fits(have):
+        raise InsufficientResources(demand.shortfall(have, "the embedded Ray on this machine") + ", or pass --address of a larger cluster")
 
 
 def wait_for(demand: Demand, timeout_s: float, log: Callable[[str], None]) -> None:

@@ -22,7 +22,7 @@ import torch
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.env import LocalEnv, ProcessGroupEnv
 from dpsm_ray.train.loop import RunResult, train
-from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, check_capacity, ensure_ray, run_demand
+from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, check_before_start, check_capacity, ensure_ray, run_demand
 
 STATE_FILE = "state.pt"
 RESULT_FILE = "result.pt"
@@ -151,8 +151,10 @@ def train_distributed(config: TrainConfig, out_dir=None, log=None, *, resource_t
     ``inject_failure`` (``{"after_epoch", "rank", "marker"}``) kills that worker once, for
     fault-tolerance tests.
     """
+    demand = run_demand(config.workers, config.cpus_per_worker, config.gpus_per_worker)
+    check_before_start(demand)
     ensure_ray()
-    check_capacity(run_demand(config.workers, config.cpus_per_worker, config.gpus_per_worker), timeout_s=resource_timeout_s, log=log)
+    check_capacity(demand, timeout_s=resource_timeout_s, log=log)
     storage = Path(out_dir) / "ray" if out_dir is not None else Path(tempfile.mkdtemp(prefix="dpsm_ray_"))
     result = trainer_for(config, storage, f"train-{config.config_hash()}", inject_failure=inject_failure).fit()
     return read_result(config, result.checkpoint)

@@ -92,7 +92,6 @@ def test_a_second_process_starts_its_own_ray_instead_of_joining_another_processe
     assert told.stdout.split()[-2:] == ["False", ray.get_runtime_context().gcs_address]
 
 
-@pytest.mark.ray
 def test_dpsm_ray_train_with_more_workers_than_cpus_fails_at_once_naming_the_options(tmp_path):
     cpus = os.cpu_count()
     workers = cpus + 1
@@ -105,7 +104,8 @@ def test_dpsm_ray_train_with_more_workers_than_cpus_fails_at_once_naming_the_opt
     assert run.returncode == 2, run.stdout + run.stderr
     assert f"--workers {workers} x --cpus-per-worker 1" in run.stderr and f"has {cpus} CPUs" in run.stderr
     assert f"at most --workers {cpus} fit" in run.stderr
-    print(f"failed after {seconds:.1f}s")  # the Ray start-up, on a 2-core machine ~10 s; it used to wait forever
+    assert "Started a local Ray instance" not in run.stderr  # known before starting Ray (~10 s on 2 cores); it used to wait forever
+    print(f"failed after {seconds:.1f}s")
 
 
 @pytest.mark.ray
@@ -119,3 +119,18 @@ def test_a_sweep_whose_trials_cannot_fit_stops_before_claiming_its_results_direc
     with pytest.raises(InsufficientResources, match=expected):
         run_sweep(spec, tmp_path / "sweep", log=lambda line: None)
     assert not (tmp_path / "sweep" / "sweep.json").exists()  # nothing to --resume: the same command with fewer workers starts afresh
+
+
+def test_the_check_before_starting_ray_applies_only_where_this_process_would_start_its_own(monkeypatch):
+    from dpsm_ray.train import ray_session
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_session, "started_cluster_address", lambda: None)
+    monkeypatch.setattr(ray_session, "current_session", lambda: None)  # as in a process that has not connected yet
+    too_many = run_demand(os.cpu_count() + 1, 1, 0)
+    with pytest.raises(InsufficientResources, match="the embedded Ray on this machine"):
+        ray_session.check_before_start(too_many)
+    ray_session.check_before_start(run_demand(1, 1, 0))
+    ray_session.check_before_start(too_many, address="10.0.0.1:6379")  # a cluster may have (or add) more
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    ray_session.check_before_start(too_many)
