@@ -106,6 +106,8 @@ def embedded_ray_settings() -> None:
 
 # --- capacity -------------------------------------------------------------------------------
 
+RESOURCES = ("CPU", "GPU")
+
 
 @dataclass(frozen=True)
 class Demand:
@@ -149,8 +151,6 @@ class Demand:
             advice = f"at most --workers {max(0, min(room))} fit with these per-worker values: lower --workers, --cpus-per-worker or --gpus-per-worker"
         return f"a run needs {amounts({k: self.total(k) for k in shown})} at once ({self.describe()}), but {where} has {amounts({k: have.get(k, 0.0) for k in shown})}; {advice}"
 
-
-RESOURCES = ("CPU", "GPU")
 
 
 def run_demand(workers: int, cpus_per_worker: float, gpus_per_worker: float, own: dict[str, float] | None = None) -> Demand:
