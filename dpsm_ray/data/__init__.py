@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
+from dpsm_ray.data.glyphs import glyph_sizes, load_glyphs, make_glyphs, parse_glyphs
 from dpsm_ray.data.splits import SPLIT_NAMES, DataSplits, FileSource, Split, TensorSource, stratified_partition
-from dpsm_ray.data.tabular import DIGITS_SIZES, SYNTHETIC_FRACTIONS, load_digits, load_synthetic, make_synthetic
+from dpsm_ray.data.tabular import DIGITS_SIZES, SYNTHETIC_FRACTIONS, load_digits, load_synthetic, make_synthetic, parse_synthetic
 from dpsm_ray.data.vision import LOADERS as VISION_LOADERS
 from dpsm_ray.data.vision import PAPER_SIZES, fitted_sizes
 from dpsm_ray.data.vision import check_data_present as check_image_data
 
-DATASETS = ("digits", "synthetic", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
+DATASETS = ("digits", "synthetic", "glyphs", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
+# the generated datasets, whose names take options (``synthetic:classes=20``)
+OPTION_PARSERS = {"synthetic": parse_synthetic, "glyphs": parse_glyphs}
 
 
 def check_dataset(name: str) -> str:
     base = name.partition(":")[0]
     if base not in DATASETS:
         raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
-    if base == "synthetic":
-        from dpsm_ray.data.tabular import parse_synthetic
-
-        parse_synthetic(name)
+    if base in OPTION_PARSERS:
+        OPTION_PARSERS[base](name)
     elif name != base:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)} (only synthetic takes options); got {name!r}")
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)} (only {' and '.join(OPTION_PARSERS)} take options); got {name!r}")
     return name
 
 
@@ -32,8 +33,8 @@ def split_sizes(name: str) -> dict[str, int]:
         return dict(DIGITS_SIZES)
     if name in PAPER_SIZES:
         return dict(PAPER_SIZES[name])
-    from dpsm_ray.data.tabular import parse_synthetic
-
+    if name.partition(":")[0] == "glyphs":
+        return glyph_sizes(parse_glyphs(name))
     size = parse_synthetic(name)["size"]
     return {split: int(size * fraction) for split, fraction in SYNTHETIC_FRACTIONS.items()}
 
@@ -59,10 +60,12 @@ def load_splits(name: str, data_root: str | None = None, *, seed: int, download:
         if not isinstance(data_workers, int) or data_workers < 0:
             raise ValueError(f"data_workers must be an integer >= 0; got {data_workers!r}")
         return VISION_LOADERS[name](data_root, seed, download, data_workers)
+    if name.partition(":")[0] == "glyphs":
+        return load_glyphs(name, seed)
     return load_synthetic(name, seed)
 
 
 __all__ = [
     "DATASETS", "PAPER_SIZES", "SPLIT_NAMES", "DataSplits", "FileSource", "Split", "TensorSource", "check_data_present", "check_dataset",
-    "fitted_sizes", "load_splits", "make_synthetic", "split_sizes", "stratified_partition",
+    "fitted_sizes", "load_splits", "make_glyphs", "make_synthetic", "split_sizes", "stratified_partition",
 ]

@@ -1,4 +1,4 @@
-"""Batched augmentation for images kept as one uint8 tensor ``[N, C, H, W]`` (CIFAR).
+"""Batched augmentation for images kept as one tensor ``[N, C, H, W]`` (CIFAR's uint8, the glyphs' float).
 
 The standard CIFAR recipe -- random crop with 4-pixel zero padding, then a horizontal flip with
 probability 1/2 (He et al. 2016) -- done as tensor ops on a whole batch, so it runs wherever the
@@ -52,6 +52,13 @@ def random_crop_flip(images: torch.Tensor, ids: torch.Tensor, seed: int, padding
     """The CIFAR augmentation of a batch whose examples have ids ``ids`` (see module docstring)."""
     top, left = crop_offsets(ids, seed, padding)
     return crop_and_flip(images, top, left, flip_mask(ids, seed), padding)
+
+
+def random_crop(images: torch.Tensor, ids: torch.Tensor, seed: int, padding: int) -> torch.Tensor:
+    """A random shift of up to ``padding`` pixels each way (a crop of the zero-padded image),
+    without flips: for images whose mirror is another class (the glyphs)."""
+    top, left = crop_offsets(ids, seed, padding)
+    return crop_and_flip(images, top, left, torch.zeros(ids.shape, dtype=torch.bool), padding)
 
 
 def normalise(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

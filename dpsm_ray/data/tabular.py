@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from dpsm_ray.data.options import dataset_options
 from dpsm_ray.data.splits import DataSplits, Split, TensorSource, stratified_partition
 
 DIGITS_SIZES = {"train": 1000, "val": 300, "cal": 200, "test": 297}  # all 1797 digits
@@ -38,13 +39,7 @@ def load_digits(seed: int) -> DataSplits:
 
 def parse_synthetic(spec: str) -> dict[str, float]:
     """``synthetic`` or ``synthetic:classes=20,dim=8,size=5000,noise=1.5`` -> parameters."""
-    options = dict(SYNTHETIC_DEFAULTS)
-    _, _, rest = spec.partition(":")
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        if key not in SYNTHETIC_DEFAULTS:
-            raise ValueError(f"dataset: unknown synthetic option {key!r}; allowed: {', '.join(SYNTHETIC_DEFAULTS)}")
-        options[key] = float(value) if key == "noise" else int(value)
+    options = dataset_options(spec, SYNTHETIC_DEFAULTS)
     if options["classes"] < 2 or options["dim"] < 1 or options["size"] < 20 * options["classes"] or options["noise"] <= 0:
         raise ValueError(f"dataset: synthetic needs classes >= 2, dim >= 1, size >= 20 * classes, noise > 0; got {options}")
     return options

@@ -1,6 +1,6 @@
 """Model builders: ``build_model(name, num_classes, input_shape=..., pretrained_path=...)``.
 
-- ``mlp``, ``cnn``: small models for the offline datasets (``small.py``).
+- ``mlp``, ``cnn``, ``lenet``: small models for the offline datasets (``small.py``).
 - ``resnet20`` .. ``resnet110``: CIFAR ResNets (``cifar_resnet.py``); ``densenet100``:
   DenseNet-BC-100, growth rate 12 (``densenet.py``) -- the paper's CIFAR-100 models.
 - ``resnet50``, ``densenet121``: torchvision's ImageNet models for the 224-pixel datasets,
@@ -16,12 +16,13 @@ from torch import nn
 from dpsm_ray.models.cifar_resnet import CIFAR_RESNET_DEPTHS, CifarResNet
 from dpsm_ray.models.densenet import CifarDenseNet
 from dpsm_ray.models.imagenet import HEADS, imagenet_model, load_backbone
-from dpsm_ray.models.small import MLP, SmallCNN
+from dpsm_ray.models.small import MLP, LeNet, SmallCNN
 
-MODELS = ("mlp", "cnn", *(f"resnet{depth}" for depth in CIFAR_RESNET_DEPTHS), "densenet100", "resnet50", "densenet121")
+MODELS = ("mlp", "cnn", *(f"resnet{depth}" for depth in CIFAR_RESNET_DEPTHS), "densenet100", "resnet50", "densenet121", "lenet")
 PRETRAINABLE = tuple(HEADS)
-# the paper's model for each dataset (its ResNet column); the tabular data take the small MLP
-DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
+# the paper's model for each dataset (its ResNet column); the tabular data take the small MLP, the
+# glyphs the small LeNet
+DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "glyphs": "lenet", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
 
 
 def check_model(name: str) -> str:
@@ -51,6 +52,8 @@ def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (
         return MLP(input_shape, num_classes)
     if name == "cnn":
         return SmallCNN(input_shape, num_classes)
+    if name == "lenet":
+        return LeNet(input_shape, num_classes)
     if len(input_shape) != 3:
         raise ValueError(f"model: {name} needs image inputs [C, H, W]; got input shape {input_shape}")
     if name == "densenet100":
@@ -64,6 +67,6 @@ def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (
 
 
 __all__ = [
-    "DEFAULT_MODELS", "MLP", "MODELS", "PRETRAINABLE", "CifarDenseNet", "CifarResNet", "SmallCNN", "build_model",
+    "DEFAULT_MODELS", "MLP", "MODELS", "PRETRAINABLE", "CifarDenseNet", "CifarResNet", "LeNet", "SmallCNN", "build_model",
     "check_model", "default_model",
 ]

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpsm_ray.data.augment import crop_and_flip, crop_offsets, flip_mask, normalise, random_crop_flip
+from dpsm_ray.data.augment import crop_and_flip, crop_offsets, flip_mask, normalise, random_crop, random_crop_flip
 from dpsm_ray.data.vision import CIFAR100_MEAN, CIFAR100_STD, cifar100_transform
 
 
@@ -34,6 +34,15 @@ def test_the_centre_window_without_flip_is_the_image():
     images = random_images(4)
     centre = torch.full((4,), 4)
     assert torch.equal(crop_and_flip(images, centre, centre, torch.zeros(4, dtype=torch.bool), 4), images)
+
+
+def test_random_crop_is_the_crop_of_random_crop_flip_never_mirrored():
+    images, ids = random_images(32, channels=1, height=16, width=16), torch.arange(100, 132)
+    top, left = crop_offsets(ids, 3, 1)
+    never = torch.zeros(32, dtype=torch.bool)
+    assert torch.equal(random_crop(images, ids, 3, 1), slow_crop_and_flip(images, top, left, never, 1))
+    flipped = flip_mask(ids, 3)
+    assert flipped.any() and torch.equal(random_crop_flip(images, ids, 3, 1)[~flipped], random_crop(images, ids, 3, 1)[~flipped])
 
 
 def test_an_examples_augmentation_does_not_depend_on_its_batch():

@@ -55,3 +55,5 @@ def test_synthetic_classes_differ_in_difficulty_and_are_seeded():
 def test_bad_synthetic_options_are_named():
     with pytest.raises(ValueError, match="unknown synthetic option 'clases'"):
         load_splits("synthetic:clases=3", seed=0)
+    with pytest.raises(ValueError, match="synthetic option size must be a number; got '1e3x'"):
+        load_splits("synthetic:size=1e3x", seed=0)
