@@ -220,10 +220,14 @@ def plot_search(curves: dict[str, list[float]], path: Path, arm: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     figure, axis = plt.subplots(figsize=(6, 4))
     for method, curve in curves.items():
         axis.step(range(1, len(curve) + 1), curve, where="post", label=METHOD_NAMES.get(method, method))
+    axis.set_yscale("log")  # the first trials' sizes are often ten times the best
+    for axis_format in (axis.yaxis.set_major_formatter, axis.yaxis.set_minor_formatter):
+        axis_format(matplotlib.ticker.FormatStrFormatter("%g"))
     axis.set_xlabel("search trial")
     axis.set_ylabel("best feasible validation set size so far")
     axis.set_title(f"Arm {arm}: each method's search (is the pick stable?)")
