@@ -143,6 +143,10 @@ def base_model_regime(results: Path) -> list[dict]:
     from dpsm_ray.models import build_model
     from dpsm_ray.objectives import hps_scores
     from dpsm_ray.train.config import TrainConfig
+    from dpsm_ray.train.env import LocalEnv
+    from dpsm_ray.train.loop import predict
+
+    env = LocalEnv(torch.device("cpu"))
 
     rows = []
     for entry in sorted((results / "base_models").glob("*/model.pt")):
@@ -151,13 +155,12 @@ def base_model_regime(results: Path) -> list[dict]:
         data = load_splits(config.dataset, config.data_root, seed=config.data_seed())
         model = build_model(config.model, data.num_classes, input_shape=data.input_shape)
         model.load_state_dict(torch.load(entry, map_location="cpu", weights_only=True))
-        model.eval()
         row = {"seed": config.seed, "epochs": config.epochs}
         for split in ("train", "cal"):
             part = getattr(data, split)
             with torch.no_grad():
-                x, y = next(part.batches([torch.arange(len(part))], augment=False, seed=0))
-                logits = model(x).double()
+                logits = predict(model, part, torch.arange(len(part)), data.num_classes, env, config.precision).double()
+            y = part.labels
             scores = label_scores(hps_scores(logits), y)
             row[f"{split}_accuracy"] = float((logits.argmax(1) == y).double().mean())
             row[f"{split}_median_score"] = float(scores.median())
@@ -166,10 +169,15 @@ def base_model_regime(results: Path) -> list[dict]:
     return sorted(rows, key=lambda row: row["seed"])
 
 
+def last_epochs(epochs: pd.DataFrame) -> pd.DataFrame:
+    """Each run's row of its last epoch."""
+    return epochs.sort_values("epoch").groupby("run_id").tail(1)
+
+
 def final_model_regime(epochs: pd.DataFrame, evals: pd.DataFrame) -> list[dict]:
     """The same contrast for the final models: Q_n of the training split at the last epoch
     (epochs.parquet) against the HPS calibration quantile of the test re-splits (evals.parquet)."""
-    last = epochs.sort_values("epoch").groupby("run_id").tail(1)
+    last = last_epochs(epochs)
     hps = evals[evals.score == "hps"]
     rows = []
     for method in ordered(evals.method, METHOD_ORDER):
@@ -292,7 +300,7 @@ def quantile_diagnostics(epochs: pd.DataFrame) -> list[dict]:
         runs = epochs[epochs.method == method]
         if runs.empty:
             continue
-        last = runs.sort_values("epoch").groupby("run_id").tail(1)
+        last = last_epochs(runs)
         rows.append({"method": method, **{column: float(last[column].mean()) for column in DIAGNOSTICS},
                      "q_error_all_epochs": float(runs.q_error.mean()), "q_error_train_all_epochs": float(runs.q_error_train.mean())})
     return rows

@@ -153,8 +153,7 @@ def write_figures(results: Path, evals: pd.DataFrame, epochs: pd.DataFrame, clas
         else:
             finish(fig, Figure("apss_box", "Average prediction set size", "Test APSS over models and re-splits (paper figure 1, bottom): at equal coverage, lower is better; the paper has DPSM's box lowest."))
 
-    if "stage" in epochs.columns and (epochs.stage == "final").any():
-        epochs = epochs[epochs.stage == "final"]  # a sweep: the curves of the chosen configurations
+    # load() has kept a sweep's final stage only: the curves of the chosen configurations
     if not epochs.empty:
         columns = [c for c in EPOCH_CURVES if c in epochs.columns]
         mean = epochs.groupby(["method", "epoch"], sort=True)[columns].mean().reset_index()
@@ -216,8 +215,6 @@ def write_figures(results: Path, evals: pd.DataFrame, epochs: pd.DataFrame, clas
             finish(fig, Figure("set_size_gap", "Training against validation set size", "The training split's hard set size at the learned quantile against the validation set size (paper figure 3(c), its learning-bound proxy): the smaller the gap, the better the training-time size predicts held-out size; the paper has DPSM's gap below ConfTr's."))
 
     if not classes.empty:
-        if "stage" in classes.columns and (classes.stage == "final").any():
-            classes = classes[classes.stage == "final"]
         # one value per final model and class: its mean over the re-splits
         per_class = classes.groupby(["method", "score", "run_id", "label"])[["coverage", "set_size"]].mean().reset_index()
         class_methods = ordered(per_class["method"], METHOD_ORDER)
