@@ -61,7 +61,7 @@ def test_local_cluster_config_is_valid_and_installs_the_project_like_the_gpu_one
     validate(local)
     assert local["provider"]["type"] == "local" and {"head_ip", "worker_ips"} <= set(local["provider"])
     assert {"ssh_user", "ssh_private_key"} <= set(local["auth"])
-    assert local["file_mounts"] == config["file_mounts"] == {"~/dpsm_ray": "."}
+    assert local["file_mounts"] == config["file_mounts"] == {"~/dpsm_ray": ".", "~/.ray/auth_token": "~/.ray/auth_token"}
     assert any("pip install -q -e ~/dpsm_ray" in command for command in local["setup_commands"])
     # the launcher's login shells reset PATH: the environment must come from ~/.bashrc
     assert any("~/.bashrc" in command for command in local["setup_commands"])
@@ -83,3 +83,35 @@ def test_rsync_exclusions_keep_every_file_of_the_package(name):
     package = [path for path in tracked if path.startswith(("dpsm_ray/", "sweeps/")) or path == "pyproject.toml"]
     assert package and not [path for path in package if any(excluded(path, p) for p in patterns)]
     assert excluded("results/digits/trials.parquet", "/results") and excluded("dpsm_ray/results/x.py", "results")
+
+
+@pytest.mark.parametrize("name", ["gpu.yaml", "local.yaml"])
+def test_every_node_starts_ray_with_token_authentication_and_the_dashboard_on_loopback(name):
+    """Issue 21: gpu.yaml started Ray without token authentication and with
+    --dashboard-host=0.0.0.0, opening the job API (arbitrary code) to the whole VPC."""
+    cluster = yaml.safe_load((ROOT / "cluster" / name).read_text())
+    starts = [c for c in cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"] if "ray start" in c]
+    assert len(starts) == 2 and all("RAY_AUTH_MODE=token ray start" in c.replace("RAY_enable_autoscaler_v2=0 ", "") for c in starts), starts
+    head = next(c for c in cluster["head_start_ray_commands"] if "--head" in c)
+    assert "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in (ROOT / "cluster" / name).read_text()
+    # the token reaches every node, and every Ray command there (the sweep driver too) uses it
+    assert cluster["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    assert any("export RAY_AUTH_MODE=token" in c and "~/.bashrc" in c for c in cluster["setup_commands"])
+
+
+def test_gpu_nodes_run_in_a_security_group_of_their_own(config):
+    """The launcher's default group has SSH open to 0.0.0.0/0 (ray/autoscaler/_private/aws/config.py
+    adds it to any group it creates): every node type names a group made by the script instead."""
+    groups = {name: node["node_config"].get("SecurityGroupIds") for name, node in config["available_node_types"].items()}
+    assert all(groups.values()) and len({tuple(g) for g in groups.values()}) == 1, groups
+
+
+@pytest.mark.parametrize("cidr, message", [("0.0.0.0/0", "refusing 0.0.0.0/0"), ("::/0", "refusing ::/0"), ("203.0.113.7", "is not a CIDR range")])
+def test_the_security_group_script_refuses_ssh_from_anywhere(cidr, message):
+    import subprocess
+
+    script = ROOT / "cluster" / "aws-security-group.sh"
+    run = subprocess.run(["bash", str(script), cidr], capture_output=True, text=True)  # refused before any AWS call
+    assert run.returncode == 2 and message in run.stderr
+    text = script.read_text()
+    assert "FromPort=22,ToPort=22,IpRanges=[{CidrIp=$cidr" in text and "UserIdGroupPairs=[{GroupId=$group" in text

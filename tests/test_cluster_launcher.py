@@ -136,7 +136,7 @@ def ray_cli(command: str, cwd: Path, timeout: float) -> subprocess.CompletedProc
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("RAY_ADDRESS", None)
     started = time.monotonic()
-    run = subprocess.run(shlex.split(command), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    run = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)  # as pasted into a shell
     print(f"{time.monotonic() - started:6.1f}s  {command}  -> exit {run.returncode}")
     assert run.returncode == 0, f"{command}\n{run.stdout[-6000:]}\n{run.stderr[-6000:]}"
     return run
@@ -167,15 +167,42 @@ def trial_rows(results: Path) -> list[dict]:
     return rows
 
 
+def assert_strangers_are_refused(tmp_path: Path) -> None:
+    """Issue 21: the cluster runs with token authentication and its dashboard on loopback.  A
+    driver without the token cannot join, the dashboard's job API answers 401 without it and 200
+    with it, and nothing listens on the dashboard's port at the machine's other address."""
+    import urllib.error
+    import urllib.request
+
+    stranger = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"HOME": str(tmp_path / "stranger")}
+    joined = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address='{HEAD}:6379'); print('JOINED')"],
+                            env=stranger, capture_output=True, text=True, timeout=300)
+    assert joined.returncode != 0 and "JOINED" not in joined.stdout, joined.stdout + joined.stderr[-3000:]
+    assert re.search(r"Unauthenticated|AuthenticationError|authentication token", joined.stdout + joined.stderr), joined.stderr[-3000:]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://{HEAD}:8265/api/jobs/", timeout=30)
+    assert refused.value.code == 401
+    token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    request = urllib.request.Request(f"http://{HEAD}:8265/api/version", headers={"Authorization": f"Bearer {token}"})
+    assert urllib.request.urlopen(request, timeout=30).status == 200
+    outward = socket.gethostbyname(socket.gethostname())
+    if not outward.startswith("127."):
+        with pytest.raises(OSError):
+            socket.create_connection((outward, 8265), timeout=5).close()
+
+
 def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(machines, tmp_path):
     checkout = tmp_path / "dpsm_ray"
     checkout_copy(checkout)
     fill_in(checkout / "cluster" / "local.yaml", machines)
-    up, submit, rsync_down, down = commands = readme_cluster_commands()
-    assert [c.split()[:2] for c in commands] == [["ray", "up"], ["ray", "submit"], ["ray", "rsync-down"], ["ray", "down"]], commands
+    token, up, submit, rsync_down, down = commands = readme_cluster_commands()
+    assert [c.split()[:2] for c in commands] == [["ray", "get-auth-token"], ["ray", "up"], ["ray", "submit"], ["ray", "rsync-down"], ["ray", "down"]], commands
+    assert "> /dev/null" in token  # the secret is not printed
 
     try:
+        assert not ray_cli(token, checkout, timeout=120).stdout  # creates ~/.ray/auth_token where it is missing
         ray_cli(up, checkout, timeout=1200)
+        assert_strangers_are_refused(tmp_path)
         # a second node on this machine, with an address of its own, joins the head's cluster
         config = shlex.split(up)[-1]
         joined = ray_cli(f"ray exec {config} 'ray start --address={HEAD}:6379 --node-ip-address={WORKER}'", checkout, timeout=300)
