@@ -24,6 +24,15 @@ def conformal_rank(n: int, alpha: float) -> int:
     return math.ceil((n + 1) * (1 - Fraction(repr(float(alpha)))))
 
 
+def min_calibration_size(alpha: float) -> int:
+    """The fewest calibration points whose conformal quantile is finite: the smallest n with
+    ceil((n + 1)(1 - alpha)) <= n, i.e. n >= (1 - alpha) / alpha (exact, as ``conformal_rank``).
+    With fewer, q_hat is +inf and every prediction set holds every label."""
+    check_alpha(alpha)
+    a = Fraction(repr(float(alpha)))
+    return math.ceil((1 - a) / a)
+
+
 def empirical_rank(n: int, level: float) -> int:
     """ceil(n * level): the rank of the smallest minimiser of the average pinball loss at ``level``.
 

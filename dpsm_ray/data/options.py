@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def dataset_options(spec: str, defaults: dict[str, float], floats: tuple[str, ...] = ("noise",)) -> dict[str, float]:
     """``family`` or ``family:key=value,...`` -> ``defaults`` updated by the named options; the
@@ -16,4 +18,6 @@ def dataset_options(spec: str, defaults: dict[str, float], floats: tuple[str, ..
             options[key] = float(value) if key in floats else int(value)
         except ValueError:
             raise ValueError(f"dataset: {family} option {key} must be a number; got {value!r}") from None
+        if not math.isfinite(options[key]):
+            raise ValueError(f"dataset: {family} option {key} must be a finite number; got {value!r}")
     return options

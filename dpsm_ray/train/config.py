@@ -47,6 +47,7 @@ OPERATIONAL_FIELDS = frozenset(
      "step", "channels_last"}
 )  # not ``workers``: without SyncBatchNorm a BatchNorm model trained by W workers is another model
 PATH_FIELDS = ("data_root", "pretrained_path", "cache_dir")
+MAX_SEED = 2**63
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,18 @@ class TrainConfig:
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
+def calibration_warnings(config: TrainConfig) -> list[str]:
+    """Where ``alpha`` needs more calibration points than a split has: split conformal then
+    returns q = +inf, every prediction set holds every class, and coverage is trivially 1."""
+    from dpsm_ray.conformal import min_calibration_size
+    from dpsm_ray.data import split_sizes
+
+    need, sizes = min_calibration_size(config.alpha), split_sizes(config.dataset)
+    parts = {"the calibration split": sizes["cal"], "half of the validation split (what the search calibrates on)": sizes["val"] // 2}
+    return [f"alpha={config.alpha:g} needs at least {need} calibration points for a finite threshold, but {where} has {n}: "
+            "every prediction set will hold every class (coverage 1, a trivial result)" for where, n in parts.items() if n < need]
+
+
 def validate(config: TrainConfig) -> None:
     from dpsm_ray.data import check_dataset, split_sizes
     from dpsm_ray.models import MODELS, PRETRAINABLE, default_model
@@ -208,8 +221,8 @@ def validate(config: TrainConfig) -> None:
     need(config.lr_schedule in LR_SCHEDULES, "lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
     need(0 <= number("momentum") < 1, "momentum", "must be in [0, 1)")
     need(number("weight_decay") >= 0, "weight_decay", "must be >= 0")
-    need(integer("seed") >= 0, "seed", "must be an integer >= 0")
-    need(config.split_seed is None or (isinstance(config.split_seed, int) and not isinstance(config.split_seed, bool) and config.split_seed >= 0), "split_seed", "must be an integer >= 0")
+    need(0 <= integer("seed") < MAX_SEED, "seed", "must be an integer in [0, 2**63) (torch generators take 64-bit seeds)")
+    need(config.split_seed is None or (isinstance(config.split_seed, int) and not isinstance(config.split_seed, bool) and 0 <= config.split_seed < MAX_SEED), "split_seed", "must be an integer in [0, 2**63)")
     need(config.train_subset is None or (isinstance(config.train_subset, int) and config.train_subset >= 2), "train_subset", "must be an integer >= 2")
     need(config.train_subset is None or config.train_subset <= train_size, "train_subset", f"must be at most the training split's {train_size} examples")
     usable = 2 * ((config.train_subset or train_size) // 2)

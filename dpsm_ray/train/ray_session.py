@@ -80,6 +80,12 @@ def start_embedded(num_cpus: int | None = None, *, worker_output: bool = True, *
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
     ray.init(address="local", num_cpus=num_cpus, log_to_driver=worker_output, dashboard_host="127.0.0.1", dashboard_port=port, **init_options)
     _embedded_address = ray.get_runtime_context().gcs_address
+    # a driver killed with SIGKILL takes Ray's services with it but not its node agents: a watchdog
+    # ends them (dpsm_ray/reaper.py)
+    from dpsm_ray import reaper
+
+    for raylet in reaper.children_named(os.getpid(), "raylet"):
+        reaper.start(raylet)
     return current_session()
 
 

@@ -114,3 +114,22 @@ def test_the_default_gamma_is_spread_over_the_steps_of_an_epoch():
     assert TrainConfig(batch_size=64).resolved_quantile_lr(1000) == pytest.approx(2.0 / 15)
     assert TrainConfig(batch_size=128).resolved_quantile_lr(45000) == pytest.approx(2.0 / 351)  # CIFAR-100 at batch 128
     assert TrainConfig(quantile_lr=0.01).resolved_quantile_lr(1000) == 0.01  # an explicit gamma is per step, as in the paper
+
+
+def test_an_alpha_the_calibration_splits_cannot_resolve_is_warned_about():
+    """Issue 21: --alpha 0.001 on digits (200 calibration points) gives q = inf and every class in
+    every set, correctly, but without a word.  min_calibration_size is checked against the rank."""
+    from dpsm_ray.conformal import conformal_rank, min_calibration_size
+    from dpsm_ray.train.config import calibration_warnings
+
+    for alpha in (0.5, 0.3, 0.1, 0.05, 0.01, 0.001, 0.7, 0.9):
+        n = min_calibration_size(alpha)
+        assert conformal_rank(n, alpha) <= n and (n == 0 or conformal_rank(n - 1, alpha) > n - 1), alpha
+    assert min_calibration_size(0.1) == 9 and min_calibration_size(0.001) == 999
+    assert calibration_warnings(TrainConfig(dataset="digits", alpha=0.1)) == []
+    warnings = calibration_warnings(TrainConfig(dataset="digits", alpha=0.001))
+    assert len(warnings) == 2 and "needs at least 999 calibration points" in warnings[0] and "the calibration split has 200" in warnings[0]
+    assert "half of the validation split (what the search calibrates on) has 150" in warnings[1] and "every prediction set will hold every class" in warnings[1]
+    only_validation = calibration_warnings(TrainConfig(dataset="digits", alpha=0.005))  # 199 needed: 200 suffice, 150 do not
+    assert len(only_validation) == 1 and "validation" in only_validation[0]
+    assert calibration_warnings(TrainConfig(dataset="digits", alpha=0.0067)) == []  # 149 needed

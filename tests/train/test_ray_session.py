@@ -134,3 +134,32 @@ def test_the_check_before_starting_ray_applies_only_where_this_process_would_sta
     ray_session.check_before_start(too_many, address="10.0.0.1:6379")  # a cluster may have (or add) more
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     ray_session.check_before_start(too_many)
+
+
+@pytest.mark.ray
+def test_a_driver_killed_with_sigkill_leaves_no_ray_process_behind(tmp_path):
+    """Issue 21: after `kill -9` of a driver, Ray's node agents (one listening on every interface)
+    stayed for a minute, waiting on the dead GCS; the watchdog an embedded Ray starts ends them."""
+    import signal
+
+    from dpsm_ray import reaper
+
+    code = ("from dpsm_ray.train.ray_session import start_embedded; start_embedded(num_cpus=1, worker_output=False); "
+            "print('up', flush=True); import time; time.sleep(600)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path)
+    try:
+        assert driver.stdout.readline().strip() == "up"
+        raylets = reaper.children_named(driver.pid, "raylet")
+        assert len(raylets) == 1
+        deadline = time.monotonic() + 30
+        while len(reaper.belonging_to(raylets[0])) < 2 and time.monotonic() < deadline:  # its two agents, once they are up
+            time.sleep(0.5)
+        assert len(reaper.belonging_to(raylets[0])) >= 2
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    deadline = time.monotonic() + 15
+    while (left := reaper.belonging_to(raylets[0])) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"still running after the driver was killed: {left}"
