@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.train.config import ConfigError, TrainConfig, calibration_warnings
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
 
@@ -74,28 +74,37 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ConfigError as error:
         fail(parser, error)
     from dpsm_ray.data import check_data_present
+    from dpsm_ray.files import CorruptFileError, is_disk_full
     from dpsm_ray.results import write_run
     from dpsm_ray.results.tables import format_summary, summarise
     from dpsm_ray.train import run_training
-
     from dpsm_ray.train.ray_session import InsufficientResources
 
+    for line in calibration_warnings(config):
+        print(f"warning: {line}", file=sys.stderr)
     out = Path(args.out).resolve() if args.out else None
+    again = "; run the same command again to continue from the last checkpoint" if out is not None else ""
     ray_options = {"resource_timeout_s": args.resource_timeout} if config.workers else {}
     try:
         check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
         result = run_training(config, out, **ray_options)
+        if out is not None:
+            write_run(out, result)
     except ConfigError as error:
         fail(parser, error)
-    except (FileNotFoundError, InsufficientResources) as error:  # a missing dataset or weights file; workers that cannot start
+    except (FileNotFoundError, InsufficientResources, CorruptFileError) as error:  # a missing dataset or weights file; workers that cannot start
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    except KeyboardInterrupt:
+        parser.exit(3, f"{parser.prog}: interrupted{again}\n")
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        parser.exit(3, f"{parser.prog}: error: {str(error).splitlines()[-1]}{again}\n")
     finally:
         if config.workers:
             import ray
 
             ray.shutdown()
-    if out is not None:
-        write_run(out, result)
     print(f"{config.method} on {config.dataset}, alpha={config.alpha}: test metrics over {config.eval_splits} calibration/test re-splits")
     print(format_summary(summarise(pd.DataFrame(result.evals))))
     if out is not None:
@@ -104,6 +113,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dpsm_ray.files import CorruptFileError
     from dpsm_ray.results.report import write_report
 
     directory = Path(args.directory)
@@ -111,7 +121,7 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         parser.exit(2, f"{parser.prog}: error: {directory} is not a directory (give a sweep's --results-dir or a run's --out)\n")
     try:
         write_report(directory)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, CorruptFileError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     return 0
 

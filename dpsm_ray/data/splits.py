@@ -13,9 +13,10 @@ import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+
+from dpsm_ray.files import write_text
 
 SPLIT_NAMES = ("train", "val", "cal", "test")
 
@@ -150,10 +151,7 @@ class DataSplits:
     def save(self, path: str | os.PathLike) -> None:
         """Write the example ids of every split as JSON (atomically), next to the results."""
         payload = {"dataset": self.name, "num_classes": self.num_classes, **{n: getattr(self, n).ids.tolist() for n in SPLIT_NAMES}}
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(payload))
-        os.replace(tmp, path)
+        write_text(path, json.dumps(payload))
 
 
 def stratified_partition(labels: torch.Tensor, sizes: Sequence[int], seed: int) -> list[torch.Tensor]:

@@ -128,10 +128,26 @@ def splits_of(name: str, num_classes: int, input_shape: tuple[int, ...], source:
 # ----------------------------------------------------------------------------- CIFAR-100
 
 
+class ArrayUnpickler(pickle.Unpickler):
+    """Reads only what the CIFAR-100 python-version files hold -- dicts, lists, bytes and numpy
+    arrays -- and refuses any other global, so a planted file cannot run code."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}; a CIFAR-100 file holds only arrays, lists and bytes")
+        return super().find_class(module, name)
+
+
 def unpickle(path: Path) -> dict:
-    # The reader given on the CIFAR website; the files were pickled by Python 2, so keys are bytes.
+    """The CIFAR website's reader, restricted to arrays (``ArrayUnpickler``); the files were pickled
+    by Python 2, so keys are bytes."""
     with open(path, "rb") as file:
-        return pickle.load(file, encoding="bytes")
+        try:
+            return ArrayUnpickler(file, encoding="bytes").load()
+        except pickle.UnpicklingError as error:
+            raise ValueError(f"{path} is not a CIFAR-100 file: {error}") from None
 
 
 def read_cifar100_file(path: Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpsm_ray.files import CorruptFileError, atomic_write, write_text
+from dpsm_ray.results.store import MANIFEST, verify_manifest
 from dpsm_ray.results.tables import render_columns
 
 METHOD_ORDER = ("ce", "cut", "conftr", "dpsm")
@@ -29,7 +31,10 @@ def load(results: Path, name: str) -> pd.DataFrame:
     path = results / name
     if not path.exists():
         return pd.DataFrame()
-    frame = pd.read_parquet(path)
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+        raise CorruptFileError(path, f"is not a readable Parquet file ({str(error).splitlines()[0][:160]})") from None
     if "stage" in frame and frame["stage"].notna().any():
         frame = frame[frame["stage"] == "final"] if name != "trials.parquet" else frame
     return frame
@@ -86,6 +91,8 @@ def details_table(evals: pd.DataFrame) -> list[list[str]]:
 def write_report(results_dir: str | os.PathLike, log=print) -> str:
     """Print the tables, write ``report.md`` and ``figures/*.png``; returns the text printed."""
     results = Path(results_dir)
+    for name in verify_manifest(results):
+        log(f"warning: {results / name} has no checksum in {results / MANIFEST} (written by an earlier version); it is read unchecked")
     evals = load(results, "evals.parquet")
     if evals.empty:
         raise FileNotFoundError(f"no evaluation rows in {results / 'evals.parquet'}: is this a finished run or sweep directory?")
@@ -103,9 +110,7 @@ def write_report(results_dir: str | os.PathLike, log=print) -> str:
     report = [f"# Results: {results.name}", "", f"Average prediction set size at alpha = {alpha:g}.", "", markdown(size), "", "## All metrics", "", markdown(details), ""]
     for figure in figures:
         report += [f"## {figure.title}", "", figure.caption, "", f"![{figure.title}](figures/{figure.name}.png)", ""]
-    tmp = results / ".report.md.tmp"
-    tmp.write_text("\n".join(report))
-    os.replace(tmp, results / "report.md")
+    write_text(results / "report.md", "\n".join(report))
     log(f"report written to {results / 'report.md'} with {len(figures)} figures in {results / 'figures'}")
     return text
 
@@ -235,7 +240,5 @@ def write_figures(results: Path, evals: pd.DataFrame, epochs: pd.DataFrame, clas
 def save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_write(path, lambda handle: fig.savefig(handle, format=path.suffix.lstrip("."), dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)

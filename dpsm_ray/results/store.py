@@ -1,10 +1,10 @@
-"""Writing results: every file is written to a temporary name and renamed into place, so a
-reader never sees half a file and an interrupted write leaves the previous version intact."""
+"""Writing results: every file is written atomically (``dpsm_ray.files``), so a reader never sees
+half a file and an interrupted write leaves the previous version intact, and every Parquet file's
+sha256 is recorded in ``manifest.json`` beside it, so a changed byte is named when the results are
+read back (``verify_manifest``)."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from pathlib import Path
 
@@ -12,27 +12,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dpsm_ray.files import CorruptFileError, atomic_write, read_checked_json, sha256_bytes, sha256_file, write_bytes, write_checked_json, write_json
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, arrow_schema
 
-
-def atomic_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
-def write_json(path: str | os.PathLike, payload) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_path(path)
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=_jsonable))
-    os.replace(tmp, path)
-
-
-def _jsonable(value):
-    if isinstance(value, tuple):
-        return list(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return str(value)
+MANIFEST = "manifest.json"
 
 
 def table(rows: list[dict] | pd.DataFrame, columns: dict[str, pa.DataType]) -> pa.Table:
@@ -43,11 +26,46 @@ def table(rows: list[dict] | pd.DataFrame, columns: dict[str, pa.DataType]) -> p
 
 
 def write_parquet(path: str | os.PathLike, rows: list[dict] | pd.DataFrame, columns: dict[str, pa.DataType]) -> None:
+    """Write ``rows`` with exactly ``columns`` and record the file's sha256 in the manifest.
+
+    The manifest entry is written first and keeps the previous checksum as ``replaces``: a kill
+    between the two renames leaves the previous file, which the manifest still accepts."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_path(path)
-    pq.write_table(table(rows, columns), tmp)
-    os.replace(tmp, path)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table(rows, columns), sink)
+    data = sink.getvalue().to_pybytes()
+    manifest = read_manifest(path.parent)
+    previous = manifest.get(path.name, {}).get("sha256")
+    manifest[path.name] = {"sha256": sha256_bytes(data), "replaces": previous}
+    write_checked_json(path.parent / MANIFEST, manifest)
+    write_bytes(path, data)
+
+
+def read_manifest(directory: Path) -> dict:
+    """``{file name: {"sha256", "replaces"}}``; empty where no manifest was written yet."""
+    path = directory / MANIFEST
+    return read_checked_json(path) if path.exists() else {}
+
+
+def verify_manifest(directory: str | os.PathLike, names: list[str] | None = None) -> list[str]:
+    """Check the Parquet files of ``directory`` (``names``, or every one) against the manifest;
+    raises ``CorruptFileError`` naming the first that does not match.  Returns the files present
+    that have no checksum (written before checksums were recorded)."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    names = names if names is not None else sorted(p.name for p in directory.glob("*.parquet"))
+    unrecorded = []
+    for name in names:
+        path = directory / name
+        if not path.exists():
+            continue
+        entry = manifest.get(name)
+        if entry is None:
+            unrecorded.append(name)
+            continue
+        if sha256_file(path) not in (entry["sha256"], entry.get("replaces")):
+            raise CorruptFileError(path, f"does not match the sha256 recorded in {directory / MANIFEST} (changed after it was written)")
+    return unrecorded
 
 
 def run_key(config) -> dict:
@@ -64,10 +82,7 @@ def write_run(out_dir: str | os.PathLike, result) -> None:
     import torch
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_path(out / "model.pt")
-    torch.save(result.model_state, tmp)
-    os.replace(tmp, out / "model.pt")
+    atomic_write(out / "model.pt", lambda handle: torch.save(result.model_state, handle))
     key = run_key(result.config)
     write_json(out / "config.json", {**result.config.to_dict(), "run_id": key["run_id"], "split_sizes": result.split_sizes})
     write_json(out / "splits.json", result.split_ids)

@@ -5,6 +5,7 @@ paper's protocol (base model, search on validation, final re-training on seeds),
     run_sweep(SweepSpec(name="digits", base=TrainConfig(dataset="digits", init="base")), "results/digits")
 """
 
-from dpsm_ray.sweep.protocol import SweepError, SweepInterrupted, SweepSpec, run_sweep
+from dpsm_ray.sweep.protocol import SweepOutOfSpace, run_sweep
+from dpsm_ray.sweep.spec import SweepError, SweepInterrupted, SweepSpec
 
-__all__ = ["SweepError", "SweepInterrupted", "SweepSpec", "run_sweep"]
+__all__ = ["SweepError", "SweepInterrupted", "SweepOutOfSpace", "SweepSpec", "run_sweep"]

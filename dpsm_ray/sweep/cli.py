@@ -5,12 +5,13 @@ option is validated before Ray starts, and errors name the option, the value and
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from dpsm_ray.objectives import METHODS
-from dpsm_ray.sweep.protocol import SAMPLERS, SCHEDULERS
+from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
@@ -90,7 +91,9 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
         help="fifo: every search trial runs to the end; asha: stop unpromising trials early on their validation set size (default: %(default)s)")
     add("--grace-period", type=int, default=defaults.get("grace_period", 5), metavar="EPOCHS", help="asha: epochs every trial runs before it may be stopped (default: %(default)s)")
     add("--reduction-factor", type=int, default=3, metavar="ETA", help="asha: one in ETA trials goes on at each rung (default: %(default)s)")
-    add("--optuna-storage", metavar="URL", help="SQLAlchemy URL of the Optuna studies, e.g. postgresql://user@head/optuna (default: sqlite:///RESULTS/optuna.db)")
+    add("--optuna-storage", metavar="URL", default=os.environ.get(OPTUNA_STORAGE_ENV),
+        help=f"SQLAlchemy URL of the Optuna studies, e.g. postgresql://user:PASSWORD@head/optuna; read from ${OPTUNA_STORAGE_ENV} when not "
+        "given, and never written anywhere, so a resumed sweep needs it again (default: sqlite:///RESULTS/optuna.db)")
     add("--concurrency", type=int, default=defaults.get("concurrency", 1), help="trials running at once (default: %(default)s)")
     add("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a Ray instance embedded in this process)")
     add("--resource-timeout", type=float, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS", help="on a Ray cluster: how long to wait for the CPUs/GPUs one trial asks for before giving up (an embedded Ray fails at once; default: %(default)s)")
@@ -107,7 +110,7 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
 
 def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
     """The ``SweepSpec`` the options describe (raises ConfigError / ValueError on bad values)."""
-    from dpsm_ray.sweep.protocol import SweepSpec
+    from dpsm_ray.sweep.spec import SweepSpec
 
     values = {**defaults["config"], **{k: v for k, v in vars(args).items() if k in CONFIG_OPTIONS}}
     values.update(seed=args.seed, download=args.download)
@@ -146,6 +149,7 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
         parser.exit(2, f"{parser.prog}: error: --{error.field.replace('_', '-')}={error.value!r} is invalid: {error.allowed}\n")
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    from dpsm_ray.files import CorruptFileError, is_disk_full
     from dpsm_ray.sweep.protocol import SweepError, run_sweep
     from dpsm_ray.train.ray_session import InsufficientResources
 
@@ -154,12 +158,21 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
         results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=lambda line: print(line, flush=True))
     except SweepError as error:
         parser.exit(3, f"{parser.prog}: {error}\n")
-    except (InsufficientResources, ConnectionError) as error:
+    except (InsufficientResources, ConnectionError, CorruptFileError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     except KeyboardInterrupt:  # Ctrl-C between Tune experiments (Tune handles it during one)
-        parser.exit(130, f"{parser.prog}: interrupted; rerun with --resume to continue\n")
+        parser.exit(3, f"{parser.prog}: interrupted; rerun with --resume to continue\n")
     except FileNotFoundError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        from dpsm_ray.files import free_space
+        from dpsm_ray.sweep.stage import disk_full_line
+
+        where = Path(args.results_dir).resolve()
+        parser.exit(3, f"{parser.prog}: {disk_full_line(error)} ({free_space(where)} free where {where} is); "
+                       "free some space and rerun with --resume to continue\n")
     finally:
         import ray
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dpsm_ray.models import default_model
 from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.train.ray_train import CHECKPOINT_FILE, EPOCHS_FILE, RAY_TRAIN_DIR, RESULT_FILE
 
 # CE training recipes (SPEC section 2: the official code's CIFAR recipes; the 224-pixel models use
 # the standard ImageNet schedule; the small models a short constant-rate run).
@@ -86,8 +87,9 @@ def ensure_base_model(config: TrainConfig, run, cache_dir: str | os.PathLike | N
         partial = entry.with_name(entry.name + ".partial")
         log(f"base model: cache miss, training {base.model} on {base.dataset} with CE for {base.epochs} epochs -> {entry}")
         run(base, partial)
-        (partial / "checkpoint.pt").unlink(missing_ok=True)
-        shutil.rmtree(partial / "ray", ignore_errors=True)
+        for name in (CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE):  # the training run's own files; write_run's stay
+            (partial / name).unlink(missing_ok=True)
+        shutil.rmtree(partial / RAY_TRAIN_DIR, ignore_errors=True)
         try:
             os.rename(partial, entry)
         except OSError:  # another process completed the same entry first: theirs is as good

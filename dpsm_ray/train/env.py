@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 from pathlib import Path
 
 import torch
 
 from dpsm_ray.collective import LocalCollective
+from dpsm_ray.files import CorruptFileError, atomic_write
 
 
 def pick_device(name: str) -> torch.device:
@@ -22,6 +24,24 @@ def pick_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device={name!r} was asked for, but torch sees no CUDA device")
     return torch.device(name)
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """A checkpoint this service wrote: tensors in plain containers, read with
+    ``weights_only=True`` -- a results directory may be writable by others (a cluster's shared
+    file system), and nothing in it is ever unpickled.  ``CorruptFileError`` names the file when it
+    holds anything else or is truncated."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CorruptFileError(path, "is not a checkpoint this service wrote: it holds Python objects, which are never unpickled "
+                                     "(weights_only); delete it to train that run again") from None
+    except (RuntimeError, EOFError, ValueError) as error:
+        raise CorruptFileError(path, f"cannot be read as a checkpoint ({str(error).splitlines()[0][:120]}); delete it to train that run again") from None
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
+    atomic_write(path, lambda handle: torch.save(state, handle))
 
 
 class LocalEnv:
@@ -40,15 +60,12 @@ class LocalEnv:
     def load_state(self) -> dict | None:
         if self.checkpoint_path is None or not self.checkpoint_path.exists():
             return None
-        return torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        return load_checkpoint(self.checkpoint_path)
 
-    def report(self, row: dict, checkpoint: dict | None) -> None:
-        if checkpoint is None or self.checkpoint_path is None:
-            return
-        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoint_path.with_name(self.checkpoint_path.name + ".tmp")
-        torch.save(checkpoint, tmp)
-        os.replace(tmp, self.checkpoint_path)
+    def report(self, row: dict, checkpoint: dict | None, epochs: list[dict] | None = None) -> None:
+        """After each epoch: its row, the checkpoint when one is due, and every epoch row so far."""
+        if checkpoint is not None and self.checkpoint_path is not None:
+            save_checkpoint(self.checkpoint_path, checkpoint)
 
     def log(self, line: str) -> None:
         self._log(line)
@@ -73,9 +90,9 @@ class ProcessGroupEnv(LocalEnv):
         device_ids = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if self.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
-    def report(self, row: dict, checkpoint: dict | None) -> None:
+    def report(self, row: dict, checkpoint: dict | None, epochs: list[dict] | None = None) -> None:
         if self.collective.rank == 0:
-            super().report(row, checkpoint)
+            super().report(row, checkpoint, epochs)
 
     def log(self, line: str) -> None:
         if self.collective.rank == 0:

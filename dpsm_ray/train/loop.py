@@ -228,7 +228,7 @@ def train(config: TrainConfig, env) -> RunResult:
                 "epochs": result.epochs,
             }
         env.log(progress_line(row, config))
-        env.report(row, checkpoint)
+        env.report(row, checkpoint, result.epochs)
 
     if config.evaluate_test:
         result.evals, result.classes = final_evaluation(model, data, config, env)

@@ -262,3 +262,27 @@ def test_inaturalist_needs_both_versions(inaturalist_root, tmp_path):
     (tmp_path / "2021_train_mini").symlink_to(inaturalist_root / "2021_train_mini")
     with pytest.raises(FileNotFoundError, match=f"not found at {tmp_path / '2021_valid'}"):
         load_splits("inaturalist", str(tmp_path), seed=0)
+
+
+class _Planted:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.write_text, (pathlib.Path(self.marker), "code ran"))
+
+
+def test_a_cifar_file_that_would_run_code_is_refused_unread(tmp_path):
+    """The CIFAR-100 files are pickles on storage others may write (issue 21): they are read with
+    an unpickler that knows arrays, lists and bytes only."""
+    import pickle
+
+    from dpsm_ray.data.vision import read_cifar100_file
+
+    marker, path = tmp_path / "pwned", tmp_path / "train"
+    path.write_bytes(pickle.dumps({b"data": _Planted(marker), b"fine_labels": [0]}, protocol=2))
+    with pytest.raises(ValueError, match=r"train is not a CIFAR-100 file: it refers to \S+; a CIFAR-100 file holds only arrays"):
+        read_cifar100_file(path)
+    assert not marker.exists()

@@ -80,6 +80,7 @@ def test_a_report_of_older_files_leaves_out_the_figures_they_lack_columns_for(tm
 
     sweep_rows(tmp_path)
     (tmp_path / "classes.parquet").unlink()
+    (tmp_path / "manifest.json").unlink()  # older versions recorded no checksums
     old = pd.read_parquet(tmp_path / "epochs.parquet").drop(columns=["q_error_train", "upper_gap", "lower_gap", "train_set_size_q"])
     old.to_parquet(tmp_path / "epochs.parquet")
     write_report(tmp_path, log=lambda text: None)

@@ -116,13 +116,13 @@ def test_each_method_s_optuna_study_is_in_a_database_with_its_trials_values_and_
     """The study Optuna's TPE sampled from, as optuna-dashboard or a notebook loads it."""
     import optuna
 
-    from dpsm_ray.sweep.protocol import optuna_storage_url, study_name
+    from dpsm_ray.sweep.spec import optuna_storage_url
 
     spec, results, _ = finished_sweep
     assert optuna_storage_url(spec, results) == f"sqlite:///{results / 'optuna.db'}"
     trials = pd.read_parquet(results / "trials.parquet")
     for method in ("ce", "dpsm"):
-        study = optuna.load_study(study_name=study_name(results, method), storage=optuna_storage_url(spec, results))
+        study = optuna.load_study(study_name=f"{results.name}-{method}", storage=optuna_storage_url(spec, results))
         assert len(study.trials) == 2
         rows = trials[(trials.stage == "search") & (trials.method == method)].set_index("trial_index")
         for optuna_trial in study.trials:  # Optuna numbers trials in the order it proposed them
@@ -220,36 +220,138 @@ def uninterrupted_sweep(ray_session, tmp_path_factory) -> Path:
     return results
 
 
+def optuna_states(results: Path) -> dict[str, list[str]]:
+    import optuna
+
+    studies = json.loads((results / "sweep.json").read_text())["studies"]
+    storage = f"sqlite:///{results / 'optuna.db'}"
+    return {m: [t.state.name for t in optuna.load_study(study_name=name, storage=storage).trials] for m, name in studies.items()}
+
+
+def assert_same_rows(results: Path, expected: Path, what: str) -> None:
+    """Every Parquet row of ``results`` equals the uninterrupted sweep's; each search trial is once
+    in its Optuna study; no temporary file is left."""
+    want, got = repeatable_rows(expected), repeatable_rows(results)
+    for name in want:
+        pd.testing.assert_frame_equal(got[name], want[name], obj=f"{name}.parquet after {what}")
+    assert pd.read_parquet(results / "trials.parquet").trial_id.is_unique
+    assert optuna_states(results) == {"ce": ["COMPLETE", "COMPLETE"], "dpsm": ["COMPLETE", "COMPLETE"]}
+    assert not [p for p in results.rglob("*.tmp") if "tune" not in p.parts], "a temporary file was left"
+
+
+def interrupted(point: str, results: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(Path(__file__).with_name("interrupted_sweep.py")), point, "--results-dir", str(results), *TINY_SWEEP]
+    if (results / "sweep.json").exists():
+        command.append("--resume")
+    return subprocess.run(command, capture_output=True, text=True, env=sweep_env(), timeout=600)
+
+
 @pytest.mark.parametrize("point", ["search:search-ce:2", "between:dpsm", "finishing:final:1"])
 def test_an_interrupted_sweep_resumes_to_the_rows_of_an_uninterrupted_one(uninterrupted_sweep, tmp_path, point):
     """Ctrl-C during a search trial, between two stages, and as a final trial sends its last
-    report (Tune has the report but not yet its checkpoint: issue 13's unresumable state); then
-    --resume until done.  The same seed fixes every row, so the resumed sweep must end with
-    exactly the uninterrupted one's rows, with nothing lost or repeated."""
+    report; then --resume until done.  The same seed fixes every row, so the resumed sweep must
+    end with exactly the uninterrupted one's rows, with nothing lost or repeated."""
     results = tmp_path / "sweep"
-    command = [str(ROOT / "sweeps" / "digits.py"), "--results-dir", str(results), *TINY_SWEEP]
-    first = subprocess.run([sys.executable, str(Path(__file__).with_name("interrupted_sweep.py")), point, *command[1:]],
-                           capture_output=True, text=True, env=sweep_env(), timeout=600)
-    assert first.returncode in (3, 130), first.stdout + first.stderr  # stopped, not finished and not crashed
+    first = interrupted(point, results)
+    assert first.returncode == 3, first.stdout + first.stderr  # stopped, not finished and not crashed
     assert "rerun with --resume" in first.stderr, first.stdout + first.stderr
     done_first = {line.split("trial ")[1].split()[0] for line in first.stdout.splitlines() if " done in " in line}
 
-    second = subprocess.run([sys.executable, *command, "--resume"], capture_output=True, text=True, env=sweep_env(), timeout=600)
+    second = interrupted("none", results)
     assert second.returncode == 0, second.stdout + second.stderr
     done_second = {line.split("trial ")[1].split()[0] for line in second.stdout.splitlines() if " done in " in line}
     assert not done_first & done_second  # nothing finished before Ctrl-C ran again
+    assert_same_rows(results, uninterrupted_sweep, point)
+    assert set(done_first) <= set(pd.read_parquet(results / "trials.parquet").trial_id)
 
-    expected, actual = repeatable_rows(uninterrupted_sweep), repeatable_rows(results)
-    for name in expected:
-        pd.testing.assert_frame_equal(actual[name], expected[name], obj=f"{name}.parquet after {point}")
-    trials = pd.read_parquet(results / "trials.parquet")
-    assert trials.trial_id.is_unique and set(done_first) <= set(trials.trial_id)
-    # and the Optuna studies hold each search trial once
-    import optuna
 
-    for method in ("ce", "dpsm"):
-        study = optuna.load_study(study_name=f"{results.name}-{method}", storage=f"sqlite:///{results / 'optuna.db'}")
-        assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"], study.trials
+# Instants at which the driver is killed (kill -9), one after another on the same sweep, each run
+# resuming the last: its k-th file write half done (sweep.json; the base model's checkpoint, Parquet
+# files and manifest; a stage's Parquet files and manifest; a figure; report.md -- a resumed run
+# counts its own writes), right after a trial's record and before Optuna hears of it, right after
+# Optuna is told (as the "done" line prints), and in the middle of proposing a trial.  Issue 21: a
+# kill as a trial finished left Optuna and Tune disagreeing for ever.  (`interrupted_sweep.py
+# trace-writes` lists a run's writes.)
+KILLS = [
+    "kill-write:1", "kill-write:3", "kill-write:6", "kill-recorded:search-ce:1", "kill-told:search-ce:2", "kill-asked:search-dpsm:2",
+    "kill-recorded:search-dpsm:2", "kill-write:12", "kill-recorded:final:1", "kill-write:20", "kill-write:26", "kill-write:32",
+]
+
+
+def test_a_sweep_killed_at_many_instants_resumes_each_time_to_the_rows_of_an_uninterrupted_one(uninterrupted_sweep, tmp_path):
+    results = tmp_path / "sweep"
+    outcomes = []
+    for point in KILLS:
+        run = interrupted(point, results)
+        assert run.returncode in (0, -signal.SIGKILL), f"{point}:\n{run.stdout}{run.stderr}"
+        outcomes.append((point, run.returncode))
+    while (run := interrupted("none", results)).returncode != 0:
+        raise AssertionError(f"the last resume failed:\n{run.stdout}{run.stderr}")
+    killed = [point for point, code in outcomes if code == -signal.SIGKILL]
+    assert len(killed) >= 10, outcomes  # the instants were reached, not skipped by a finished sweep
+    assert_same_rows(results, uninterrupted_sweep, "kills at " + ", ".join(killed))
+
+
+def tree_digests(root: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_moved_or_copied_results_directory_resumes_where_it_is_and_a_copy_leaves_the_original_alone(uninterrupted_sweep, tmp_path):
+    """Issue 21: the pickled searcher held the absolute optuna.db URL, so a resumed copy wrote into
+    the original's study, and a moved directory (what `ray rsync-down` of an interrupted sweep
+    gives) could not be resumed.  Tune's own saved state is never read back either: garbling it
+    changes nothing."""
+    import shutil
+
+    original = tmp_path / "a" / "sweep"
+    first = interrupted("between:dpsm", original)
+    assert first.returncode == 3, first.stdout + first.stderr
+    for state in (original / "tune").rglob("*.json"):
+        state.write_bytes(state.read_bytes()[:50])
+    copy = tmp_path / "b" / "sweep"
+    shutil.copytree(original, copy)
+    before = tree_digests(original)
+    resumed = interrupted("none", copy)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert_same_rows(copy, uninterrupted_sweep, "a resumed copy")
+    assert tree_digests(original) == before, "resuming the copy changed the original"
+    moved = tmp_path / "c" / "sweep"
+    moved.parent.mkdir()
+    original.rename(moved)
+    trials = bytearray((moved / "trials.parquet").read_bytes())
+    trials[len(trials) // 2] ^= 1  # and a changed byte in a results file is named, then rebuilt from the records
+    (moved / "trials.parquet").write_bytes(bytes(trials))
+    resumed = interrupted("none", moved)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"warning: {moved / 'trials.parquet'} does not match the sha256 recorded in {moved / 'manifest.json'}" in resumed.stdout
+    assert_same_rows(moved, uninterrupted_sweep, "a moved directory")
+    trials = pd.read_parquet(moved / "trials.parquet")
+    assert trials.config_json.str.contains(str(moved)).all() and not trials.config_json.str.contains(str(original)).any()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs, which needs root (CI runs as root); test_files.py checks the error's text")
+def test_a_full_disk_stops_the_sweep_in_one_line_and_it_resumes_once_there_is_space(uninterrupted_sweep, tmp_path):
+    """Issue 21: on a 6 MB file system a sweep printed 9,090 lines with 371 tracebacks and could not
+    be resumed once space was back.  The tiny sweep needs ~2.7 MB; 1.2 MB fills during the search."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(mount)], check=True)
+    try:
+        results = mount / "sweep"
+        full = interrupted("none", results)
+        assert full.returncode == 3, full.stdout + full.stderr
+        said = [line for line in full.stderr.strip().splitlines() if not re.match(r"\d{4}-\d\d-\d\d [\d:,]+\s+INFO ", line)]  # Ray's "Connecting to ..."
+        assert len(said) == 1, full.stderr[-5000:]
+        assert re.search(rf"no space left on the device of {results}/\S+ \([\d.]+ (bytes|KiB|MiB) free\)", said[0]), said[0]
+        assert "free some space and rerun with --resume" in said[0]
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mount)], check=True)
+        resumed = interrupted("none", results)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert_same_rows(results, uninterrupted_sweep, "a full disk")
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def lines_of(process, seen: list[str]) -> threading.Thread:

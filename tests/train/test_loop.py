@@ -1,8 +1,10 @@
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from dpsm_ray.files import CorruptFileError
 from dpsm_ray.results.schema import CLASSES, EPOCHS
 from dpsm_ray.train import DivergedError, LocalEnv, TrainConfig, train
 from dpsm_ray.train.loop import EPOCH_COLUMNS, halves, split_batches, step_batches
@@ -121,8 +123,8 @@ class InterruptingEnv(LocalEnv):
         super().__init__(*args, **kwargs)
         self.stop_after = stop_after
 
-    def report(self, row, checkpoint):
-        super().report(row, checkpoint)
+    def report(self, row, checkpoint, epochs=None):
+        super().report(row, checkpoint, epochs)
         if row["epoch"] == self.stop_after:
             raise Interrupted
 
@@ -140,7 +142,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, method, changes):
     reference = train(config, LocalEnv(torch.device("cpu"), None, **QUIET))
     with pytest.raises(Interrupted):
         train(config, InterruptingEnv(2, torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
-    saved_q = torch.load(tmp_path / "ck.pt", weights_only=False)["objective"]
+    saved_q = torch.load(tmp_path / "ck.pt", weights_only=True)["objective"]
     resumed = train(config, LocalEnv(torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
     assert without_timing(resumed.epochs) == without_timing(reference.epochs)
     assert without_timing(resumed.evals) == without_timing(reference.evals)
@@ -174,6 +176,39 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
         train(TrainConfig(**{**SMALL, "epochs": 3}), InterruptingEnv(1, torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
     with pytest.raises(RuntimeError, match="different configuration"):
         train(TrainConfig(**{**SMALL, "epochs": 3, "lr": 0.01}), LocalEnv(torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
+
+
+class Planted:
+    """A pickle that runs code when unpickled: what a stranger with write access to a shared
+    results directory could leave as a checkpoint (issue 21: it ran, as root, on --resume)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "code ran"))
+
+
+def test_a_planted_checkpoint_is_refused_and_never_unpickled(tmp_path):
+    import pickle
+
+    marker = tmp_path / "pwned"
+    torch.save({"epoch": 0, "model": Planted(marker)}, tmp_path / "ck.pt", pickle_protocol=pickle.DEFAULT_PROTOCOL)
+    with pytest.raises(CorruptFileError, match=r"ck.pt is not a checkpoint this service wrote: it holds Python objects, which are never unpickled"):
+        train(TrainConfig(**{**SMALL, "epochs": 2}), LocalEnv(torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
+    assert not marker.exists()
+    (tmp_path / "ck.pt").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(CorruptFileError, match=r"ck.pt cannot be read as a checkpoint"):
+        train(TrainConfig(**{**SMALL, "epochs": 2}), LocalEnv(torch.device("cpu"), tmp_path / "ck.pt", **QUIET))
+
+
+def test_nothing_in_the_package_unpickles_what_it_reads():
+    """Checkpoints, weights and results are read with weights_only=True or as JSON/Parquet; the
+    only pickles left are Ray Tune's own experiment files, which the service never reads back."""
+    package = Path(__file__).resolve().parents[2] / "dpsm_ray"
+    offenders = [f"{path.name}:{n}" for path in package.rglob("*.py") for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if "weights_only=False" in line or "pickle.load" in line or "cloudpickle" in line]
+    assert not offenders, offenders
 
 
 def test_a_diverging_run_fails_loudly():

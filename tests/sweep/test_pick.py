@@ -1,29 +1,13 @@
-"""Rows rebuilt from a trial's reported history, and the choice of a best configuration (no Ray)."""
+"""The choice of a best configuration (no Ray)."""
 
 import json
 
-import pandas as pd
 
 from dpsm_ray.results.schema import EPOCHS, TRIALS
 from dpsm_ray.results.store import write_parquet
-from dpsm_ray.sweep.collect import epoch_rows
-from dpsm_ray.sweep.protocol import SweepSpec, best_overrides
+from dpsm_ray.sweep.pick import best_overrides
+from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.train.config import TrainConfig
-from dpsm_ray.train.ray_train import FINISHED
-
-
-def test_epochs_reported_twice_after_a_restart_count_once_keeping_the_later_report():
-    # a run checkpointed after epoch 1, reported epochs 1-2, crashed, and resumed from epoch 1
-    history = pd.DataFrame([
-        {"epoch": 1, "val_coverage": 0.90},
-        {"epoch": 2, "val_coverage": 0.80},
-        {"epoch": 2, "val_coverage": 0.91},
-        {"epoch": 3, "val_coverage": 0.92},
-        {"epoch": 3, FINISHED: True, "val_coverage": 0.92},
-    ])
-    rows = epoch_rows(history)
-    assert [(r["epoch"], r["val_coverage"]) for r in rows] == [(1, 0.90), (2, 0.91), (3, 0.92)]
-    assert epoch_rows(None) == [] and epoch_rows(pd.DataFrame()) == []
 
 
 def test_ties_for_the_best_configuration_go_to_the_trial_proposed_first(tmp_path):

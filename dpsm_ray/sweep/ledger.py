@@ -1,0 +1,157 @@
+"""The sweep's own record of its trials: the single source of truth for what has run.
+
+    RESULTS/runs/<stage>/<index>/checkpoint.pt   the trial's training state (rank 0, every epoch)
+                                 epochs.json     its epoch rows so far
+                                 result.json     its final evaluation rows (final stage)
+                                 record.json     written by the driver when the trial ended:
+                                                 status (ok | stopped | failed), error, metrics,
+                                                 the configuration, Tune's trial id and node
+
+A trial *ended* exactly when its ``record.json`` exists.  Everything else is derived from these
+files: the Parquet files, a resumed search's Optuna study (a trial it holds without a record is
+proposed again with the same parameters; one finished there but not here is told again, which
+Optuna skips), and ASHA's rungs.  Tune's and Optuna's own saved state is never needed to resume,
+so a kill at any instant, a corrupt Tune file or a moved results directory cannot strand a sweep.
+Every JSON file here carries a sha256 of its content (``dpsm_ray.files``).
+
+Paths inside the results directory are stored relative to it, so the directory can be moved or
+copied and resumed there; a copy never writes to the original.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from dpsm_ray.files import read_checked_json, write_checked_json
+from dpsm_ray.train.ray_train import EPOCHS_FILE, RESULT_FILE
+
+RUNS = "runs"
+RECORD_FILE = "record.json"
+# TrainConfig fields that may hold a path inside the results directory
+RESULT_PATHS = ("init_checkpoint", "cache_dir")
+LOCK_FILE = ".lock"
+
+
+class Ledger:
+    def __init__(self, results: Path) -> None:
+        self.results = results
+
+    def run_dir(self, stage: str, index: int) -> Path:
+        return self.results / RUNS / stage / f"{index:04d}"
+
+    def records(self, stage: str) -> dict[int, dict]:
+        """``{index: record}`` of every trial of ``stage`` that ended."""
+        root = self.results / RUNS / stage
+        found = {}
+        for path in sorted(root.glob(f"*/{RECORD_FILE}")) if root.exists() else []:
+            record = read_checked_json(path)
+            found[record["index"]] = self.absolute(record)
+        return found
+
+    def write_record(self, stage: str, index: int, record: dict) -> None:
+        write_checked_json(self.run_dir(stage, index) / RECORD_FILE, self.relative({**record, "stage": stage, "index": index}))
+
+    def epochs(self, stage: str, index: int) -> list[dict]:
+        path = self.run_dir(stage, index) / EPOCHS_FILE
+        return read_checked_json(path) if path.exists() else []
+
+    def started(self, stage: str) -> list[int]:
+        """Indexes of the trials of ``stage`` that wrote anything (ended or not)."""
+        root = self.results / RUNS / stage
+        return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.exists() else []
+
+    def result(self, stage: str, index: int) -> dict | None:
+        path = self.run_dir(stage, index) / RESULT_FILE
+        return read_checked_json(path) if path.exists() else None
+
+    def relative(self, record: dict) -> dict:
+        """``record`` with its configuration's paths inside the results directory made relative."""
+        config = dict(record.get("config") or {})
+        for name in RESULT_PATHS:
+            value = config.get(name)
+            if isinstance(value, str) and Path(value).is_relative_to(self.results):
+                config[name] = str(Path(value).relative_to(self.results))
+        return {**record, "config": config}
+
+    def absolute(self, record: dict) -> dict:
+        config = dict(record.get("config") or {})
+        for name in RESULT_PATHS:
+            value = config.get(name)
+            if isinstance(value, str) and not os.path.isabs(value):
+                config[name] = str(self.results / value)
+        return {**record, "config": config}
+
+
+class ResultsInUse(RuntimeError):
+    """Another live driver holds the results directory."""
+
+
+class ResultsLock:
+    """An exclusive lock on a results directory, held by the live sweep driver.
+
+    ``flock`` on ``RESULTS/.lock``: the kernel releases it when its holder dies, however it dies,
+    so a lock is never stale; the file names its holder (pid, host, start time) for the message a
+    second driver gets, and for the line saying an earlier driver ended without finishing.
+    """
+
+    def __init__(self, results: Path) -> None:
+        self.path = results / LOCK_FILE
+        self._handle = None
+
+    def acquire(self) -> dict | None:
+        """Take the lock or raise ``ResultsInUse`` naming the holder; returns what an earlier,
+        dead holder left in the file (None if the last holder released it)."""
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = describe_holder(parse_holder(handle.read().strip()))
+            handle.close()
+            raise ResultsInUse(f"{self.path.parent} is in use by another sweep driver ({holder}); wait for it to finish or stop it first") from None
+        handle.seek(0)
+        previous = handle.read().strip()
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        handle.flush()
+        self._handle = handle
+        return parse_holder(previous)
+
+    def release(self) -> None:
+        if self._handle is not None:
+            import fcntl
+
+            self._handle.seek(0)
+            self._handle.truncate()
+            self._handle.flush()
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> ResultsLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def parse_holder(text: str) -> dict | None:
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return None
+    return holder if isinstance(holder, dict) and "pid" in holder else None
+
+
+def describe_holder(holder: dict | None) -> str:
+    if holder is None:
+        return "holder unknown"
+    return f"pid {holder['pid']} on {holder.get('host', '?')}, since {holder.get('since', '?')}"

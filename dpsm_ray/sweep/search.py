@@ -1,0 +1,173 @@
+"""How a search proposes trials and stops poor ones, resumable from the sweep's record alone.
+
+``MethodStudy`` is one method's Optuna study, driven with Optuna's public ask/tell API on a storage
+the sweep owns.  A proposal is a pure function of the sweep seed, the trial's number and the study's
+finished trials (each parameter of each trial is drawn by a sampler seeded for it), so a resumed
+search proposes what an uninterrupted one would have; a trial the study holds but the ledger does not (the driver died
+while it ran) is proposed again with its own parameters; telling a finished trial again is skipped.
+``StudySearcher`` hands the proposals to Tune.
+
+``AshaStopper`` is asynchronous successive halving (Li et al. 2020) over epochs, on the validation
+set size: a trial reaching a rung (``grace_period * reduction_factor**k`` epochs, below its last
+epoch) goes on only if its value there is within the best ``1 / reduction_factor`` of the values
+that the trials proposed before it reached at that rung (numpy's linear percentile, as Tune's
+ASHA computes its cutoff).  Judging against earlier trials only makes
+every decision a function of the ledger, so a resumed sweep repeats it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy
+import optuna
+from ray import tune
+from ray.tune.search import Searcher
+
+from dpsm_ray.seeding import derive_seed
+from dpsm_ray.sweep.space import Range
+from dpsm_ray.train.ray_train import FINISHED, RESUMED
+
+# The Parquet/report column that a trial is scored on, and the one constrained.
+OBJECTIVE = "val_set_size"
+CONSTRAINED = "val_coverage"
+# TPE samples at random for its first trials (Optuna's default is 10; searches here are short)
+STARTUP_TRIALS = 4
+
+
+class MethodStudy:
+    """One method's Optuna study: ``propose`` the next trial, ``tell`` how one ended."""
+
+    def __init__(self, storage_url: str, name: str, method: str, space: dict[str, Range], *, sampler: str, seed: int, total: int) -> None:
+        self.name, self.method, self.space, self.sampler, self.seed, self.total = name, method, space, sampler, seed, total
+        self.storage = optuna.storages.RDBStorage(storage_url)
+        self.study = optuna.create_study(study_name=name, storage=self.storage, direction="minimize", load_if_exists=True)
+        self.study_id = self.storage.get_study_id_from_name(name)
+
+    def __getstate__(self) -> dict:
+        """Without its storage: Tune pickles its searcher and callbacks (tuner.pkl), and the
+        storage's URL may carry a password.  Nothing is ever restored from those pickles."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("storage", "study")}
+
+    def sampler_for(self, number: int, parameter: str) -> optuna.samplers.BaseSampler:
+        """The sampler that draws ``parameter`` of trial ``number``: seeded for exactly that, so the
+        draw does not depend on what was drawn before it (a driver may die between two of them)."""
+        seed = derive_seed(self.seed, self.sampler, self.method, number, parameter) % 2**32
+        if self.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(STARTUP_TRIALS, self.total))
+        return optuna.samplers.RandomSampler(seed=seed)
+
+    def propose(self, exclude: set[int]) -> tuple[int, dict] | None:
+        """The lowest-numbered trial of the study not in ``exclude`` (ended or handed out), else a
+        new one while the study has fewer than ``total``; None when there is nothing left."""
+        trials = self.study.get_trials(deepcopy=False)
+        waiting = sorted(t.number for t in trials if t.number not in exclude)
+        if waiting:
+            trial = optuna.Trial(self.study, self.storage.get_trial_id_from_study_id_trial_number(self.study_id, waiting[0]))
+        elif len(trials) < self.total:
+            trial = self.study.ask()
+        else:
+            return None
+        params = {}
+        for name, bounds in self.space.items():  # a value the study holds already is kept
+            self.study.sampler = self.sampler_for(trial.number, name)
+            params[name] = trial.suggest_float(name, bounds.low, bounds.high, log=bounds.log)
+        return trial.number, params
+
+    def tell(self, number: int, *, status: str, value: float | None, coverage: float | None, floor: float, attributes: dict) -> None:
+        """Record how trial ``number`` ended: complete (with its value and the coverage
+        constraint, feasible when ``floor - coverage <= 0``), pruned (stopped early) or failed.
+        A trial the study already holds as finished is left as it is."""
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        if self.storage.get_trial(trial_id).state.is_finished():
+            return
+        trial = optuna.Trial(self.study, trial_id)
+        for key, attribute in attributes.items():
+            trial.set_user_attr(key, attribute)
+        if status != "failed" and coverage is not None and math.isfinite(coverage) and "coverage" not in trial.constraints:
+            trial.set_constraint("coverage", floor - coverage)
+        if status == "ok" and value is not None and math.isfinite(value):
+            self.study.tell(number, value, skip_if_finished=True)
+        else:
+            state = optuna.trial.TrialState.PRUNED if status == "stopped" else optuna.trial.TrialState.FAIL
+            self.study.tell(number, state=state, skip_if_finished=True)
+
+
+class StudySearcher(Searcher):
+    """Tune's searcher for one ``MethodStudy``.  It only proposes: the sweep's ledger callback
+    tells the study how each trial ended, after recording it, and Tune keeps nothing of it to
+    restore (``save`` is empty; ``MethodStudy`` leaves its storage out of Tune's pickles, so no
+    storage URL and no password are ever written into them)."""
+
+    def __init__(self, study: MethodStudy, ended: set[int]) -> None:
+        super().__init__(metric=OBJECTIVE, mode="min")
+        self.study, self.ended, self.handed = study, set(ended), set()
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True  # the space is the study's
+
+    def suggest(self, trial_id: str) -> dict | None:
+        proposal = self.study.propose(self.ended | self.handed)
+        if proposal is None:
+            return Searcher.FINISHED
+        index, overrides = proposal
+        self.handed.add(index)
+        return {"point": {"index": index, "overrides": overrides}}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        """Told by the ledger callback instead (see the class docstring)."""
+
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to save: the proposals live in the study, the results in the ledger."""
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Nothing to restore (see ``save``)."""
+
+
+def rungs(grace_period: int, reduction_factor: int, epochs: int) -> list[int]:
+    """The epochs at which ASHA judges a trial of ``epochs`` epochs (never its last)."""
+    found, rung = [], grace_period
+    while rung < epochs:
+        found.append(rung)
+        rung *= reduction_factor
+    return found
+
+
+class AshaStopper(tune.Stopper):
+    """ASHA's stop rule as a Tune stopper (module docstring), and ``halt()`` to end the stage.
+
+    ``history`` is every trial's epoch rows known from the ledger (trials that ended, and the ones
+    an interrupted run left part-way), ``{index: {epoch: value}}``."""
+
+    def __init__(self, grace_period: int | None, reduction_factor: int, epochs: int, history: dict[int, dict[int, float]]) -> None:
+        self.rungs = rungs(grace_period, reduction_factor, epochs) if grace_period else []
+        self.reduction_factor = reduction_factor
+        self.values = {rung: {i: v[rung] for i, v in history.items() if rung in v} for rung in self.rungs}
+        self.stopped: set[int] = set()
+        self.halted = False
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        if result.get(FINISHED) or "epoch" not in result or "trial_index" not in result:
+            return False
+        index, epoch = int(result["trial_index"]), int(result["epoch"])
+        if epoch in self.values and OBJECTIVE in result:
+            self.values[epoch][index] = float(result[OBJECTIVE])
+        # a rung is judged when the trial reaches it; a resumed trial's rungs again, where the
+        # interrupted run may have stopped it just before the driver died
+        judged = [r for r in self.rungs if r <= epoch] if result.get(RESUMED) else [epoch]
+        for rung in (r for r in judged if index in self.values.get(r, {})):
+            earlier = [v for i, v in self.values[rung].items() if i < index and math.isfinite(v)]
+            if earlier and self.values[rung][index] > float(numpy.percentile(earlier, 100 / self.reduction_factor)):
+                self.stopped.add(index)
+                return True
+        return False
+
+    def stop_all(self) -> bool:
+        return self.halted
+
+    def halt(self) -> None:
+        """End the stage at the next step (a full disk: nothing more can be written)."""
+        self.halted = True
+
+
+__all__ = ["CONSTRAINED", "OBJECTIVE", "RESUMED", "AshaStopper", "MethodStudy", "StudySearcher", "rungs"]

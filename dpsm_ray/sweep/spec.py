@@ -1,0 +1,283 @@
+"""A sweep's specification: what it computes, checked before any Ray work starts, and the results
+directory it claims (``sweep.json``, which a resumed sweep must match)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpsm_ray.objectives import METHODS
+from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, paper_grid
+from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
+from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, run_demand
+
+
+# Search schedulers: every trial to the end, or asynchronous successive halving over epochs
+# (ASHA, Li et al. 2020) on the validation set size.
+SCHEDULERS = ("fifo", "asha")
+SAMPLERS = ("tpe", "random")
+
+
+class SweepError(RuntimeError):
+    """A sweep that cannot start or continue as asked (the message says what to do)."""
+
+
+class SweepInterrupted(SweepError):
+    """Tune stopped before every trial of a stage finished (Ctrl-C): rerun with --resume."""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """Everything that defines a sweep.  ``base`` holds the settings every trial shares."""
+
+    name: str
+    base: TrainConfig
+    methods: tuple[str, ...] = METHODS
+    trials: int = 8  # per method (search mode)
+    final_seeds: int = 3
+    coverage_slack: float = 0.0  # feasible: val_coverage >= 1 - alpha - slack
+    ranges: tuple[tuple[str, Range], ...] = ()  # overrides of DEFAULT_RANGES
+    grid: bool = False  # the paper's exhaustive grid instead of Optuna
+    grid_fixed: tuple[tuple[str, object], ...] = ()
+    grid_subsets: tuple[tuple[str, tuple], ...] = ()
+    grid_budget: int | None = None  # a seeded random subset of this many grid points
+    sampler: str = "tpe"  # Optuna's sampler: "tpe", or "random" (a baseline for the search itself)
+    scheduler: str = "fifo"  # or "asha": stop unpromising search trials early (SCHEDULERS)
+    grace_period: int = 5  # ASHA: epochs every trial runs before it can be stopped
+    reduction_factor: int = 3  # ASHA: 1 in reduction_factor trials goes on at each rung
+    concurrency: int = 1
+    seed: int = 0
+    trial_resources: tuple[tuple[str, float], ...] = (("cpu", 1.0),)
+    # how the sweep runs, not what it computes: free to differ on --resume
+    address: str | None = field(default=None, compare=False)
+    resource_timeout: float = field(default=DEFAULT_RESOURCE_TIMEOUT_S, compare=False)  # seconds a cluster may take to provide one trial's resources
+    trial_retries: int = field(default=2, compare=False)  # restarts of a trial from its last checkpoint after a crash (a lost node)
+    worker_logs: bool = field(default=False, compare=False)  # forward trials' own output (epoch lines, Tune's) to this terminal
+    optuna_storage: str | None = field(default=None, compare=False)  # SQLAlchemy URL; default: sqlite in the results directory
+
+    def __post_init__(self) -> None:
+        for method in self.methods:
+            if method not in METHODS:
+                raise ConfigError("methods", method, f"must be among {', '.join(METHODS)}")
+        if not self.methods:
+            raise ConfigError("methods", self.methods, "must name at least one method")
+        if len(set(self.methods)) < len(self.methods):
+            raise ConfigError("methods", ",".join(self.methods), "must name each method once")
+        if self.trials < 1:
+            raise ConfigError("trials", self.trials, "must be an integer >= 1")
+        if self.final_seeds < 1:
+            raise ConfigError("final_seeds", self.final_seeds, "must be an integer >= 1")
+        if not 0 <= self.coverage_slack < 1 - self.base.alpha:
+            raise ConfigError("coverage_slack", self.coverage_slack, f"must be in [0, 1 - alpha) = [0, {1 - self.base.alpha:g})")
+        if self.concurrency < 1:
+            raise ConfigError("concurrency", self.concurrency, "must be an integer >= 1")
+        if self.sampler not in SAMPLERS:
+            raise ConfigError("sampler", self.sampler, f"must be one of {', '.join(SAMPLERS)}")
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError("scheduler", self.scheduler, f"must be one of {', '.join(SCHEDULERS)}")
+        if self.grace_period < 1:
+            raise ConfigError("grace_period", self.grace_period, "must be an integer >= 1 (epochs)")
+        if self.reduction_factor < 2:
+            raise ConfigError("reduction_factor", self.reduction_factor, "must be an integer >= 2")
+        if self.grid_budget is not None and (self.grid_budget < 1 or not self.grid):
+            raise ConfigError("grid_budget", self.grid_budget, "must be an integer >= 1, with --grid paper")
+        if self.trial_retries < 0:
+            raise ConfigError("trial_retries", self.trial_retries, "must be an integer >= 0")
+        if not self.resource_timeout > 0:
+            raise ConfigError("resource_timeout", self.resource_timeout, "must be a number of seconds > 0")
+        if not 0 <= self.seed <= MAX_SEED - self.final_seeds:
+            raise ConfigError("seed", self.seed, f"must be an integer in [0, 2**63 - final_seeds] (the final seeds are seed .. seed + {self.final_seeds - 1})")
+        if self.optuna_storage is not None:
+            check_storage_url(self.optuna_storage)
+        # the search never evaluates on test data; every seed trains on the one split the search
+        # selected on (otherwise seed S+1's cal/test would hold seed S's validation points); and
+        # trials run in directories of their own, so paths must be absolute
+        base = self.base.replace(evaluate_test=False, split_seed=self.seed if self.base.split_seed is None else self.base.split_seed)
+        object.__setattr__(self, "base", base.with_absolute_paths())
+        for method in self.methods:  # every grid value and range bound must make a valid config
+            for overrides in self.stage_points(method):
+                try:
+                    TrainConfig.from_dict({**self.base.to_dict(), "method": method, **overrides})
+                except ConfigError as error:
+                    if error.field not in overrides:
+                        raise
+                    option, text = self.option_setting(error.field, overrides[error.field])
+                    raise ConfigError(option, text, f"{error.allowed} (sets {error.field}={error.value!r} for {method})") from None
+
+    def trial_demand(self) -> Demand:
+        """What one trial holds at once (its own process, and its Ray Train workers)."""
+        base = self.base
+        return run_demand(base.workers, base.cpus_per_worker, base.gpus_per_worker, own=dict(self.trial_resources))
+
+    @property
+    def coverage_floor(self) -> float:
+        return 1 - self.base.alpha - self.coverage_slack
+
+    def grid_axes(self, method: str) -> dict[str, tuple]:
+        return paper_grid(method, dict(self.grid_fixed), dict(self.grid_subsets))
+
+    def stage_points(self, method: str) -> list[dict]:
+        """Configurations that together hold every value the search of ``method`` can set: every
+        grid value (the other axes at their first value), or every range's two bounds.
+        Validating them checks the whole search before any Ray work starts (TrainConfig's checks
+        on these fields are per field, and monotone in the ranged ones)."""
+        from dpsm_ray.sweep.space import DEFAULT_RANGES
+
+        if self.grid:
+            axes = {field_name(axis): values for axis, values in self.grid_axes(method).items()}
+            first = {name: values[0] for name, values in axes.items()}
+            return [{**first, name: value} for name, values in axes.items() for value in values]
+        ranges = {**DEFAULT_RANGES, **dict(self.ranges)}
+        return [{field_name(knob): getattr(ranges[knob], bound)} for knob in METHOD_KNOBS[method] for bound in ("low", "high")]
+
+    def option_setting(self, field: str, value) -> tuple[str, str]:
+        """The option (and its text) that made a trial's ``field`` take ``value``, for errors."""
+        from dpsm_ray.sweep.space import DEFAULT_RANGES, KNOB_FIELDS
+
+        knob = next((k for k, f in KNOB_FIELDS.items() if f == field), field)
+        if not self.grid:
+            bounds = {**DEFAULT_RANGES, **dict(self.ranges)}[knob]
+            return "range", f"{knob}={bounds.low:g}:{bounds.high:g}"
+        option = "fix" if knob in dict(self.grid_fixed) else "subset" if knob in dict(self.grid_subsets) else "grid"
+        return option, f"{knob}={value}"
+
+    def describe(self) -> dict:
+        """What ``sweep.json`` records: the settings that decide the results."""
+        payload = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
+        payload["base"] = self.base.to_dict()
+        return json.loads(json.dumps(payload, default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v)))
+
+
+
+
+# --- the results directory ------------------------------------------------------------------
+
+SWEEP_FILE = "sweep.json"
+# sweep.json's "ledger" key: the sweep keeps run records under runs/ (dpsm_ray.sweep.ledger); a
+# sweep without it was written by an earlier version, whose state lived in Tune's pickles
+LEDGER_FORMAT = 1
+OPTUNA_STORAGE_ENV = "DPSM_RAY_OPTUNA_STORAGE"
+# Settings a resumed sweep may change: they do not change what any trial computes.
+RESUMABLE_CHANGES = ("init_checkpoint", "download")
+
+
+def masked(url: str) -> str:
+    """A database URL as it may be shown or stored: its password replaced by ***."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL at all: show its scheme only, never what may be a password
+        return f"{url.partition('://')[0]}://..." if "://" in url else "(not a URL)"
+
+
+def check_storage_url(url: str) -> None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(url)
+    except ArgumentError:
+        raise ConfigError("optuna_storage", masked(url), "must be a SQLAlchemy database URL, e.g. sqlite:////abs/path/optuna.db or postgresql://user@host/db") from None
+
+
+def optuna_storage_url(spec: SweepSpec, results: Path) -> str:
+    """Where each method's Optuna study lives: ``--optuna-storage`` (any SQLAlchemy URL, e.g. a
+    PostgreSQL on a cluster's head node) or a SQLite file in the results directory -- wherever
+    that directory is now (a moved or copied sweep uses its own)."""
+    return spec.optuna_storage or f"sqlite:///{results / 'optuna.db'}"
+
+
+def claim_results_dir(results: Path) -> None:
+    """Create the results directory (a clear error where it cannot be one)."""
+    try:
+        if results.exists() and not results.is_dir():
+            raise SweepError(f"--results-dir {results} is a file, not a directory")
+        results.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SweepError(f"cannot create --results-dir {results}: {error.strerror}") from None
+
+
+def read_sweep_file(results: Path) -> dict:
+    path = results / SWEEP_FILE
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise SweepError(f"{path} is not readable JSON ({error}); it holds the sweep's settings: restore it, or start a new --results-dir") from None
+    if not isinstance(stored, dict) or "base" not in stored:
+        raise SweepError(f"{path} does not hold a sweep's settings; restore it, or start a new --results-dir")
+    if stored.get("ledger") != LEDGER_FORMAT:
+        raise SweepError(f"the sweep in {results} was started by an earlier version of dpsm_ray, whose sweeps this one cannot resume "
+                         "(it has no run records); finish it with that version, or start a new --results-dir")
+    return stored
+
+
+def sweep_file(spec: SweepSpec, results: Path) -> dict:
+    """What a new sweep writes to ``sweep.json``: its settings, the names of its Optuna studies
+    (kept when the directory is moved or renamed) and, for an external storage, its URL without
+    the password."""
+    return {
+        **spec.describe(),
+        "ledger": LEDGER_FORMAT,
+        "studies": {method: f"{results.name}-{method}" for method in spec.methods},
+        "optuna_storage": masked(spec.optuna_storage) if spec.optuna_storage else None,
+    }
+
+
+def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
+    """One sweep per results directory: a new sweep needs one without a sweep, a resumed sweep
+    the same settings and the same Optuna storage.  Returns the sweep's ``sweep.json`` content
+    (to be written, for a new sweep)."""
+    if (results / SWEEP_FILE).exists():
+        if not resume:
+            raise SweepError(f"{results} already holds a sweep; pass --resume to continue it, or choose another --results-dir")
+        stored = read_sweep_file(results)
+        described = spec.describe()
+        changed = sorted(k for k in described if k != "base" and stored.get(k) != described[k])
+        changed += sorted(f"base.{k}" for k in described["base"] if stored["base"].get(k) != described["base"][k] and k not in RESUMABLE_CHANGES)
+        if changed:
+            raise SweepError(f"--resume: the sweep in {results} was started with different settings ({', '.join(changed)}); rerun it with the same options")
+        if not spec.grid:
+            check_same_storage(spec, stored.get("optuna_storage"))
+            study_names(optuna_storage_url(spec, results))  # readable, before any Ray work starts
+        return stored
+    if resume:
+        raise SweepError(f"--resume: no sweep to resume in {results}")
+    planned = sweep_file(spec, results)
+    if not spec.grid and (spec.optuna_storage or (results / "optuna.db").exists()):  # a study of the same name would feed another sweep's trials to TPE
+        taken = set(study_names(optuna_storage_url(spec, results))) & set(planned["studies"].values())
+        if taken:
+            raise SweepError(f"the Optuna storage {masked(optuna_storage_url(spec, results))} already holds the studies {', '.join(sorted(taken))}; "
+                             "choose another --results-dir name or delete them (optuna delete-study)")
+    return planned
+
+
+def check_same_storage(spec: SweepSpec, stored: str | None) -> None:
+    given = masked(spec.optuna_storage) if spec.optuna_storage else None
+    if stored is not None and given is None:
+        raise SweepError(f"the Optuna studies of this sweep live in {stored}: pass --optuna-storage with that URL (or set {OPTUNA_STORAGE_ENV})")
+    if given != stored:
+        where = stored or "the results directory's optuna.db"
+        raise SweepError(f"--optuna-storage {given} is not where this sweep's Optuna studies live ({where}); rerun with the same storage")
+
+
+def study_names(url: str) -> list[str]:
+    """The studies in an Optuna storage (one line naming the storage when it cannot be read)."""
+    import optuna
+
+    try:
+        return optuna.study.get_all_study_names(url)
+    except ImportError:
+        raise SweepError(f"cannot open the Optuna storage {masked(url)}: its database driver is not installed "
+                         "(PostgreSQL: pip install -e '.[postgres]')") from None
+    except Exception as error:
+        raise SweepError(f"cannot read the Optuna storage {masked(url)}: {first_line(error)}") from None
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, without the password of any URL in it."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return re.sub(r"(://[^:/@\s]*):[^@\s]*@", r"\1:***@", lines[0][:300])

@@ -1,0 +1,235 @@
+"""Running one stage of a sweep (a method's search, or the final re-training) on Ray Tune.
+
+Tune schedules the trials, holds their resources, retries a trial whose node died, and stops the
+ones ASHA stops; everything a trial computes lands in its run directory and, when it ends, in the
+sweep's ledger (``dpsm_ray.sweep.ledger``).  A stage is never restored from Tune's saved state: run
+again, it starts a fresh Tune experiment for the trials the ledger does not hold yet, each of which
+continues from its own checkpoint.
+
+A trial's parameters: ``{"base": <TrainConfig dict>, "results": <results dir>, "stage": name,
+"point": {"index": i, "overrides": {field: value}}}`` -- the sweep's shared settings, and what the
+searcher (or the grid, or the pick) chose for trial ``i`` of the stage.  With ``workers >= 1`` the
+trial is a small driver that runs a Ray Train ``TorchTrainer`` (RAY_NOTES: Train V2 inside Tune);
+with ``workers == 0`` it trains inside the trial's own process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ray import tune
+
+from dpsm_ray.files import is_disk_full
+from dpsm_ray.sweep.ledger import Ledger
+from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StudySearcher
+from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.train.env import pick_device
+from dpsm_ray.train.loop import train
+from dpsm_ray.train.ray_train import FINISHED, RESUMED, TuneTrialEnv, trainer_for
+
+
+class StageInterrupted(RuntimeError):
+    """Tune stopped before every trial of a stage ended (Ctrl-C)."""
+
+
+class StageOutOfSpace(RuntimeError):
+    """A trial or the driver found no space left to write (the message names the path)."""
+
+
+@dataclass
+class Stage:
+    """One Tune experiment of a sweep: ``total`` trials proposed by ``study`` (an Optuna search)
+    or given as ``points`` (overrides by index: the grid, or the final re-training)."""
+
+    name: str
+    base: TrainConfig
+    total: int
+    knobs: tuple[str, ...]  # shown in the progress lines
+    study: MethodStudy | None = None
+    points: list[dict] | None = None
+    asha: tuple[int, int] | None = None  # (grace period, reduction factor)
+    coverage_floor: float = 0.0
+
+
+def trial_config(params: dict) -> TrainConfig:
+    return TrainConfig.from_dict({**params["base"], **params["point"]["overrides"]})
+
+
+def run_trial(params: dict) -> None:
+    """The Tune trainable.  Errors propagate: Tune retries the trial, then reports the error."""
+    config = trial_config(params)
+    index = params["point"]["index"]
+    run_dir = Ledger(Path(params["results"])).run_dir(params["stage"], index)
+    extra = {"trial_index": index}
+    if config.workers == 0:
+        env = TuneTrialEnv(pick_device(config.device), run_dir, extra)
+        env.finish(train(config, env))
+        return
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    trainer_for(config, run_dir, callbacks=[TuneReportCallback()], extra=extra).fit()
+
+
+def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int, retries: int, log) -> None:
+    """Run the trials of ``stage`` that the ledger does not hold; raises ``StageInterrupted``
+    when Tune stopped first and ``StageOutOfSpace`` when the disk filled up."""
+    ledger = Ledger(results)
+    ended = ledger.records(stage.name)
+    for index, record in ended.items():  # a driver killed between a record and its tell
+        tell_study(stage, index, record)
+    left = stage.total - len(ended)
+    if left <= 0:
+        return
+    if ended:
+        log(f"{stage.name}: {len(ended)} of {stage.total} trials already ended; running the other {left}")
+    history = {i: {row["epoch"]: row[OBJECTIVE] for row in ledger.epochs(stage.name, i)} for i in ledger.started(stage.name)}
+    longest = max(p.get("epochs", stage.base.epochs) for p in stage.points) if stage.points else stage.base.epochs
+    stopper = AshaStopper(*(stage.asha or (None, 2)), epochs=longest, history=history)
+    recorder = LedgerCallback(ledger, stage, stopper, log)
+    params = {"base": stage.base.to_dict(), "results": str(results), "stage": stage.name}
+    if stage.study is not None:
+        tune_config = tune.TuneConfig(search_alg=StudySearcher(stage.study, set(ended)), num_samples=left, max_concurrent_trials=concurrency,
+                                      trial_dirname_creator=trial_dirname)
+    else:
+        params["point"] = tune.grid_search([{"index": i, "overrides": point} for i, point in enumerate(stage.points) if i not in ended])
+        tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=concurrency, trial_dirname_creator=trial_dirname)
+    tuner = tune.Tuner(
+        tune.with_resources(run_trial, resources),
+        param_space=params,
+        tune_config=tune_config,
+        run_config=tune.RunConfig(
+            name=stage.name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder], stop=stopper,
+            # a trial whose process died (a lost node, an OOM kill) restarts from its last
+            # checkpoint, on whichever node has room
+            failure_config=tune.FailureConfig(max_failures=retries),
+        ),
+    )
+    try:
+        fit_keeping_ctrl_c(tuner)
+    except Exception as error:
+        if is_disk_full(error):
+            raise StageOutOfSpace(disk_full_line(error)) from None
+        raise
+    if recorder.out_of_space is not None:
+        raise StageOutOfSpace(recorder.out_of_space)
+    ended = len(ledger.records(stage.name))
+    if ended < stage.total:
+        raise StageInterrupted(f"{stage.name} stopped after {ended} of {stage.total} trials")
+
+
+def fit_keeping_ctrl_c(tuner):
+    """``tuner.fit()``, then this process's own Ctrl-C handling back: Tune installs a SIGINT (and
+    SIGUSR1) handler that stops its run and never removes it, so without this a Ctrl-C between two
+    stages would go to the finished run and be lost."""
+    import signal
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, getattr(signal, "SIGUSR1", None)) if sig is not None}
+    try:
+        return tuner.fit()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def trial_dirname(trial) -> str:
+    return f"trial_{trial.config['point']['index']:04d}_{trial.trial_id}"
+
+
+def disk_full_line(error: BaseException) -> str:
+    """The line of ``error``'s text that names the full device."""
+    lines = [line.strip() for line in str(error).splitlines() if "no space left" in line.lower() or "disk is full" in line.lower()]
+    return (lines[-1] if lines else "no space left on the results directory's device").removeprefix("dpsm_ray.files.DiskFullError: ")
+
+
+class LedgerCallback(tune.Callback):
+    """Records each trial of a stage when it ends (``record.json``), then tells the Optuna study;
+    prints one line per trial, and an epoch line now and then for trials that run long.
+
+    A trial ends finished (its last report says so), stopped (by ASHA) or failed (Tune gave up
+    on it).  One that Tune tears down because the sweep was interrupted has not ended: it gets no
+    record, and a resumed sweep runs it on.  A trial that failed for lack of disk space is not a
+    failed trial either: the stage halts, to be resumed once there is space."""
+
+    def __init__(self, ledger: Ledger, stage: Stage, stopper: AshaStopper, log, epoch_every_s: float = 30.0) -> None:
+        self.ledger, self.stage, self.stopper, self.log = ledger, stage, stopper, log
+        self.epoch_every_s = epoch_every_s
+        self._last_line: dict[str, float] = {}
+        self.out_of_space: str | None = None
+
+    def say(self, trial, text: str) -> None:
+        print(f"[{self.stage.name} {trial.config['point']['index'] + 1}/{self.stage.total}] trial {trial.trial_id}  {text}", flush=True)
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self._last_line[trial.trial_id] = time.monotonic()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        if result.get(FINISHED) or result.get(RESUMED) or "epoch" not in result:
+            return
+        now = time.monotonic()
+        if now - self._last_line.get(trial.trial_id, now) >= self.epoch_every_s:
+            self._last_line[trial.trial_id] = now
+            self.say(trial, f"epoch {result['epoch']}/{trial_config(trial.config).epochs}  val cov {result[CONSTRAINED]:.3f}  val size {result[OBJECTIVE]:.2f}")
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        result = trial.last_result or {}
+        index = trial.config["point"]["index"]
+        if result.get(FINISHED):
+            status = "ok"
+        elif index in self.stopper.stopped:
+            status = "stopped"
+        else:
+            return  # torn down by an interrupted sweep: not ended
+        config = trial_config(trial.config)
+        self.record(trial, status, None, result)
+        seconds = result.get("time_total_s", 0.0)
+        ended = f"done in {seconds:.0f}s" if status == "ok" else f"stopped by ASHA after {result.get('epoch', 0)}/{config.epochs} epochs, {seconds:.0f}s"
+        knobs = "  ".join(f"{name}={short(getattr(config, name))}" for name in self.stage.knobs)
+        self.say(trial, f"{ended}  val size {result.get(OBJECTIVE, float('nan')):.3f}  val cov {result.get(CONSTRAINED, float('nan')):.3f}  {knobs}")
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        error = trial.get_error()
+        if error is not None and is_disk_full(error):
+            if self.out_of_space is None:
+                self.out_of_space = disk_full_line(error)
+            self.stopper.halt()
+            return
+        lines = str(error).strip().splitlines() if error is not None else []
+        message = lines[-1][:500] if lines else "error"
+        self.record(trial, "failed", message, trial.last_result or {})
+        self.say(trial, f"FAILED: {message} (traceback: {Path(trial.local_path) / 'error.txt'})")
+
+    def record(self, trial, status: str, error: str | None, result: dict) -> None:
+        """Write the trial's record, then tell the study (the record is what a resume trusts)."""
+        index = trial.config["point"]["index"]
+        epochs = self.ledger.epochs(self.stage.name, index)
+        metrics = result if status != "failed" else (epochs[-1] if epochs else {})
+        record = {
+            "trial_id": trial.trial_id,
+            "status": status,
+            "error": error,
+            "node_ip": result.get("node_ip"),
+            "wall_seconds": result.get("time_total_s"),
+            "metrics": {name: metrics.get(name) for name in ("val_coverage", "val_set_size", "val_accuracy")},
+            "overrides": trial.config["point"]["overrides"],
+            "config": trial_config(trial.config).to_dict(),
+        }
+        self.ledger.write_record(self.stage.name, index, record)
+        tell_study(self.stage, index, record)
+
+
+def tell_study(stage: Stage, index: int, record: dict) -> None:
+    """Tell a search's study how trial ``index`` ended, as its record says (a no-op for a stage
+    without a study, and for a trial the study already holds as finished)."""
+    if stage.study is None:
+        return
+    metrics = record["metrics"]
+    attributes = {"tune_trial_id": record["trial_id"], "run_id": TrainConfig.from_dict(record["config"]).config_hash(), "status": record["status"],
+                  **{k: v for k, v in metrics.items() if k in (OBJECTIVE, CONSTRAINED) and v is not None}}
+    stage.study.tell(index, status=record["status"], value=metrics.get(OBJECTIVE), coverage=metrics.get(CONSTRAINED), floor=stage.coverage_floor,
+                     attributes=attributes)
+
+
+def short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,154 @@
+"""The sweep's own record, the lock on a results directory, and what is refused before Ray starts
+(issue 21: items 3-6 and 10-11, the parts that need no Ray)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dpsm_ray.sweep.ledger import Ledger, ResultsInUse, ResultsLock
+from dpsm_ray.sweep.spec import SweepError, SweepSpec, check_results_dir, masked, sweep_file
+from dpsm_ray.train.config import ConfigError, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spec(**changes) -> SweepSpec:
+    return SweepSpec(**{"name": "t", "base": TrainConfig(dataset="digits", epochs=2), "methods": ("ce",), "trials": 2, **changes})
+
+
+def test_records_keep_paths_inside_the_results_directory_relative_so_it_can_move(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "moved"
+    config = TrainConfig(dataset="digits", init="base", init_checkpoint=str(old / "base_models" / "x" / "model.pt"), cache_dir=str(old / "base_models"))
+    Ledger(old).write_record("search-ce", 3, {"trial_id": "a", "status": "ok", "config": config.to_dict()})
+    stored = json.loads((old / "runs" / "search-ce" / "0003" / "record.json").read_text())["payload"]
+    assert stored["config"]["init_checkpoint"] == "base_models/x/model.pt" and stored["index"] == 3
+    old.rename(new)
+    record = Ledger(new).records("search-ce")[3]
+    assert record["config"]["init_checkpoint"] == str(new / "base_models" / "x" / "model.pt")
+    assert record["config"]["cache_dir"] == str(new / "base_models") and record["status"] == "ok"
+    assert Ledger(new).started("search-ce") == [3] and Ledger(new).records("final") == {}
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from dpsm_ray.sweep.ledger import ResultsLock
+lock = ResultsLock(Path(sys.argv[1]))
+lock.acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_one_live_driver_per_results_directory_and_a_dead_one_is_named(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ResultsInUse, match=rf"in use by another sweep driver \(pid {holder.pid} on .*, since .*\)"):
+            ResultsLock(tmp_path).acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    lock = ResultsLock(tmp_path)
+    previous = lock.acquire()  # the kernel released a dead holder's lock; its note is still there
+    assert previous["pid"] == holder.pid
+    lock.release()
+    assert ResultsLock(tmp_path).acquire() is None  # a released lock leaves no note
+
+
+def test_a_second_sweep_on_a_directory_in_use_is_refused_before_ray_starts(tmp_path):
+    """Issue 21: two sweeps started together on one directory shared one study and one experiment."""
+    import ray
+
+    from dpsm_ray.sweep import run_sweep
+
+    lock = ResultsLock(tmp_path)
+    lock.acquire()
+    try:
+        with pytest.raises(SweepError, match=f"is in use by another sweep driver \\(pid {os.getpid()}"):
+            run_sweep(spec(), tmp_path, log=lambda line: None)
+    finally:
+        lock.release()
+    assert not ray.is_initialized() and not (tmp_path / "sweep.json").exists()
+
+
+def test_a_method_named_twice_is_refused():
+    with pytest.raises(ConfigError, match="methods='ce,dpsm,ce' is invalid: must name each method once"):
+        spec(methods=("ce", "dpsm", "ce"))
+
+
+def test_a_storage_url_is_shown_and_stored_without_its_password(tmp_path):
+    assert masked("postgresql://sweeper:s3cret@db.internal:5432/optuna") == "postgresql://sweeper:***@db.internal:5432/optuna"
+    assert "s3cret" not in masked("postgres ql://sweeper:s3cret@host/db")  # not a URL: only its scheme is shown
+    with pytest.raises(ConfigError) as error:
+        spec(optuna_storage="not a url:s3cret@x")
+    assert "s3cret" not in str(error.value) and "must be a SQLAlchemy database URL" in str(error.value)
+    planned = check_results_dir(spec(optuna_storage="sqlite:////tmp/x.db"), tmp_path / "r", resume=False)
+    assert planned["optuna_storage"] == "sqlite:////tmp/x.db" and planned["studies"] == {"ce": "r-ce"}
+
+
+def test_a_resumed_sweep_needs_the_storage_it_was_started_with(tmp_path):
+    results = tmp_path / "r"
+    results.mkdir()
+    (results / "sweep.json").write_text(json.dumps(sweep_file(spec(optuna_storage="postgresql://u:pw@h/db"), results)))
+    assert "pw" not in (results / "sweep.json").read_text()
+    with pytest.raises(SweepError, match=r"live in postgresql://u:\*\*\*@h/db: pass --optuna-storage with that URL \(or set DPSM_RAY_OPTUNA_STORAGE\)"):
+        check_results_dir(spec(), results, resume=True)
+    with pytest.raises(SweepError, match=r"--optuna-storage postgresql://u:\*\*\*@other/db is not where"):
+        check_results_dir(spec(optuna_storage="postgresql://u:pw@other/db"), results, resume=True)
+    other = tmp_path / "s"
+    other.mkdir()
+    (other / "sweep.json").write_text(json.dumps(check_results_dir(spec(), other, resume=False)))
+    assert check_results_dir(spec(), other, resume=True)["studies"] == {"ce": "s-ce"}  # the default: optuna.db inside
+
+
+def digits_spec(results: Path) -> SweepSpec:
+    """The spec ``sweeps/digits.py --methods ce --results-dir RESULTS`` runs."""
+    import runpy
+
+    from dpsm_ray.sweep.cli import build_parser, spec_from_args
+
+    digits = runpy.run_path(str(ROOT / "sweeps" / "digits.py"))
+    args = build_parser("digits", "", digits["DEFAULTS"]).parse_args(["--methods", "ce", "--results-dir", str(results)])
+    return spec_from_args("digits", args, digits["DEFAULTS"])
+
+
+# What a sweep script refuses in one line before Ray starts (issue 21, item 10: each of these used
+# to end in a traceback, some only after Ray had started).
+@pytest.mark.parametrize("argv, prepare, code, needle", [
+    (["--dataset", "synthetic:noise=nan"], None, 2, "--dataset='synthetic:noise=nan' is invalid: dataset: synthetic option noise must be a finite number"),
+    (["--seed", "99999999999999999999999"], None, 2, "--seed=99999999999999999999999 is invalid: must be an integer in [0, 2**63"),
+    (["--methods", "ce,ce"], None, 2, "must name each method once"),
+    (["--optuna-storage", "nonsense"], None, 2, "--optuna-storage='(not a URL)' is invalid: must be a SQLAlchemy database URL"),
+    (["--results-dir", "{tmp}/a_file"], "file", 3, "is a file, not a directory"),
+    (["--results-dir", "{tmp}/" + "x" * 300], None, 3, "cannot create --results-dir"),
+    (["--results-dir", "{tmp}/r", "--resume"], "garbled", 3, "sweep.json is not readable JSON"),
+    (["--results-dir", "{tmp}/r", "--resume"], "old", 3, "started by an earlier version of dpsm_ray"),
+    (["--results-dir", "{tmp}/r", "--resume"], "truncated-db", 3, "cannot read the Optuna storage sqlite:///"),
+])
+def test_bad_input_is_one_line_before_ray_starts(argv, prepare, code, needle, tmp_path):
+    results = tmp_path / "r"
+    if prepare == "file":
+        (tmp_path / "a_file").write_text("not a directory")
+    elif prepare in ("garbled", "old", "truncated-db"):
+        results.mkdir()
+        settings = check_results_dir(digits_spec(results), results, resume=False)
+        text = {"garbled": '{"name": "t", "base": {', "old": json.dumps({k: v for k, v in settings.items() if k != "ledger"})}.get(prepare, json.dumps(settings))
+        (results / "sweep.json").write_text(text)
+        if prepare == "truncated-db":
+            (results / "optuna.db").write_bytes(b"SQLite format 3\0" + b"\x07" * 100)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if "--results-dir" not in argv:
+        argv = ["--results-dir", str(results), *argv]
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, str(ROOT / "sweeps" / "digits.py"), "--methods", "ce", *argv] if "--methods" not in argv else
+                         [sys.executable, str(ROOT / "sweeps" / "digits.py"), *argv], capture_output=True, text=True, timeout=120)
+    assert run.returncode == code and "Traceback" not in run.stderr, run.stdout + run.stderr
+    assert needle in run.stderr and run.stderr.strip().count("\n") == 0, run.stderr
+    assert "Started a local Ray instance" not in run.stdout + run.stderr and time.monotonic() - started < 60

@@ -1,0 +1,129 @@
+"""How a search proposes trials and stops poor ones, from the sweep's own record (no Ray)."""
+
+import math
+
+import optuna
+import pytest
+
+from dpsm_ray.sweep.search import AshaStopper, MethodStudy, rungs
+from dpsm_ray.sweep.space import Range
+from dpsm_ray.train.ray_train import FINISHED, RESUMED
+
+SPACE = {"conformal_weight": Range(0.01, 5.0), "lr": Range(0.001, 0.1), "quantile_lr": Range(1e-4, 0.5)}
+
+
+def study(tmp_path, name="s", total=6, db="optuna.db", **kwargs) -> MethodStudy:
+    return MethodStudy(f"sqlite:///{tmp_path / db}", name, "dpsm", SPACE, sampler=kwargs.get("sampler", "tpe"), seed=kwargs.get("seed", 0), total=total)
+
+
+def run_search(s: MethodStudy, values: dict[int, float], stop_after: int | None = None) -> list[dict]:
+    """Propose and tell trials in order, as a sweep with one trial at a time does."""
+    ended, proposals = set(), []
+    while (proposal := s.propose(ended)) is not None:
+        number, params = proposal
+        proposals.append(params)
+        if stop_after is not None and number == stop_after:
+            break
+        s.tell(number, status="ok", value=values[number], coverage=0.9, floor=0.88, attributes={})
+        ended.add(number)
+    return proposals
+
+
+def test_proposals_are_a_function_of_the_seed_and_the_finished_trials(tmp_path):
+    values = dict(enumerate([1.3, 1.1, 1.2, 0.9, 1.0, 0.95]))
+    first = run_search(study(tmp_path, db="a.db"), values)
+    again = run_search(study(tmp_path, db="b.db"), values)
+    assert len(first) == 6 and first == again  # TPE after its 4 random start-up trials as well
+    other_seed = run_search(study(tmp_path, db="c.db", seed=1), values)
+    assert other_seed != first
+    for params in first:
+        assert all(SPACE[k].low <= v <= SPACE[k].high for k, v in params.items())
+
+
+def test_a_trial_the_study_holds_without_a_record_is_proposed_again_with_its_parameters(tmp_path):
+    """The driver died while trial 2 ran: Optuna has it RUNNING, the ledger has no record."""
+    values = dict(enumerate([1.3, 1.1, 1.2, 0.9, 1.0, 0.95]))
+    uninterrupted = run_search(study(tmp_path, db="a.db"), values)
+    interrupted = study(tmp_path, db="b.db")
+    before = run_search(interrupted, values, stop_after=2)
+    resumed = study(tmp_path, db="b.db")  # a new driver: a new object on the same storage
+    after = run_search_from(resumed, values, ended={0, 1})
+    assert before + after[1:] == uninterrupted and after[0] == before[-1]
+
+
+def run_search_from(s, values, ended):
+    ended, proposals = set(ended), []
+    while (proposal := s.propose(ended)) is not None:
+        number, params = proposal
+        proposals.append(params)
+        s.tell(number, status="ok", value=values[number], coverage=0.9, floor=0.88, attributes={})
+        ended.add(number)
+    return proposals
+
+
+def test_a_trial_proposed_part_way_before_a_kill_gets_the_parameters_it_would_have_had(tmp_path):
+    """Killed between two parameters of one proposal: each parameter's draw is seeded for itself,
+    so the ones drawn after the resume equal an uninterrupted proposal's."""
+    values = dict(enumerate([1.3, 1.1, 1.2, 0.9, 1.0, 0.95]))
+    uninterrupted = run_search(study(tmp_path, db="a.db"), values)
+    partial = study(tmp_path, db="b.db")
+    run_search(partial, values, stop_after=0)
+    partial.tell(0, status="ok", value=values[0], coverage=0.9, floor=0.88, attributes={})
+    trial = partial.study.ask()  # trial 1, with only its first parameter drawn
+    partial.study.sampler = partial.sampler_for(trial.number, "conformal_weight")
+    trial.suggest_float("conformal_weight", 0.01, 5.0, log=True)
+    resumed = run_search_from(study(tmp_path, db="b.db"), values, ended={0})
+    assert resumed == uninterrupted[1:]
+
+
+def test_telling_is_idempotent_and_records_the_constraint_and_the_join_keys(tmp_path):
+    s = study(tmp_path, total=3)
+    number, _ = s.propose(set())
+    s.tell(number, status="ok", value=1.2, coverage=0.86, floor=0.88, attributes={"run_id": "abc", "tune_trial_id": "t1"})
+    s.tell(number, status="ok", value=9.9, coverage=0.99, floor=0.88, attributes={"run_id": "zzz"})  # a resumed driver tells again
+    frozen = s.study.trials[0]
+    assert frozen.state == optuna.trial.TrialState.COMPLETE and frozen.value == 1.2
+    assert math.isclose(frozen.constraints["coverage"], 0.02) and frozen.user_attrs == {"run_id": "abc", "tune_trial_id": "t1"}
+    stopped, _ = s.propose({0})
+    s.tell(stopped, status="stopped", value=1.5, coverage=0.9, floor=0.88, attributes={})
+    failed, _ = s.propose({0, 1})
+    s.tell(failed, status="failed", value=None, coverage=None, floor=0.88, attributes={})
+    assert [t.state.name for t in s.study.trials] == ["COMPLETE", "PRUNED", "FAIL"]
+    assert s.propose({0, 1, 2}) is None
+
+
+@pytest.mark.parametrize("grace, factor, epochs, expected", [(5, 3, 10, [5]), (1, 2, 3, [1, 2]), (1, 2, 8, [1, 2, 4]), (5, 3, 5, []), (2, 3, 40, [2, 6, 18])])
+def test_rungs_are_grace_times_powers_of_the_factor_before_the_last_epoch(grace, factor, epochs, expected):
+    assert rungs(grace, factor, epochs) == expected
+
+
+def report(index, epoch, size, **extra):
+    return {"trial_index": index, "epoch": epoch, "val_set_size": size, **extra}
+
+
+def test_asha_stops_a_trial_outside_the_best_third_of_the_earlier_trials_at_a_rung():
+    stopper = AshaStopper(1, 3, epochs=4, history={})  # rungs at epochs 1 and 3
+    assert not stopper("a", report(0, 1, 2.0))  # nothing earlier to compare with
+    assert not stopper("b", report(1, 1, 1.0))
+    assert not stopper("c", report(2, 1, 1.3))  # numpy's 33.3rd percentile of [2.0, 1.0] is 1.333...
+    assert stopper("d", report(3, 1, 1.5))  # above the 33.3rd percentile of [2.0, 1.0, 1.3] (1.2)
+    assert stopper.stopped == {3}
+    assert not stopper("b", report(1, 2, 0.1))  # epoch 2 is no rung
+    assert not stopper("e", report(4, 1, 1.0, **{FINISHED: True}))  # a final report is never judged
+
+
+def test_asha_rebuilds_its_rungs_from_the_ledger_and_rejudges_a_resumed_trial():
+    """The driver died right after ASHA stopped trial 2 at epoch 1 and before its record: the
+    resumed trial re-reports its last epoch and is stopped again; the other decisions stand."""
+    history = {0: {1: 1.0, 2: 0.9, 3: 0.8}, 1: {1: 0.95, 2: 0.85}, 2: {1: 3.0}}
+    stopper = AshaStopper(1, 2, epochs=4, history=history)  # rungs at epochs 1 and 2
+    assert stopper("x", report(2, 1, 3.0, **{RESUMED: True}))  # 3.0 > the median of [1.0, 0.95]
+    assert not stopper("y", report(1, 2, 0.85, **{RESUMED: True}))  # within the best half at both rungs
+    assert stopper.stopped == {2}
+
+
+def test_a_halt_ends_the_stage_and_no_stopper_without_asha_stops_a_trial():
+    stopper = AshaStopper(None, 2, epochs=5, history={})
+    assert not stopper.stop_all() and not stopper("a", report(0, 1, 100.0)) and stopper.rungs == []
+    stopper.halt()
+    assert stopper.stop_all()
