@@ -22,3 +22,15 @@ def pytest_collection_modifyitems(config, items):
     """The `cluster` tests first: `ray up` and `ray down` run `ray stop`, which ends every Ray
     process of this user, so they must be done before any other test starts the session's Ray."""
     items.sort(key=lambda item: item.get_closest_marker("cluster") is None)
+
+
+@pytest.fixture
+def no_ray_start(monkeypatch):
+    """Fails the test if the sweep driver tries to reach Ray: for checks that must happen before
+    (whether this test session's Ray is up already does not matter)."""
+    from dpsm_ray.sweep import protocol
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the sweep went on to start (or join) Ray")
+
+    monkeypatch.setattr(protocol, "ensure_ray", refuse)
