@@ -34,12 +34,12 @@ import torch
 from dpsm_ray.collective import LocalCollective
 from dpsm_ray.data.vision import CIFAR100_MEAN, CIFAR100_STD, cifar100_transform
 from dpsm_ray.models import build_model
-from dpsm_ray.objectives import METHODS, build_objective
+from dpsm_ray.objectives import METHODS, PAPER_METHODS, build_objective
 from dpsm_ray.train.step import EagerStep, GraphStep
 
 CLASSES = 100
-FULL = dict(models="resnet110,densenet100", methods=",".join(METHODS), batches="64,128", packs="1,2,4,8", steps=50, warmup=10, images=50000)
-QUICK = dict(models="resnet20", methods=",".join(METHODS), batches="32", packs="1,2", steps=3, warmup=1, images=256)
+FULL = dict(models="resnet110,densenet100", methods=",".join(PAPER_METHODS), batches="64,128", packs="1,2,4,8", steps=50, warmup=10, images=50000)
+QUICK = dict(models="resnet20", methods=",".join(PAPER_METHODS), batches="32", packs="1,2", steps=3, warmup=1, images=256)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from dpsm_ray.train.config import ConfigError, TrainConfig, calibration_warnings
+from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
 
@@ -50,8 +51,11 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The options given, over the preset's settings for the method (``--preset``), over the defaults."""
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names}
+    if args.preset:
+        values = {**preset_values(args.preset, values.get("method", TrainConfig.method)), **values}
     return TrainConfig.from_dict(values).with_absolute_paths()
 
 
@@ -78,33 +82,29 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.results import write_run
     from dpsm_ray.results.tables import format_summary, summarise
     from dpsm_ray.train import run_training
-    from dpsm_ray.train.ray_session import InsufficientResources
+    from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
 
     for line in calibration_warnings(config):
         print(f"warning: {line}", file=sys.stderr)
     out = Path(args.out).resolve() if args.out else None
     again = "; run the same command again to continue from the last checkpoint" if out is not None else ""
     ray_options = {"resource_timeout_s": args.resource_timeout} if config.workers else {}
-    try:
-        check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
-        result = run_training(config, out, **ray_options)
-        if out is not None:
-            write_run(out, result)
-    except ConfigError as error:
-        fail(parser, error)
-    except (FileNotFoundError, InsufficientResources, CorruptFileError) as error:  # a missing dataset or weights file; workers that cannot start
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
-    except KeyboardInterrupt:
-        parser.exit(3, f"{parser.prog}: interrupted{again}\n")
-    except Exception as error:
-        if not is_disk_full(error):
-            raise
-        parser.exit(3, f"{parser.prog}: error: {str(error).splitlines()[-1]}{again}\n")
-    finally:
-        if config.workers:
-            import ray
-
-            ray.shutdown()
+    with leaving_ray_as_it_was():
+        try:
+            check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
+            result = run_training(config, out, **ray_options)
+            if out is not None:
+                write_run(out, result)
+        except ConfigError as error:
+            fail(parser, error)
+        except (FileNotFoundError, InsufficientResources, CorruptFileError) as error:  # a missing dataset or weights file; workers that cannot start
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
+        except KeyboardInterrupt:
+            parser.exit(3, f"{parser.prog}: interrupted{again}\n")
+        except Exception as error:
+            if not is_disk_full(error):
+                raise
+            parser.exit(3, f"{parser.prog}: error: {str(error).splitlines()[-1]}{again}\n")
     print(f"{config.method} on {config.dataset}, alpha={config.alpha}: test metrics over {config.eval_splits} calibration/test re-splits")
     print(format_summary(summarise(pd.DataFrame(result.evals))))
     if out is not None:
@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train one model with the chosen objective, print a progress line per epoch and a final table.",
     )
     add_config_options(train)
+    train.add_argument("--preset", choices=PRESET_NAMES, help="official: train the method as its official code does (DPSM's: "
+                       "T 1, lambda 0.05, q step 0.01, CE on the whole batch, each batch split in place, 40 epochs from the CE base "
+                       "model with the lr restarted at 0.1 and divided by 10 at epoch 25; ConfTr as published: Stutz et al.'s "
+                       "Fashion-MNIST settings); options given here override it (docs/method.md)")
     train.add_argument("--resource-timeout", type=positive_seconds, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS",
                        help="with --workers on a Ray cluster: how long to wait for the CPUs/GPUs the workers ask for before giving up "
                        "(an embedded Ray fails at once; default: %(default)s)")

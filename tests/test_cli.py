@@ -29,7 +29,7 @@ def test_train_prints_a_table_and_writes_the_documented_files(tmp_path, capsys):
     [
         (["--alpha", "1.5"], "--alpha=1.5 is invalid: must be in the open interval (0, 1)"),
         (["--lambda", "-1"], "--lambda=-1.0 is invalid: lambda must be >= 0"),
-        (["--method", "thr"], "--method='thr' is invalid: must be one of ce, conftr, cut, dpsm"),
+        (["--method", "thr"], "--method='thr' is invalid: must be one of ce, conftr, conftr_published, cut, dpsm, or base"),
         (["--batch-size", "4096"], "--batch-size=4096 is invalid: must be at most 1000"),
         (["--temperature", "-2"], "--temperature=-2.0 is invalid: must be > 0"),
     ],
@@ -75,3 +75,24 @@ def test_a_missing_dataset_names_the_path_and_the_download_flag(tmp_path, capsys
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "cifar-100-python") in err and "--download" in err
+
+
+def test_the_official_preset_trains_as_the_official_code_and_options_given_win(tmp_path, capsys):
+    """Issue 28: `--preset official` sets every setting as the official DPSM code has it; read back
+    from the run's config.json.  An option given on the command line (--epochs) overrides it."""
+    import json
+
+    code = main(["train", "--preset", "official", "--method", "dpsm", "--dataset", "digits", "--epochs", "1", "--base-epochs", "2",
+                 "--eval-splits", "2", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "run")])
+    assert code == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    official = {"sigmoid_temperature": 1.0, "conformal_weight": 0.05, "quantile_lr": 0.01, "ce_batch": "full", "dpsm_split": "batch",
+                "init": "base", "batch_size": 128, "lr": 0.1, "milestones": [25], "lr_decay": 0.1, "momentum": 0.9, "weight_decay": 1e-4}
+    assert {name: config[name] for name in official} == official
+    assert config["epochs"] == 1 and config["init_checkpoint"].endswith("model.pt")
+    published = build_parser().parse_args(["train", "--preset", "official", "--method", "conftr_published"])
+    from dpsm_ray.cli import config_from_args
+
+    stutz = config_from_args(published)
+    assert (stutz.init, stutz.epochs, stutz.batch_size, stutz.lr, stutz.milestones, stutz.nesterov, stutz.weight_decay) == ("scratch", 150, 100, 0.01, (60, 90, 120), True, 1e-3)
+    assert (stutz.sigmoid_temperature, stutz.conformal_weight, stutz.size_target, stutz.ce_weight, stutz.sort_temperature) == (0.1, 0.01, 0.0, 0.0, 0.1)

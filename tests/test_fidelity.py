@@ -1,4 +1,5 @@
-"""The fidelity study (sweeps/fidelity.py) at its CI size: it must run its sweep and write every table."""
+"""The fidelity study (dpsm_ray/sweep/study.py): its comparisons by hand, and the CIFAR-100 study's
+dry run on a generated copy of CIFAR-100 (what a GPU user submits, at CPU size)."""
 
 import json
 import math
@@ -10,70 +11,64 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dpsm_ray.objectives import METHODS
+from dpsm_ray.sweep.study import paired_change, t_interval
 
 ROOT = Path(__file__).resolve().parents[1]
+ARMS = ["base", "ce", "dpsm_official", "dpsm", "dpsm_tex", "conftr", "cut"]
+
+
+def test_t_interval_by_hand():
+    mean, low, high = t_interval([1.0, 2.0, 6.0])
+    sd = math.sqrt(((1 - 3) ** 2 + (2 - 3) ** 2 + (6 - 3) ** 2) / 2)
+    half = 4.302652729911275 * sd / math.sqrt(3)  # t_{0.975, 2}
+    assert (mean, low, high) == pytest.approx((3.0, 3.0 - half, 3.0 + half))
+    assert math.isnan(t_interval([2.0])[1])
+
+
+def test_an_arm_is_compared_per_seed_with_its_reference():
+    """Seed 0: DPSM 1.8 against CE 2.0 (-10%); seed 1: 2.2 against 2.0 (+10%), each the mean over
+    that seed's re-splits: the mean change is 0, and its interval holds 0."""
+    rows = []
+    for seed, ce, dpsm in ((0, (1.9, 2.1), (1.7, 1.9)), (1, (2.0, 2.0), (2.1, 2.3))):
+        for split, (c, d) in enumerate(zip(ce, dpsm)):
+            rows += [{"stage": "ce", "seed": seed, "score": "hps", "split": split, "set_size": c},
+                     {"stage": "dpsm", "seed": seed, "score": "hps", "split": split, "set_size": d}]
+    change = paired_change(pd.DataFrame(rows), "dpsm", "ce", "hps")
+    assert change["per_seed"] == [-10.0, 10.0] and change["mean"] == pytest.approx(0.0) and change["seeds"] == 2
+    assert change["low"] < 0 < change["high"] and not change["significant"]
 
 
 @pytest.mark.ray
-def test_fidelity_study_runs_quick_and_writes_its_tables(tmp_path):
+def test_the_cifar100_fidelity_study_dry_runs_on_a_generated_copy(ray_session, tmp_path):
+    import ray
+
+    from fake_datasets import write_cifar100
+
+    write_cifar100(tmp_path / "data")
     out = tmp_path / "study"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own embedded Ray
-    result = subprocess.run([sys.executable, str(ROOT / "sweeps" / "fidelity.py"), "--quick", "--out", str(out)],
-                            capture_output=True, text=True, timeout=900, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    study = json.loads((out / "fidelity.json").read_text())
-    assert study["quick"] and list(study["arms"]) == ["base", "scratch"]
-    assert (out / "fidelity.md").read_text().strip() in result.stdout
-    for arm, arm_study in study["arms"].items():
-        check_arm(out, arm, arm_study)
-    assert study["arms"]["base"]["init"] == "base" and study["arms"]["scratch"]["init"] == "scratch"
-    # the regime: one CE base model per final seed in the fine-tuning arm, none from scratch
-    assert [row["seed"] for row in study["arms"]["base"]["base_models"]] == [0, 1]
-    for row in study["arms"]["base"]["base_models"]:
-        assert 0 <= row["train_quantile"] <= 1 and 0 <= row["cal_quantile"] <= 1
-    assert study["arms"]["scratch"]["base_models"] == []
-    assert study["wall_seconds"] == pytest.approx(sum(s["wall_seconds"] for s in study["arms"].values()))
-
-
-def check_arm(out: Path, arm: str, study: dict) -> None:
-    assert study["final_seeds"] == 2 and study["trials"] == 3
-    # the sweep's own files, with the final stage's rows: methods x seeds x scores x re-splits
-    sweep = out / f"glyphs-quick-{arm}"
-    evals = pd.read_parquet(sweep / "evals.parquet")
-    final = evals[evals.stage == "final"]
-    assert len(final) == len(METHODS) * 2 * 3 * study["eval_splits"]
-    assert (sweep / "report.md").exists()
-    assert (out / f"search-{arm}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [row["method"] for row in study["final_models"]] == ["ce", "cut", "conftr", "dpsm"]
-
-    # each method's best-so-far curve never rises, and ends at the best feasible finished trial
-    trials = pd.read_parquet(sweep / "trials.parquet")
-    for method, curve in study["curves"].items():
-        assert len(curve) == 3
-        values = [v for v in curve if not math.isnan(v)]
-        assert values == sorted(values, reverse=True)
-        search = trials[(trials.stage == "search") & (trials.method == method) & (trials.status == "ok") & (trials.feasible == True)]  # noqa: E712
-        assert values[-1] == pytest.approx(search.val_set_size.min())
-
-    # the table and the intervals: DPSM against one baseline per score, every method against CE
-    assert study["table"][0] == ["method", "HPS", "APS", "RAPS"] and study["table"][-1][0] == "DPSM vs best baseline"
-    assert [c["score"] for c in study["dpsm_vs_best"]] == ["hps", "aps", "raps"]
-    for change in study["dpsm_vs_best"] + study["vs_ce"]:
-        assert change["seeds"] == 2 and change["low"] <= change["mean"] <= change["high"]
-        assert change["mean"] == pytest.approx(sum(change["per_seed"]) / 2, abs=0.01)
-    best = study["dpsm_vs_best"][0]
-    per_seed = final[final.score == "hps"].groupby(["seed", "method"]).set_size.mean().unstack()
-    assert best["per_seed"][0] == pytest.approx(100 * (per_seed.dpsm[0] - per_seed[best["against"]][0]) / per_seed[best["against"]][0], abs=0.01)
-    assert len(study["vs_ce"]) == 3 * 3
-    assert [row["method"] for row in study["diagnostics"]] == ["conftr", "dpsm"]
-
-
-def test_fidelity_study_refuses_a_used_directory_and_bad_sizes(tmp_path):
-    (tmp_path / "old").write_text("")
-    result = subprocess.run([sys.executable, str(ROOT / "sweeps" / "fidelity.py"), "--quick", "--out", str(tmp_path)], capture_output=True, text=True)
-    assert result.returncode == 2 and "is not empty" in result.stderr
-    result = subprocess.run([sys.executable, str(ROOT / "sweeps" / "fidelity.py"), "--final-seeds", "1", "--out", str(tmp_path / "new")], capture_output=True, text=True)
-    assert result.returncode == 2 and "--final-seeds must be an integer >= 2" in result.stderr
-    result = subprocess.run([sys.executable, str(ROOT / "sweeps" / "fidelity.py"), "--arms", "base,warm", "--out", str(tmp_path / "new")], capture_output=True, text=True)
-    assert result.returncode == 2 and "--arms must name some of base, scratch" in result.stderr
+    command = [sys.executable, str(ROOT / "sweeps" / "cifar100_fidelity.py"), "--quick", "--data-root", str(tmp_path / "data"), "--out", str(out)]
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.startswith("this study trains ") and "GPU-hours" in run.stdout.splitlines()[0]
+    analysis = json.loads((out / "fidelity.json").read_text())
+    assert [row["arm"] for row in analysis["table"]] == ARMS and analysis["seeds"] == [0, 1]
+    evals = pd.read_parquet(out / "evals.parquet")
+    assert len(evals) == len(ARMS) * 2 * 3 * 2  # arms x seeds x scores x re-splits
+    trials = pd.read_parquet(out / "trials.parquet").set_index(["stage", "seed"])
+    assert (trials.status == "ok").all() and trials.loc["base"].epochs_completed.eq(0).all()
+    assert trials.drop(index="base", level="stage").epochs_completed.eq(1).all()
+    assert trials.loc["base"].method.eq("base").all() and set(trials.loc["dpsm_tex"].method) == {"dpsm"}
+    # the official arm trains as the official code does: its configuration, read back from the run
+    official = json.loads(trials.loc[("dpsm_official", 0)].config_json)
+    assert (official["sigmoid_temperature"], official["conformal_weight"], official["quantile_lr"], official["ce_batch"], official["dpsm_split"]) == (1.0, 0.05, 0.01, "full", "batch")
+    tex = json.loads(trials.loc[("dpsm_tex", 0)].config_json)
+    assert (tex["ce_batch"], tex["sigmoid_temperature"], tex["conformal_weight"]) == ("half", 0.1, 0.5)
+    # one base model per seed, shared by every arm that fine-tunes
+    assert len(list((out / "base_models").glob("cifar100-resnet110-seed*-*/model.pt"))) == 2
+    comparisons = analysis["comparisons"]
+    assert {(c["arm"], c["against"]) for c in comparisons} == {(a, r) for r in ("ce", "base") for a in ARMS if a != r}
+    assert all(len(c["per_seed"]) == 2 for c in comparisons)
+    assert "CE base model, not fine-tuned" in (out / "fidelity.md").read_text()
+    again = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and " done in " not in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]

@@ -9,7 +9,7 @@ from dpsm_ray.data.vision import LOADERS as VISION_LOADERS
 from dpsm_ray.data.vision import PAPER_SIZES, fitted_sizes
 from dpsm_ray.data.vision import check_data_present as check_image_data
 
-DATASETS = ("digits", "synthetic", "glyphs", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
+DATASETS = ("digits", "synthetic", "glyphs", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
 # the generated datasets, whose names take options (``synthetic:classes=20``)
 OPTION_PARSERS = {"synthetic": parse_synthetic, "glyphs": parse_glyphs}
 

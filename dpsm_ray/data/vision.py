@@ -1,4 +1,4 @@
-"""The paper's three image datasets (Table 4), read from torchvision's on-disk layouts.
+"""The paper's three image datasets (Table 4), and Fashion-MNIST, read from their on-disk layouts.
 
 - ``cifar100``: 32x32 images kept as one uint8 tensor (the GPU can hold it) and augmented by
   batched tensor ops (``augment.py``).  The 50000 training images give train / val, the 10000
@@ -9,6 +9,13 @@
   are exactly that kingdom's ``2021_train_mini`` images (50 a species: 15345 + 1705 = 17050) and
   its ``2021_valid`` images (10 a species: 1410 + 2000 = 3410), so, as for CIFAR-100, the training
   images give train / val and the held-out images cal / test.
+- ``fashion_mnist``: Fashion-MNIST (Xiao et al. 2017), the benchmark with published conformal
+  training results (ConfTr, Stutz et al. 2022): the original IDX files as Debian's
+  ``dataset-fashion-mnist`` installs them (``/usr/share/datasets/fashion-mnist/*.gz``, checked
+  against torchvision's md5 sums) or torchvision's ``FashionMNIST/raw/`` layout (``--download``).
+  ConfTr's split: 55000 training / 5000 validation images from the 60000 training images; the
+  10000 test images give cal / test, 5000 each (ConfTr calibrates on 5000 too, and measures on
+  10000: the same expectation, a little more variance here).
 - ``inaturalist2018``: the Fungi super-category of iNaturalist 2018 (torchvision's version
   ``2018``, train and val images in one folder tree), cut into all four splits as Caltech-101 is.
   2018 has 321 Fungi species, not the paper's 341, so the class count is read from the data.
@@ -36,10 +43,11 @@ PAPER_SIZES = {
     "caltech101": {"train": 4310, "val": 1256, "cal": 1111, "test": 2000},
     "inaturalist": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
     "inaturalist2018": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
+    "fashion_mnist": {"train": 55000, "val": 5000, "cal": 5000, "test": 5000},  # ConfTr's (module docstring)
 }
 TITLES = {
     "cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)",
-    "inaturalist2018": "iNaturalist 2018 (Fungi)",
+    "inaturalist2018": "iNaturalist 2018 (Fungi)", "fashion_mnist": "Fashion-MNIST",
 }
 
 # per-channel statistics of the 50000 CIFAR-100 training images
@@ -97,6 +105,8 @@ def check_data_present(name: str, data_root: str | Path | None, download: bool =
         absent = [file for file in ("train", "test", "meta") if not (folder / file).is_file()]
         if absent:
             raise missing(name, folder, f" (no {', '.join(absent)})")
+    elif name == "fashion_mnist":
+        fashion_mnist_files(root)
     elif name == "caltech101":
         if not (root / "caltech101" / "101_ObjectCategories").is_dir():
             raise missing(name, root / "caltech101" / "101_ObjectCategories")
@@ -190,6 +200,70 @@ def load_cifar100(data_root: str | Path | None, seed: int, download: bool = Fals
     return splits_of("cifar100", num_classes, (3, 32, 32), source, two_pool_parts(train_labels, test_labels, "cifar100", seed))
 
 
+# ----------------------------------------------------------------------------- Fashion-MNIST
+
+FASHION_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+# ConfTr's input scaling: (x - 0.5) / 0.5 of the [0, 1] pixels
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.5,), (0.5,)
+
+
+def fashion_mnist_files(root: Path) -> dict[str, Path]:
+    """The four IDX files: ``root/<name>.gz`` (the original distribution, as Debian installs it)
+    or torchvision's ``root/FashionMNIST/raw/<name>``; FileNotFoundError naming both otherwise."""
+    for candidates in ([root / f"{name}.gz" for name in FASHION_MNIST_FILES], [root / "FashionMNIST" / "raw" / name for name in FASHION_MNIST_FILES]):
+        if all(path.is_file() for path in candidates):
+            return dict(zip(FASHION_MNIST_FILES, candidates))
+    raise missing("fashion_mnist", root, f" (neither {root}/train-images-idx3-ubyte.gz ... nor {root}/FashionMNIST/raw/; "
+                                         "Debian: apt-get install dataset-fashion-mnist, then --data-root /usr/share/datasets/fashion-mnist)")
+
+
+def read_idx(path: Path) -> torch.Tensor:
+    """An IDX file, gzipped or not, through torchvision's reader (which takes a path: a gzipped
+    one is unpacked to a temporary file first).  Debian recompresses the archives, so their md5
+    sums are not upstream's; the loader checks what they hold instead (shapes, labels)."""
+    import gzip
+    import tempfile
+    import zlib
+
+    from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
+
+    try:
+        if path.suffix != ".gz":
+            return read_sn3_pascalvincent_tensor(str(path), strict=False)
+        with tempfile.NamedTemporaryFile(suffix=".idx") as unpacked:
+            unpacked.write(gzip.decompress(path.read_bytes()))
+            unpacked.flush()
+            return read_sn3_pascalvincent_tensor(unpacked.name, strict=False)
+    except (OSError, EOFError, zlib.error, AssertionError, RuntimeError) as error:
+        raise ValueError(f"{path} is not a readable IDX file ({type(error).__name__}: {str(error)[:120]})") from None
+
+
+def fashion_mnist_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int) -> torch.Tensor:
+    """uint8 ``[N, 1, 28, 28]`` -> ConfTr's scaled input; no augmentation (ConfTr uses none)."""
+    return normalise(images, FASHION_MNIST_MEAN, FASHION_MNIST_STD)
+
+
+def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+    """Fashion-MNIST (module docstring) in memory, so ``data_workers`` is not used."""
+    root = check_data_root("fashion_mnist", data_root)
+    if download and not any(path.is_file() for path in (root / "train-images-idx3-ubyte.gz", root / "FashionMNIST" / "raw" / "train-images-idx3-ubyte")):
+        from torchvision.datasets import FashionMNIST
+
+        for train in (True, False):
+            FashionMNIST(str(root), train=train, download=True)
+    files = fashion_mnist_files(root)
+    images = {split: read_idx(files[f"{split}-images-idx3-ubyte"]) for split in ("train", "t10k")}
+    labels = {split: read_idx(files[f"{split}-labels-idx1-ubyte"]).long() for split in ("train", "t10k")}
+    for split in ("train", "t10k"):
+        if images[split].ndim != 3 or tuple(images[split].shape[1:]) != (28, 28) or images[split].shape[0] != labels[split].numel():
+            raise ValueError(f"{files[f'{split}-images-idx3-ubyte']}: {tuple(images[split].shape)} images for {labels[split].numel()} labels; "
+                             "Fashion-MNIST has 28x28 images, one label each")
+        check_labels(labels[split], len(FASHION_MNIST_CLASSES), files[f"{split}-labels-idx1-ubyte"])
+    source = TensorSource(torch.cat([images["train"], images["t10k"]])[:, None].contiguous(), torch.cat([labels["train"], labels["t10k"]]), fashion_mnist_transform)
+    return splits_of("fashion_mnist", len(FASHION_MNIST_CLASSES), (1, 28, 28), source, two_pool_parts(labels["train"], labels["t10k"], "fashion_mnist", seed))
+
+
 # ----------------------------------------------------------------------------- 224-pixel datasets
 
 
@@ -279,4 +353,7 @@ def load_inaturalist2018(data_root: str | Path | None, seed: int, download: bool
     return splits_of("inaturalist2018", len(species), (3, IMAGE_SIZE, IMAGE_SIZE), source, parts)
 
 
-LOADERS = {"cifar100": load_cifar100, "caltech101": load_caltech101, "inaturalist": load_inaturalist, "inaturalist2018": load_inaturalist2018}
+LOADERS = {
+    "cifar100": load_cifar100, "caltech101": load_caltech101, "inaturalist": load_inaturalist, "inaturalist2018": load_inaturalist2018,
+    "fashion_mnist": load_fashion_mnist,
+}

@@ -1,6 +1,7 @@
 """Model builders: ``build_model(name, num_classes, input_shape=..., pretrained_path=...)``.
 
-- ``mlp``, ``cnn``, ``lenet``: small models for the offline datasets (``small.py``).
+- ``mlp``, ``cnn``, ``lenet``: small models for the offline datasets; ``mlp_bn``: ConfTr's
+  Fashion-MNIST MLP, 2 x 64 units with BatchNorm (``small.py``).
 - ``resnet20`` .. ``resnet110``: CIFAR ResNets (``cifar_resnet.py``); ``densenet100``:
   DenseNet-BC-100, growth rate 12 (``densenet.py``) -- the paper's CIFAR-100 models.
 - ``resnet50``, ``densenet121``: torchvision's ImageNet models for the 224-pixel datasets,
@@ -18,11 +19,11 @@ from dpsm_ray.models.densenet import CifarDenseNet
 from dpsm_ray.models.imagenet import HEADS, imagenet_model, load_backbone
 from dpsm_ray.models.small import MLP, LeNet, SmallCNN
 
-MODELS = ("mlp", "cnn", *(f"resnet{depth}" for depth in CIFAR_RESNET_DEPTHS), "densenet100", "resnet50", "densenet121", "lenet")
+MODELS = ("mlp", "mlp_bn", "cnn", *(f"resnet{depth}" for depth in CIFAR_RESNET_DEPTHS), "densenet100", "resnet50", "densenet121", "lenet")
 PRETRAINABLE = tuple(HEADS)
 # the paper's model for each dataset (its ResNet column); the tabular data take the small MLP, the
-# glyphs the small LeNet
-DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "glyphs": "lenet", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
+# glyphs the small LeNet, Fashion-MNIST ConfTr's MLP
+DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "glyphs": "lenet", "fashion_mnist": "mlp_bn", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
 
 
 def check_model(name: str) -> str:
@@ -50,6 +51,8 @@ def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (
         raise ValueError(f"pretrained_path is for the models {', '.join(PRETRAINABLE)}; got model {name!r}")
     if name == "mlp":
         return MLP(input_shape, num_classes)
+    if name == "mlp_bn":
+        return MLP(input_shape, num_classes, width=64, depth=2, batch_norm=True)
     if name == "cnn":
         return SmallCNN(input_shape, num_classes)
     if name == "lenet":

@@ -34,7 +34,9 @@ class Objective:
     ``initialize``, ``state_dict`` and ``load_state_dict``.
     """
 
-    name = "objective"
+    # where B1 and B2 come from: "halves" -- the fixed halves D1 and D2 of the training split
+    # (Algorithm 1) -- or "batch" -- each batch of the whole training split cut in two at random
+    batch_split = "halves"
 
     def __init__(self, *, alpha: float, conformal_weight: float, collective=None) -> None:
         self.alpha = alpha
@@ -76,3 +78,20 @@ class Objective:
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
+
+
+CE_BATCHES = ("full", "half")
+
+
+def step_cross_entropy(ce_batch: str, logits1, labels1, logits2, labels2) -> torch.Tensor:
+    """CE on the step's whole batch (B1 and B2: the official code) or on B1 only (the tex's
+    Algorithm 1, where D2 then never gets a CE gradient)."""
+    if ce_batch == "half":
+        return cross_entropy(logits1, labels1)
+    return cross_entropy(torch.cat([logits1, logits2]), torch.cat([labels1, labels2]))
+
+
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    return value

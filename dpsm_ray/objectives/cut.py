@@ -1,8 +1,8 @@
 """CUT (Einbinder et al. 2022): penalise the Kolmogorov-Smirnov distance between the batch's
 score distribution and Unif(0, 1).
 
-CE on B1, plus lambda times sup_t |F_hat(t) - t| over B2's label scores (global B2 with several
-workers).  With the sorted scores s_(1) <= ... <= s_(n) the supremum is
+CE on the whole batch (``ce_batch="full"``, the official code) or on B1 (``"half"``), plus lambda
+times sup_t |F_hat(t) - t| over B2's label scores (global B2 with several workers).  With the sorted scores s_(1) <= ... <= s_(n) the supremum is
 max_i max(i/n - s_(i), s_(i) - (i-1)/n); the sort is NeuralSort's differentiable relaxation
 (``sort_temperature``; 0 uses the exact sort, which is differentiable in the values too).
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from dpsm_ray.conformal import label_scores, score_matrix, soft_sort
-from dpsm_ray.objectives.base import Objective, ObjectiveOutput, cross_entropy, hps_scores
+from dpsm_ray.objectives.base import CE_BATCHES, Objective, ObjectiveOutput, check_choice, hps_scores, step_cross_entropy
 from dpsm_ray.seeding import counter_uniforms, derive_seed
 
 CUT_SCORES = ("hps", "aps")
@@ -34,12 +34,10 @@ def ks_to_uniform(values: torch.Tensor, sort_temperature: float) -> torch.Tensor
 
 
 class CUT(Objective):
-    name = "cut"
-
-    def __init__(self, *, sort_temperature: float, score: str = "hps", seed: int = 0, **kwargs) -> None:
+    def __init__(self, *, sort_temperature: float, score: str = "hps", seed: int = 0, ce_batch: str = "full", **kwargs) -> None:
         super().__init__(**kwargs)
-        if score not in CUT_SCORES:
-            raise ValueError(f"score must be one of {', '.join(CUT_SCORES)}; got {score!r}")
+        check_choice("score", score, CUT_SCORES)
+        self.ce_batch = check_choice("ce_batch", ce_batch, CE_BATCHES)
         self.sort_temperature = sort_temperature
         self.score = score
         self.uniform_seed = derive_seed(seed, "cut_uniforms")
@@ -56,7 +54,7 @@ class CUT(Objective):
         return counter_uniforms(self.uniform_seed, self.steps * global_size + position)
 
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
-        ce = cross_entropy(logits1, labels1)
+        ce = step_cross_entropy(self.ce_batch, logits1, labels1, logits2, labels2)
         if self.score == "hps":
             local_scores = label_scores(hps_scores(logits2), labels2)
         else:

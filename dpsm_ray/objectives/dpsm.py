@@ -4,7 +4,8 @@
     s.t.        q in argmin_q' (1/n) sum_i rho_alpha(q', S_f(x_i, y_i))
 
 Each step, with B1 from D1 and B2 from D2:
-  * the gradient of CE on B1 and of the soft set size on B2 at the current q go to f;
+  * the gradient of CE and of the soft set size on B2 at the current q go to f -- CE on the whole
+    batch (``ce_batch="full"``, the official code) or on B1 (``"half"``, the tex);
   * q moves by the pinball gradient on B1's detached scores, averaged over all workers:
         q <- q - gamma * (mean(1[s < q]) - (1 - alpha)).
 q is one scalar, not a function of any batch: that decoupling is what gives the O(1/sqrt(n))
@@ -18,19 +19,22 @@ from __future__ import annotations
 import torch
 
 from dpsm_ray.conformal import empirical_quantile, label_scores, pinball_grad, pinball_loss, soft_set_size
-from dpsm_ray.objectives.base import Objective, ObjectiveOutput, cross_entropy, hps_scores
+from dpsm_ray.objectives.base import CE_BATCHES, Objective, ObjectiveOutput, check_choice, hps_scores, step_cross_entropy
 from dpsm_ray.seeding import generator
 
 Q_INITS = ("dataset", "zero", "random")
+SPLITS = ("halves", "batch")
 
 
 class DPSM(Objective):
-    name = "dpsm"
-
-    def __init__(self, *, sigmoid_temperature: float, quantile_lr: float, q_init: str = "dataset", seed: int = 0, **kwargs) -> None:
+    def __init__(self, *, sigmoid_temperature: float, quantile_lr: float, q_init: str = "dataset", seed: int = 0, ce_batch: str = "full",
+                 split: str = "halves", **kwargs) -> None:
         super().__init__(**kwargs)
-        if q_init not in Q_INITS:
-            raise ValueError(f"q_init must be one of {', '.join(Q_INITS)}; got {q_init!r}")
+        check_choice("q_init", q_init, Q_INITS)
+        self.ce_batch = check_choice("ce_batch", ce_batch, CE_BATCHES)
+        # "batch": B1 and B2 are the two random halves of each batch of the whole training split,
+        # as the official code splits each batch in place (63 and 65 of 128 there)
+        self.batch_split = check_choice("split", split, SPLITS)
         self.sigmoid_temperature = sigmoid_temperature
         self.quantile_lr = quantile_lr  # gamma
         self.q_init, self.seed = q_init, seed
@@ -57,7 +61,7 @@ class DPSM(Objective):
             raise RuntimeError("DPSM.initialize(D1 scores) must run before the first step")
         self.prepare(logits1.device)
         q = self.q.clone()  # this step's q; self.q itself moves below
-        ce = cross_entropy(logits1, labels1)
+        ce = step_cross_entropy(self.ce_batch, logits1, labels1, logits2, labels2)
         size = soft_set_size(hps_scores(logits2), q, self.sigmoid_temperature)
         lower_scores = label_scores(hps_scores(logits1.detach()), labels1)
         grad_q = self.collective.mean(pinball_grad(q, lower_scores, self.alpha))

@@ -102,6 +102,8 @@ TRIALS = {
     "q_init": pa.string(),  # DPSM's q_0: dataset | zero | random
     "conftr_split": pa.string(),  # halves | batch
     "cut_score": pa.string(),  # hps | aps
+    "ce_batch": pa.string(),  # DPSM's and CUT's CE: full (the whole batch) | half (B1)
+    "dpsm_split": pa.string(),  # DPSM's B1/B2: halves (D1/D2) | batch (each batch split in place)
     "config_json": pa.string(),  # the whole TrainConfig
 }
 

@@ -10,10 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from dpsm_ray.objectives import METHODS
+from dpsm_ray.objectives import PAPER_METHODS
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.train.presets import PRESET_NAMES
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
 # TrainConfig fields a sweep script lets you change (the rest are the script's choice).
@@ -21,7 +22,7 @@ CONFIG_OPTIONS = {
     "dataset": str, "alpha": float, "epochs": int, "batch_size": int, "model": str, "data_root": str, "train_subset": int,
     "base_epochs": int, "pretrained_path": str, "workers": int, "gpus_per_worker": float, "cpus_per_worker": float,
     "data_workers": int, "sort_temperature": float, "precision": str, "step": str, "channels_last": bool,
-    "init": str, "q_init": str, "conftr_split": str, "cut_score": str, "lr_schedule": str,
+    "init": str, "q_init": str, "conftr_split": str, "cut_score": str, "lr_schedule": str, "ce_batch": str, "dpsm_split": str,
 }
 
 
@@ -78,7 +79,7 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--trials", type=int, default=defaults["trials"], help="Optuna trials per method (default: %(default)s)")
     add("--resume", action="store_true", help="continue the interrupted sweep in --results-dir without redoing finished trials")
     add("--seed", type=int, default=0, help="sweep seed: data splits, base model, TPE sampler; final seeds are seed .. seed+S-1 (default: %(default)s)")
-    add("--methods", default=",".join(defaults.get("methods", METHODS)), help="comma-separated methods (default: %(default)s)")
+    add("--methods", default=",".join(defaults.get("methods", PAPER_METHODS)), help="comma-separated methods (default: %(default)s)")
     add("--final-seeds", type=int, default=defaults["final_seeds"], help="seeds the best configuration of each method is re-trained with (default: %(default)s)")
     add("--coverage-slack", type=float, default=defaults.get("coverage_slack", 0.0), help="a trial is feasible if validation coverage >= 1 - alpha - slack (default: %(default)s)")
     add("--range", action="append", default=[], metavar="KNOB=LOW:HIGH", help=f"search range of a knob ({', '.join(DEFAULT_RANGES)}), log-uniform; repeatable")
@@ -100,6 +101,8 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--trial-retries", type=int, default=2, metavar="N", help="restarts of a trial from its last checkpoint after its process dies (a lost node); a trial that raises is retried too (default: %(default)s)")
     add("--worker-logs", action="store_true", help="show the trials' own output (epoch lines, Ray's) here; by default it stays in Ray's session logs and one line per trial is printed")
     add("--download", action="store_true", help="download the dataset into --data-root if it is missing")
+    add("--preset", choices=PRESET_NAMES, help="official: each method's objective settings as its official code has them (DPSM's T 1, lambda 0.05, "
+        "q step 0.01, CE on the whole batch, each batch split in place; docs/method.md), under what the search sets; the schedule stays the script's")
     add("--trials-per-gpu", default="auto", metavar="N|auto", help=f"single-worker GPU trials packed on one GPU (each asks for 1/N of it); auto: {SMALL_MODEL_TRIALS_PER_GPU} for the 32x32 models, 1 for resnet50/densenet121; --gpus-per-worker overrides (default: %(default)s)")
     for option, kind in CONFIG_OPTIONS.items():
         help_text = f"{TrainConfig.__dataclass_fields__[option].metadata['help']} (default: {defaults['config'].get(option, TrainConfig.__dataclass_fields__[option].default)})"
@@ -134,7 +137,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
         coverage_slack=args.coverage_slack, ranges=ranges, grid=args.grid == "paper", grid_fixed=tuple(fixed.items()),
         grid_subsets=tuple(subsets.items()), grid_budget=args.grid_budget, sampler=args.sampler, scheduler=args.scheduler, grace_period=args.grace_period,
         reduction_factor=args.reduction_factor, optuna_storage=args.optuna_storage, concurrency=args.concurrency, seed=args.seed,
-        trial_resources=tuple((k, v) for k, v in resources.items() if v), address=args.address,
+        trial_resources=tuple((k, v) for k, v in resources.items() if v), preset=args.preset, address=args.address,
         resource_timeout=args.resource_timeout, trial_retries=args.trial_retries, worker_logs=args.worker_logs,
     )
 
@@ -151,31 +154,28 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     from dpsm_ray.files import CorruptFileError, is_disk_full
     from dpsm_ray.sweep.protocol import SweepError, run_sweep
-    from dpsm_ray.train.ray_session import InsufficientResources
+    from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
 
     started = time.perf_counter()
-    try:
-        results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=lambda line: print(line, flush=True))
-    except SweepError as error:
-        parser.exit(3, f"{parser.prog}: {error}\n")
-    except (InsufficientResources, ConnectionError, CorruptFileError) as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
-    except KeyboardInterrupt:  # Ctrl-C between Tune experiments (Tune handles it during one)
-        parser.exit(3, f"{parser.prog}: interrupted; rerun with --resume to continue\n")
-    except FileNotFoundError as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
-    except Exception as error:
-        if not is_disk_full(error):
-            raise
-        from dpsm_ray.files import free_space
-        from dpsm_ray.sweep.stage import disk_full_line
+    with leaving_ray_as_it_was():
+        try:
+            results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=lambda line: print(line, flush=True))
+        except SweepError as error:
+            parser.exit(3, f"{parser.prog}: {error}\n")
+        except (InsufficientResources, ConnectionError, CorruptFileError) as error:
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
+        except KeyboardInterrupt:  # Ctrl-C between Tune experiments (Tune handles it during one)
+            parser.exit(3, f"{parser.prog}: interrupted; rerun with --resume to continue\n")
+        except FileNotFoundError as error:
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
+        except Exception as error:
+            if not is_disk_full(error):
+                raise
+            from dpsm_ray.files import free_space
+            from dpsm_ray.sweep.stage import disk_full_line
 
-        where = Path(args.results_dir).resolve()
-        parser.exit(3, f"{parser.prog}: {disk_full_line(error)} ({free_space(where)} free where {where} is); "
-                       "free some space and rerun with --resume to continue\n")
-    finally:
-        import ray
-
-        ray.shutdown()
+            where = Path(args.results_dir).resolve()
+            parser.exit(3, f"{parser.prog}: {disk_full_line(error)} ({free_space(where)} free where {where} is); "
+                           "free some space and rerun with --resume to continue\n")
     print(f"sweep finished in {time.perf_counter() - started:.0f}s; results in {results}", file=sys.stdout)
     return 0

@@ -22,7 +22,7 @@ from dpsm_ray.train.loop import EPOCH_COLUMNS
 FILES = {"trials": TRIALS, "epochs": EPOCHS, "evals": EVALS, "classes": CLASSES}
 TRIAL_CONFIG_COLUMNS = (
     "alpha", "conformal_weight", "lr", "quantile_lr", "sigmoid_temperature", "sort_temperature", "batch_size", "epochs", "lr_decay",
-    "lr_schedule", "init", "q_init", "conftr_split", "cut_score",
+    "lr_schedule", "init", "q_init", "conftr_split", "cut_score", "ce_batch", "dpsm_split",
 )
 
 
@@ -32,7 +32,7 @@ def collect(spec, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]
     for index, record in sorted(ledger.records(name).items()):
         config = TrainConfig.from_dict(record["config"])
         key = {"sweep": spec.name, "stage": stage, "trial_id": record["trial_id"], **run_key(config)}
-        rows = ledger.epochs(name, index)
+        rows = [row for row in ledger.epochs(name, index) if row["epoch"] <= record["epochs_completed"]]
         epochs += [{**key, **{c: row.get(c) for c in EPOCH_COLUMNS}} for row in rows]
         metrics = record["metrics"]
         trials.append({

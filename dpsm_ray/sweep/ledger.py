@@ -5,7 +5,8 @@
                                  result.json     its final evaluation rows (final stage)
                                  record.json     written by the driver when the trial ended:
                                                  status (ok | stopped | failed), error, metrics,
-                                                 the configuration, Tune's trial id and node
+                                                 the epochs it reported, the configuration,
+                                                 Tune's trial id and node
 
 A trial *ended* exactly when its ``record.json`` exists.  Everything else is derived from these
 files: the Parquet files, a resumed search's Optuna study (a trial it holds without a record is

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
+from dpsm_ray.objectives import BASE_MODEL
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.space import METHOD_KNOBS, DEFAULT_RANGES, field_name, grid_size
@@ -86,7 +87,7 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
         write_json(results / SWEEP_FILE, settings)
     base = with_base_model(spec.base, spec.base.seed, results, log)
     for method in spec.methods:
-        run(spec, results, search_stage(spec, base.replace(method=method), results, settings, log), log)
+        run(spec, results, search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log), log)
         write_results(spec, results)
     if search_only:
         return results
@@ -187,8 +188,12 @@ def final_stage(spec: SweepSpec, results: Path, log):
     seeds = [spec.base.seed + offset for offset in range(spec.final_seeds)]
     bases = {seed: with_base_model(spec.base, seed, results, log) for seed in seeds}
     points = [
-        {**overrides, "method": method, "seed": seed, "init_checkpoint": bases[seed].init_checkpoint}
+        {**spec.method_settings(method), **overrides, "seed": seed, "init_checkpoint": bases[seed].init_checkpoint}
         for method, overrides in chosen.items() for seed in seeds
     ]
-    log(f"final: {len(chosen)} methods x {len(seeds)} seeds, evaluated on the calibration/test splits")
+    described = f"{len(chosen)} methods x {len(seeds)} seeds"
+    if spec.base.init == "base":  # the paper's CE column: each seed's base model evaluated as it is
+        points += [{"method": BASE_MODEL, "epochs": 0, "seed": seed, "init_checkpoint": bases[seed].init_checkpoint} for seed in seeds]
+        described += f", and the {len(seeds)} CE base models as they are"
+    log(f"final: {described}, evaluated on the calibration/test splits")
     return Stage("final", spec.base.replace(evaluate_test=True), len(points), ("method", "seed"), points=points)

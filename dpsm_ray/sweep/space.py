@@ -48,6 +48,8 @@ METHOD_KNOBS = {
     "ce": ("lr",),
     "cut": ("lambda", "lr"),
     "conftr": ("lambda", "lr", "temperature"),
+    # its size weight sits inside a logarithm, where it only shifts the loss: not a knob
+    "conftr_published": ("lr", "temperature"),
     "dpsm": ("lambda", "lr", "gamma", "temperature"),
 }
 
@@ -65,6 +67,7 @@ GRID_METHOD_AXES = {
     "ce": ("batch_size", "epochs", "lr", "milestones", "lr_decay"),
     "cut": ("batch_size", "epochs", "lr", "milestones", "lr_decay", "lambda"),
     "conftr": ("batch_size", "epochs", "lr", "milestones", "lr_decay", "lambda"),
+    "conftr_published": ("batch_size", "epochs", "lr", "milestones", "lr_decay"),
     "dpsm": ("batch_size", "epochs", "lr", "milestones", "lr_decay", "lambda", "gamma"),
 }
 

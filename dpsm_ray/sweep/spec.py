@@ -9,9 +9,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsm_ray.objectives import METHODS
+from dpsm_ray.objectives import METHODS, PAPER_METHODS
 from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, paper_grid
 from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
+from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, run_demand
 
 
@@ -35,7 +36,7 @@ class SweepSpec:
 
     name: str
     base: TrainConfig
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = PAPER_METHODS
     trials: int = 8  # per method (search mode)
     final_seeds: int = 3
     coverage_slack: float = 0.0  # feasible: val_coverage >= 1 - alpha - slack
@@ -51,6 +52,7 @@ class SweepSpec:
     concurrency: int = 1
     seed: int = 0
     trial_resources: tuple[tuple[str, float], ...] = (("cpu", 1.0),)
+    preset: str | None = None  # each method's objective settings from a preset (dpsm_ray/train/presets.py), under the search
     # how the sweep runs, not what it computes: free to differ on --resume
     address: str | None = field(default=None, compare=False)
     resource_timeout: float = field(default=DEFAULT_RESOURCE_TIMEOUT_S, compare=False)  # seconds a cluster may take to provide one trial's resources
@@ -92,6 +94,8 @@ class SweepSpec:
             raise ConfigError("seed", self.seed, f"must be an integer in [0, 2**63 - final_seeds] (the final seeds are seed .. seed + {self.final_seeds - 1})")
         if self.optuna_storage is not None:
             check_storage_url(self.optuna_storage)
+        if self.preset is not None and self.preset not in PRESET_NAMES:
+            raise ConfigError("preset", self.preset, f"must be one of {', '.join(PRESET_NAMES)}")
         # the search never evaluates on test data; every seed trains on the one split the search
         # selected on (otherwise seed S+1's cal/test would hold seed S's validation points); and
         # trials run in directories of their own, so paths must be absolute
@@ -100,12 +104,17 @@ class SweepSpec:
         for method in self.methods:  # every grid value and range bound must make a valid config
             for overrides in self.stage_points(method):
                 try:
-                    TrainConfig.from_dict({**self.base.to_dict(), "method": method, **overrides})
+                    TrainConfig.from_dict({**self.base.to_dict(), **self.method_settings(method), **overrides})
                 except ConfigError as error:
                     if error.field not in overrides:
                         raise
                     option, text = self.option_setting(error.field, overrides[error.field])
                     raise ConfigError(option, text, f"{error.allowed} (sets {error.field}={error.value!r} for {method})") from None
+
+    def method_settings(self, method: str) -> dict:
+        """What every trial of ``method`` sets over ``base``: the method, and the preset's settings
+        of its objective (the search and the pick set their knobs over these)."""
+        return {"method": method, **(preset_values(self.preset, method, schedule=False) if self.preset else {})}
 
     def trial_demand(self) -> Demand:
         """What one trial holds at once (its own process, and its Ray Train workers)."""

@@ -15,6 +15,7 @@ with ``workers == 0`` it trains inside the trial's own process.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,11 @@ def run_trial(params: dict) -> None:
     index = params["point"]["index"]
     run_dir = Ledger(Path(params["results"])).run_dir(params["stage"], index)
     extra = {"trial_index": index}
+    if config.init == "base" and config.init_checkpoint is None and config.workers == 0:
+        from dpsm_ray.train import resolve_base_model
+
+        # a study's trials find (or, the first of a seed, train and cache) their base model themselves
+        config = resolve_base_model(config, log=lambda line: None)
     if config.workers == 0:
         env = TuneTrialEnv(pick_device(config.device), run_dir, extra)
         env.finish(train(config, env))
@@ -84,7 +90,8 @@ def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int,
         return
     if ended:
         log(f"{stage.name}: {len(ended)} of {stage.total} trials already ended; running the other {left}")
-    history = {i: {row["epoch"]: row[OBJECTIVE] for row in ledger.epochs(stage.name, i)} for i in ledger.started(stage.name)}
+    reached = {i: ended[i]["epochs_completed"] if i in ended else math.inf for i in ledger.started(stage.name)}
+    history = {i: {row["epoch"]: row[OBJECTIVE] for row in ledger.epochs(stage.name, i) if row["epoch"] <= last} for i, last in reached.items()}
     longest = max(p.get("epochs", stage.base.epochs) for p in stage.points) if stage.points else stage.base.epochs
     stopper = AshaStopper(*(stage.asha or (None, 2)), epochs=longest, history=history)
     recorder = LedgerCallback(ledger, stage, stopper, log)
@@ -208,6 +215,9 @@ class LedgerCallback(tune.Callback):
         record = {
             "trial_id": trial.trial_id,
             "status": status,
+            # the epochs the trial reported: a Ray Train trial that ASHA stopped may train on for an
+            # epoch or two, and write their rows, while its workers are torn down
+            "epochs_completed": len(epochs) if status == "failed" else int(result.get("epoch", len(epochs))),
             "error": error,
             "node_ip": result.get("node_ip"),
             "wall_seconds": result.get("time_total_s"),

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpsm_ray.conformal import SCORE_KINDS
-from dpsm_ray.objectives import CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS
+from dpsm_ray.objectives import BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS, SPLITS
 
 
 class ConfigError(ValueError):
@@ -37,9 +37,13 @@ LR_SCHEDULES = ("step", "exp")
 # up), whatever the number of steps.  Chosen by |q - Q_n| from scratch and fine-tuning
 # (docs/method.md): from scratch Q_n falls from ~0.9 to ~0.01 within five epochs.
 QUANTILE_LR_PER_EPOCH = 2.0
-# Options only one method reads: left out of the other methods' config hash, so fixing them
-# for a whole sweep does not split the runs of methods they do not change.
-METHOD_FIELDS = {"quantile_lr": "dpsm", "q_init": "dpsm", "conftr_split": "conftr", "cut_score": "cut"}
+# Options only some methods read: left out of the other methods' config hash, so fixing them for a
+# whole sweep does not split the runs of methods they do not change.
+METHOD_FIELDS = {
+    "conformal_weight": ("conftr", "conftr_published", "cut", "dpsm"), "sigmoid_temperature": ("conftr", "conftr_published", "dpsm"),
+    "sort_temperature": ("conftr", "conftr_published", "cut"), "quantile_lr": ("dpsm",), "q_init": ("dpsm",), "dpsm_split": ("dpsm",),
+    "conftr_split": ("conftr",), "cut_score": ("cut",), "ce_batch": ("cut", "dpsm"), "size_target": ("conftr_published",), "ce_weight": ("conftr_published",),
+}
 STEPS = ("eager", "graph")
 # Fields that do not change what a run computes: left out of the config hash.
 OPERATIONAL_FIELDS = frozenset(
@@ -62,7 +66,7 @@ class TrainConfig:
     download: bool = option(False, "download the dataset into --data-root if it is missing")
     model: str = option("auto", "model architecture; auto picks the dataset's default (mlp; resnet110 for cifar100; resnet50 otherwise)")
     pretrained_path: str | None = option(None, "local ImageNet weights (.pth state dict) for resnet50/densenet121; nothing is downloaded", type=str)
-    method: str = option("dpsm", f"training objective: {', '.join(METHODS)}")
+    method: str = option("dpsm", f"training objective: {', '.join(METHODS)}; or {BASE_MODEL} (the CE base model itself, evaluated without training: --init base --epochs 0)")
     init: str = option("scratch", "start from random weights (scratch) or fine-tune the cached CE base model (base)")
     init_checkpoint: str | None = option(None, "weights to start from; set from --init base by the base-model cache", cli=False)
     base_epochs: int | None = option(None, "CE base model epochs (default: the model's recipe)", type=int)
@@ -72,8 +76,8 @@ class TrainConfig:
     cache_dir: str | None = option(None, "base-model cache directory (default: $DPSM_RAY_CACHE or ~/.cache/dpsm_ray)", type=str)
     # --- the objective ------------------------------------------------------------------------
     alpha: float = option(0.1, "target miscoverage alpha, in (0, 1)")
-    conformal_weight: float = option(0.5, "lambda: weight of the conformal term L_c, >= 0", flag="--lambda")
-    sigmoid_temperature: float = option(0.1, "tau_Sigmoid: temperature T of the soft set size, > 0", flag="--temperature")
+    conformal_weight: float = option(0.05, "lambda: weight of the conformal term L_c, >= 0 (the official code's 0.05: docs/method.md)", flag="--lambda")
+    sigmoid_temperature: float = option(1.0, "tau_Sigmoid: temperature T of the soft set size, > 0 (the official code's 1: docs/method.md)", flag="--temperature")
     sort_temperature: float = option(0.01, "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)")
     quantile_lr: float | None = option(
         None,
@@ -81,7 +85,11 @@ class TrainConfig:
         type=float,
     )
     q_init: str = option("dataset", "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random start)")
-    conftr_split: str = option("halves", "ConfTr's calibration/prediction split: halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1) or batch (each batch of the whole training set split at random, CE on all of it: Stutz et al.)")
+    conftr_split: str = option("batch", "ConfTr's calibration/prediction split: batch (each batch of the whole training set split at random, CE on all of it: Stutz et al. and the official code) or halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1: Algorithm 1's halves)")
+    ce_batch: str = option("full", "DPSM's and CUT's cross-entropy: full (the whole batch, B1 and B2: the official code) or half (B1 only: the tex's Algorithm 1, where D2 gets no CE gradient)")
+    dpsm_split: str = option("halves", "DPSM's B1 (quantile) and B2 (size loss): halves (from the fixed halves D1 and D2: Algorithm 1) or batch (the two random halves of each batch of the whole training set: the official code splits each batch in place)")
+    size_target: float = option(0.0, "ConfTr (published)'s kappa: the size loss is max(soft size - kappa, 0), >= 0")
+    ce_weight: float = option(0.0, "ConfTr (published)'s weight of its optional classification loss (CE), >= 0 (its THR configuration: 0)")
     cut_score: str = option("hps", "CUT's training score: hps (1 - p_y), or aps (randomised APS conformity scores, uniform for a calibrated model: Einbinder et al.)")
     # --- optimisation -----------------------------------------------------------------------
     lr: float = option(0.05, "eta: SGD learning rate of the model, > 0")
@@ -91,6 +99,7 @@ class TrainConfig:
     lr_decay: float = option(0.1, "learning-rate decay factor, in (0, 1]: applied at each milestone (--lr-schedule step) or after every epoch from the first milestone on (exp)")
     lr_schedule: str = option("step", "how --lr-decay applies: step (once at each milestone) or exp (after every epoch from the first milestone on, or from the start without milestones)")
     momentum: float = option(0.9, "SGD momentum, in [0, 1)")
+    nesterov: bool = option(False, "Nesterov momentum (Stutz et al.'s optimizer)")
     weight_decay: float = option(1e-4, "SGD weight decay, >= 0")
     seed: int = option(0, "run seed: initialisation, batches, augmentation, evaluation (and the data split, unless --split-seed)")
     split_seed: int | None = option(None, "seed of the train/val/cal/test split (default: the run seed); sweeps fix it to the sweep seed, so that every seed re-trains on the split the search selected on", type=int)
@@ -157,7 +166,7 @@ class TrainConfig:
         relevant = {k: v for k, v in self.to_dict().items() if k not in OPERATIONAL_FIELDS}
         if self.init == "scratch":  # the base recipe only matters when starting from the base model
             relevant = {k: v for k, v in relevant.items() if not k.startswith("base_")}
-        relevant = {k: v for k, v in relevant.items() if METHOD_FIELDS.get(k, self.method) == self.method}
+        relevant = {k: v for k, v in relevant.items() if self.method in METHOD_FIELDS.get(k, (self.method,))}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
@@ -199,7 +208,7 @@ def validate(config: TrainConfig) -> None:
     need(config.model in ("auto", *MODELS), "model", f"must be one of auto, {', '.join(MODELS)}")
     need(config.pretrained_path is None or config.model in PRETRAINABLE or (config.model == "auto" and default_model(config.dataset) in PRETRAINABLE),
          "pretrained_path", f"only applies to the models {', '.join(PRETRAINABLE)}")
-    need(config.method in METHODS, "method", f"must be one of {', '.join(METHODS)}")
+    need(config.method in (*METHODS, BASE_MODEL), "method", f"must be one of {', '.join(METHODS)}, or {BASE_MODEL}")
     need(config.init in ("scratch", "base"), "init", "must be one of scratch, base")
     need(config.base_epochs is None or (isinstance(config.base_epochs, int) and config.base_epochs >= 1), "base_epochs", "must be an integer >= 1")
     need(config.base_lr is None or (isinstance(config.base_lr, (int, float)) and config.base_lr > 0), "base_lr", "must be > 0")
@@ -212,9 +221,17 @@ def validate(config: TrainConfig) -> None:
     need(config.q_init in Q_INITS, "q_init", f"must be one of {', '.join(Q_INITS)}")
     need(config.conftr_split in CONFTR_SPLITS, "conftr_split", f"must be one of {', '.join(CONFTR_SPLITS)}")
     need(config.cut_score in CUT_SCORES, "cut_score", f"must be one of {', '.join(CUT_SCORES)}")
+    need(config.ce_batch in CE_BATCHES, "ce_batch", f"must be one of {', '.join(CE_BATCHES)}")
+    need(config.dpsm_split in SPLITS, "dpsm_split", f"must be one of {', '.join(SPLITS)}")
+    need(number("size_target") >= 0, "size_target", "kappa must be >= 0")
+    need(number("ce_weight") >= 0, "ce_weight", "must be >= 0")
     need(number("lr") > 0, "lr", "eta must be > 0")
     need(integer("batch_size") >= 2 and config.batch_size % 2 == 0, "batch_size", "must be an even integer >= 2 (half from D1, half from D2)")
-    need(integer("epochs") >= 1, "epochs", "must be an integer >= 1")
+    if config.method == BASE_MODEL:
+        need(config.init == "base", "init", f"must be base for method {BASE_MODEL} (the CE base model, evaluated as it is)")
+        need(integer("epochs") == 0, "epochs", f"must be 0 for method {BASE_MODEL}: the base model is evaluated, not trained")
+    else:
+        need(integer("epochs") >= 1, "epochs", "must be an integer >= 1")
     need(all(isinstance(m, int) and 0 < m for m in config.milestones), "milestones", "must be positive epoch numbers")
     need(list(config.milestones) == sorted(set(config.milestones)), "milestones", "must be strictly increasing")
     need(0 < number("lr_decay") <= 1, "lr_decay", "must be in (0, 1]")

@@ -9,8 +9,9 @@ Data order (SPEC section 3): the training split is cut once, at random, into hal
 (Algorithm 1, line 3).  Each epoch draws one global permutation of each half from the run seed;
 global step i takes the i-th ``batch_size / 2`` block of each, and worker r its contiguous
 ``1 / W`` slice.  No sampler padding; a last partial block is dropped on every worker alike.
-ConfTr with ``conftr_split="batch"`` instead permutes the whole training split and cuts each
-``batch_size`` block into its two halves (Stutz et al.'s random calibration/prediction split).
+An objective whose ``batch_split`` is ``"batch"`` (ConfTr's default, ConfTr as published, DPSM with
+``dpsm_split="batch"``) instead gets each ``batch_size`` block of a permutation of the whole
+training split cut into its two halves (Stutz et al.'s random calibration/prediction split).
 """
 
 from __future__ import annotations
@@ -173,10 +174,14 @@ def train(config: TrainConfig, env) -> RunResult:
         q_init=config.q_init,
         conftr_split=config.conftr_split,
         cut_score=config.cut_score,
+        ce_batch=config.ce_batch,
+        dpsm_split=config.dpsm_split,
+        size_target=config.size_target,
+        ce_weight=config.ce_weight,
         seed=config.seed,
         collective=env.collective,
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, nesterov=config.nesterov)
     scheduler = lr_scheduler(optimizer, config)
     d1, d2 = halves(train_size, config.seed)
     result = RunResult(config, split_sizes=data.sizes(), split_ids={n: getattr(data, n).ids.tolist() for n in ("train", "val", "cal", "test")})
@@ -194,8 +199,10 @@ def train(config: TrainConfig, env) -> RunResult:
         start_epoch = state["epoch"] + 1
         env.log(f"resumed from the checkpoint after epoch {state['epoch'] + 1}")
     else:
-        # the starting model's D1 scores, in eval mode without augmentation: q_0 = their Q_n by default
-        d1_scores = label_scores_of(model, data.train, d1, data.num_classes, env, config.precision)
+        # the starting model's scores of what B1 is drawn from (D1, or the whole training split),
+        # in eval mode without augmentation: q_0 = their Q_n by default
+        q_pool = d1 if objective.batch_split == "halves" else torch.arange(train_size)
+        d1_scores = label_scores_of(model, data.train, q_pool, data.num_classes, env, config.precision)
         objective.initialize(d1_scores)
         if isinstance(objective, DPSM):
             env.log(f"[dpsm] q_0 {float(objective.q):.4f} ({config.q_init})  Q_n {float(empirical_quantile(d1_scores, 1 - config.alpha)):.4f}"
@@ -275,7 +282,7 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
     global_half = config.batch_size // 2
     if global_half % world:  # config.workers is checked up front; this is the process group that really runs
         raise ConfigError("batch_size", config.batch_size, f"must be divisible by 2 * {world} workers: each takes an equal slice of each half")
-    if isinstance(objective, ConfTr) and objective.split == "batch":
+    if objective.batch_split == "batch":
         batches1, batches2 = split_batches(torch.arange(len(train_split)), epoch, config.seed, config.batch_size, rank, world)
     else:
         batches1 = step_batches(d1, epoch, config.seed, "d1", global_half, rank, world)
@@ -367,7 +374,8 @@ def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, con
 def learned_quantiles(objective: Objective, d1_scores: torch.Tensor, train_scores: torch.Tensor, config: TrainConfig) -> torch.Tensor | None:
     """The quantile(s) a method trains with, at the current model: DPSM's q; ConfTr's batch
     quantiles of its calibration pool (D1 for the halves split, else ``train_scores``) cut into
-    random batches of the run's calibration size; None for CE and CUT."""
+    random batches of the run's calibration size; None for CE, CUT and ConfTr as published (whose
+    tau lives on the -log p scale, not on the HPS scores these diagnostics use)."""
     if isinstance(objective, DPSM):
         return objective.q.detach().double().reshape(1)
     if not isinstance(objective, ConfTr):

@@ -14,6 +14,7 @@ line saying what is awaited.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -64,6 +65,19 @@ def ensure_ray(address: str | None = None, *, worker_output: bool = True) -> Ses
     except ConnectionError as error:
         raise ConnectionError(f"cannot reach the Ray cluster at {address} ({error}); check --address / RAY_ADDRESS, or `ray stop` a stale local cluster") from None
     return current_session()
+
+
+@contextlib.contextmanager
+def leaving_ray_as_it_was():
+    """A command that connects to (or starts) Ray disconnects when it ends; one run in a process
+    that was connected already (a notebook, a test session) leaves that connection alone.  Ray is
+    not imported for a command that never used it."""
+    connected = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    try:
+        yield
+    finally:
+        if not connected and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()
 
 
 def start_embedded(num_cpus: int | None = None, *, worker_output: bool = True, **init_options) -> Session:

@@ -24,7 +24,7 @@ import torch
 
 from dpsm_ray.files import read_checked_json, write_checked_json
 from dpsm_ray.train.config import TrainConfig
-from dpsm_ray.train.env import LocalEnv, ProcessGroupEnv, load_checkpoint
+from dpsm_ray.train.env import LocalEnv, ProcessGroupEnv, load_checkpoint, save_checkpoint
 from dpsm_ray.train.loop import RunResult, train
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, check_before_start, check_capacity, ensure_ray, run_demand
 
@@ -73,6 +73,8 @@ class RunDirReporting:
     def finish(self, result: RunResult) -> None:
         """Write the results, then one last report that says so."""
         if self.collective.rank == 0:
+            if not result.epochs:  # a base model evaluated as it is (0 epochs): its weights, for read_result
+                save_checkpoint(self.run_dir / CHECKPOINT_FILE, {"epoch": -1, "model": result.model_state, "epochs": []})
             payload = {field.name: getattr(result, field.name) for field in dataclasses.fields(result) if field.name not in ("config", "model_state", "epochs")}
             write_checked_json(self.run_dir / RESULT_FILE, payload)
         metrics = {"epoch": len(result.epochs), FINISHED: True, **self.extra}

@@ -124,7 +124,19 @@ def test_default_models_follow_the_paper():
 
 
 def test_unknown_models_are_named_with_the_choices():
-    with pytest.raises(ValueError, match="model must be one of mlp, cnn, resnet20, .*; got 'resnet18'"):
+    with pytest.raises(ValueError, match="model must be one of mlp, mlp_bn, cnn, resnet20, .*; got 'resnet18'"):
         check_model("resnet18")
     with pytest.raises(ValueError, match="needs image inputs"):
         build_model("resnet110", 10, input_shape=(16,))
+
+
+def test_conftr_s_fashion_mnist_mlp():
+    """2 x 64 units, each Linear -> BatchNorm (momentum 0.1: Haiku's decay 0.9) -> ReLU."""
+    import torch
+
+    model = build_model("mlp_bn", 10, input_shape=(1, 28, 28))
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    assert [(m.in_features, m.out_features) for m in linear] == [(784, 64), (64, 64), (64, 10)]
+    assert [(m.num_features, m.momentum) for m in norms] == [(64, 0.1), (64, 0.1)]
+    assert model(torch.zeros(4, 1, 28, 28)).shape == (4, 10)

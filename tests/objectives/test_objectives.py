@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from dpsm_ray.conformal import empirical_quantile, hard_batch_quantile, label_scores, soft_set_size
-from dpsm_ray.objectives import CUT, DPSM, METHODS, ConfTr, CrossEntropy, build_objective, hps_scores, ks_to_uniform
+from dpsm_ray.objectives import CUT, DPSM, METHODS, ConfTr, ConfTrPublished, CrossEntropy, build_objective, hps_scores, ks_to_uniform
 
 STAT_KEYS = {"ce", "conformal", "upper", "pinball", "quantile"}
 
@@ -37,7 +37,7 @@ def test_every_objective_has_the_same_call_shape(method):
 
 
 def test_unknown_method_names_the_choices():
-    with pytest.raises(ValueError, match="ce, conftr, cut, dpsm"):
+    with pytest.raises(ValueError, match="ce, conftr, conftr_published, cut, dpsm"):
         make("thr")
 
 
@@ -49,13 +49,19 @@ def test_ce_is_cross_entropy_on_both_halves():
     assert math.isnan(out.stats["quantile"].item())
 
 
-def test_dpsm_loss_and_quantile_step_by_hand():
+def step_ce(ce_batch, l1, y1, l2, y2):
+    """CE on the whole batch (the official code) or on B1 (the tex's Algorithm 1), by hand."""
+    return F.cross_entropy(l1, y1) if ce_batch == "half" else F.cross_entropy(torch.cat([l1, l2]), torch.cat([y1, y2]))
+
+
+@pytest.mark.parametrize("ce_batch", ["full", "half"])
+def test_dpsm_loss_and_quantile_step_by_hand(ce_batch):
     (l1, y1), (l2, y2) = batch(seed=1), batch(seed=2)
-    objective = make("dpsm", conformal_weight=0.5, sigmoid_temperature=0.1, quantile_lr=0.05)
+    objective = make("dpsm", conformal_weight=0.5, sigmoid_temperature=0.1, quantile_lr=0.05, ce_batch=ce_batch)
     out = objective(l1, y1, l2, y2)
     p2 = l2.softmax(1)
     size = torch.sigmoid((0.6 - (1 - p2)) / 0.1).sum(1).mean()
-    assert out.loss.item() == pytest.approx((F.cross_entropy(l1, y1) + 0.5 * size).item())
+    assert out.loss.item() == pytest.approx((step_ce(ce_batch, l1, y1, l2, y2) + 0.5 * size).item())
     s1 = 1 - l1.softmax(1).gather(1, y1[:, None]).squeeze(1)
     below = (s1 < 0.6).double().mean().item()
     assert out.stats["quantile"].item() == pytest.approx(0.6)  # the q the step used
@@ -64,13 +70,19 @@ def test_dpsm_loss_and_quantile_step_by_hand():
     assert out.stats["pinball"].item() == pytest.approx(rho.item())
 
 
-def test_dpsm_model_gradient_is_ce_on_b1_and_soft_size_on_b2_only():
+@pytest.mark.parametrize("ce_batch", ["full", "half"])
+def test_dpsm_model_gradient_is_ce_and_the_soft_size_on_b2_only(ce_batch):
     (l1, y1), (l2, y2) = batch(seed=1), batch(seed=2)
     l1, l2 = l1.requires_grad_(), l2.requires_grad_()
-    make("dpsm")(l1, y1, l2, y2).loss.backward()
+    make("dpsm", ce_batch=ce_batch)(l1, y1, l2, y2).loss.backward()
     ref1, ref2 = l1.detach().clone().requires_grad_(), l2.detach().clone().requires_grad_()
-    (F.cross_entropy(ref1, y1) + 0.5 * soft_set_size(hps_scores(ref2), 0.6, 0.1)).backward()
+    (step_ce(ce_batch, ref1, y1, ref2, y2) + 0.5 * soft_set_size(hps_scores(ref2), 0.6, 0.1)).backward()
     assert torch.allclose(l1.grad, ref1.grad) and torch.allclose(l2.grad, ref2.grad)
+    # with CE on B1 only, D2's examples get the size term's gradient and nothing else
+    if ce_batch == "half":
+        size_only = l2.detach().clone().requires_grad_()
+        (0.5 * soft_set_size(hps_scores(size_only), 0.6, 0.1)).backward()
+        assert torch.allclose(l2.grad, size_only.grad)
 
 
 def test_dpsm_needs_its_initial_quantile():
@@ -179,18 +191,19 @@ def test_ks_distance_by_hand_and_by_brute_force():
         assert ks_to_uniform(random_values, 1e-5).item() == pytest.approx(brute_force_ks(random_values.tolist()), abs=1e-4)
 
 
-def test_cut_penalises_b2_scores_and_trains_ce_on_b1():
+@pytest.mark.parametrize("ce_batch", ["full", "half"])
+def test_cut_penalises_b2_scores_and_trains_ce_on_the_batch_or_b1(ce_batch):
     (l1, y1), (l2, y2) = batch(n=32, seed=9), batch(n=32, seed=10)
     l2 = l2.requires_grad_()
-    out = make("cut", conformal_weight=2.0)(l1, y1, l2, y2)
+    out = make("cut", conformal_weight=2.0, ce_batch=ce_batch)(l1, y1, l2, y2)
     ks = ks_to_uniform(label_scores(hps_scores(l2.detach()), y2), 0.0)
-    assert out.loss.item() == pytest.approx((F.cross_entropy(l1, y1) + 2.0 * ks).item())
+    assert out.loss.item() == pytest.approx((step_ce(ce_batch, l1, y1, l2.detach(), y2) + 2.0 * ks).item())
     out.loss.backward()
     assert l2.grad.abs().sum() > 0
 
 
 def test_objectives_are_plain_classes():
-    assert {type(make(m)) for m in METHODS} == {CrossEntropy, ConfTr, CUT, DPSM}
+    assert {type(make(m)) for m in METHODS} == {CrossEntropy, ConfTr, ConfTrPublished, CUT, DPSM}
 
 
 @pytest.mark.parametrize("q_init", ["dataset", "zero", "random"])
@@ -253,7 +266,7 @@ def test_cut_aps_scores_by_hand_with_fresh_uniforms_each_step():
     out = objective(l1, y1, l2, y2)
     probs = l2.softmax(1).tolist()
     scores = torch.tensor([aps_by_hand(p, int(y), float(u)) for p, y, u in zip(probs, y2, u0)], dtype=torch.float64)
-    assert out.loss.item() == pytest.approx((F.cross_entropy(l1, y1) + 0.5 * ks_to_uniform(scores, 0.0)).item())
+    assert out.loss.item() == pytest.approx((step_ce("full", l1, y1, l2, y2) + 0.5 * ks_to_uniform(scores, 0.0)).item())
     assert objective.steps.item() == 1
     u1 = objective.uniforms(8, torch.device("cpu"))
     assert ((u0 > 0) & (u0 < 1)).all() and not torch.equal(u0, u1)  # a new U for the next step
@@ -288,3 +301,21 @@ def test_cut_state_round_trips_and_is_the_step_counter():
     assert other.steps.item() == 3 and other.state_tensors() == [other.steps]
     assert torch.equal(other.uniforms(16, torch.device("cpu")), objective.uniforms(16, torch.device("cpu")))
     assert make("cut").state_tensors() == [] and make("ce").state_tensors() == []
+
+
+@pytest.mark.parametrize("size_target, ce_weight", [(0.0, 0.0), (1.0, 0.5)])
+def test_conftr_as_published_by_hand(size_target, ce_weight):
+    """Stutz et al.'s loss: log(lambda * Omega + 1e-8) + ce_weight * CE, Omega the mean hinge of
+    the soft set size of B2 at the conformal quantile of B1's -log p_y (here the exact order
+    statistic: sort temperature 0), every score on -log p."""
+    (l1, y1), (l2, y2) = batch(n=20, seed=21), batch(n=20, seed=22)
+    out = make("conftr_published", conformal_weight=0.01, sigmoid_temperature=0.1, size_target=size_target, ce_weight=ce_weight)(l1, y1, l2, y2)
+    calibration = sorted((-l1.log_softmax(1)).gather(1, y1[:, None]).squeeze(1).tolist())
+    tau = calibration[math.ceil(21 * 0.9) - 1]  # the 19th smallest of 20
+    omega = sum(max(sum(1 / (1 + math.exp(-(tau - s) / 0.1)) for s in row) - size_target, 0.0) for row in (-l2.log_softmax(1)).tolist()) / 20
+    ce = F.cross_entropy(torch.cat([l1, l2]), torch.cat([y1, y2])).item()
+    assert out.stats["quantile"].item() == pytest.approx(tau)
+    assert out.stats["conformal"].item() == pytest.approx(omega)
+    assert out.loss.item() == pytest.approx(math.log(0.01 * omega + 1e-8) + ce_weight * ce)
+    assert out.stats["upper"].item() == pytest.approx(out.loss.item())
+    assert type(make("conftr_published")) is ConfTrPublished and ConfTrPublished.batch_split == "batch"

@@ -101,3 +101,14 @@ def test_a_single_runs_report_has_the_new_figures(tmp_path):
     assert len(classes) == 3 * 2 * 10 and classes.run_id.nunique() == 1
     write_report(tmp_path, log=lambda text: None)
     assert NEW_FIGURES <= set(figure_sections((tmp_path / "report.md").read_text()))
+
+
+def test_the_base_model_row_and_dpsm_against_it():
+    """The paper's CE column is the base model, not fine-tuned: its row comes first, the best
+    baseline leaves it out (it was not trained by the same protocol), and DPSM is also compared
+    with it, the paper's comparison."""
+    evals = pd.DataFrame(rows("base", "hps", [3.0, 3.0]) + rows("ce", "hps", [2.0, 2.0]) + rows("cut", "hps", [2.5, 2.5]) + rows("dpsm", "hps", [2.2, 2.2]))
+    table = paper_table(evals)
+    assert [row[0] for row in table[1:5]] == ["CE (base model, as in the paper's table)", "CE", "CUT", "DPSM"]
+    assert table[-2] == ["DPSM vs best baseline", "↑ 10.00%"]  # against CE fine-tuned, 2.0
+    assert table[-1] == ["DPSM vs the CE base model", "↓ 26.67%"]  # (2.2 - 3.0) / 3.0

@@ -55,13 +55,15 @@ def finished_sweep(ray_session, tmp_path_factory):
 def test_trials_parquet(finished_sweep):
     spec, results, _ = finished_sweep
     trials = assert_schema(results / "trials.parquet", TRIALS)
-    assert len(trials) == 2 * 2 + 2 * 2 and trials.trial_id.is_unique
+    assert len(trials) == 2 * 2 + 2 * 2 + 2 and trials.trial_id.is_unique
     search, final = trials[trials.stage == "search"], trials[trials.stage == "final"]
     assert search.groupby("method").size().to_dict() == {"ce": 2, "dpsm": 2}
-    assert sorted(zip(final.method, final.seed)) == [("ce", 0), ("ce", 1), ("dpsm", 0), ("dpsm", 1)]
+    # each seed's CE base model is evaluated as it is, beside the fine-tuned methods: the paper's CE column
+    assert sorted(zip(final.method, final.seed)) == [("base", 0), ("base", 1), ("ce", 0), ("ce", 1), ("dpsm", 0), ("dpsm", 1)]
     assert (trials.status == "ok").all() and trials.error.isna().all()
-    assert (trials.feasible == (trials.val_coverage >= spec.coverage_floor)).all()
-    assert (trials.epochs_completed == 3).all() and (trials.wall_seconds > 0).all()
+    trained, base = trials[trials.method != "base"], trials[trials.method == "base"]
+    assert (trained.feasible == (trained.val_coverage >= spec.coverage_floor)).all()
+    assert (trained.epochs_completed == 3).all() and (base.epochs_completed == 0).all() and (trials.wall_seconds > 0).all()
     for row in trials.itertuples():  # the stored config is the one that ran, knobs included
         config = json.loads(row.config_json)
         assert config["method"] == row.method and config["seed"] == row.seed
@@ -71,7 +73,7 @@ def test_trials_parquet(finished_sweep):
     dpsm_search = search[search.method == "dpsm"]
     assert dpsm_search.quantile_lr.nunique() == 2  # Optuna really sampled gamma
     # the final stage re-trains each method's chosen configuration
-    for method, rows in final.groupby("method"):
+    for method, rows in final[final.method != "base"].groupby("method"):
         ok = search[(search.method == method)]
         chosen = ok[ok.feasible].sort_values("val_set_size").iloc[0] if ok.feasible.any() else ok.sort_values("val_coverage").iloc[-1]
         assert (rows.lr == chosen.lr).all() and (rows.conformal_weight == chosen.conformal_weight).all()
@@ -81,7 +83,7 @@ def test_epochs_parquet(finished_sweep):
     _, results, _ = finished_sweep
     trials = pd.read_parquet(results / "trials.parquet")
     epochs = assert_schema(results / "epochs.parquet", EPOCHS)
-    assert len(epochs) == len(trials) * 3
+    assert len(epochs) == len(trials[trials.method != "base"]) * 3  # the base models train no epoch
     assert epochs.groupby("trial_id").epoch.apply(list).map(lambda e: e == [1, 2, 3]).all()
     dpsm, ce = epochs[epochs.method == "dpsm"], epochs[epochs.method == "ce"]
     assert dpsm.q.notna().all() and (dpsm.q_error - (dpsm.q - dpsm.q_dataset).abs()).abs().max() < 1e-6
@@ -93,7 +95,7 @@ def test_evals_parquet(finished_sweep):
     _, results, _ = finished_sweep
     evals = assert_schema(results / "evals.parquet", EVALS)
     assert set(evals.stage) == {"final"}  # test data only for the final models
-    assert len(evals) == 2 * 2 * 3 * 4  # methods x seeds x scores x re-splits
+    assert len(evals) == 3 * 2 * 3 * 4  # methods (and the base models) x seeds x scores x re-splits
     assert evals.groupby(["method", "seed", "score"]).split.apply(sorted).map(lambda s: s == [0, 1, 2, 3]).all()
     assert evals.coverage.between(0, 1).all() and (evals.set_size >= 0).all()
     assert (evals.n_cal + evals.n_test).nunique() == 1
@@ -216,7 +218,7 @@ def uninterrupted_sweep(ray_session, tmp_path_factory) -> Path:
     # attached to a running Ray (RAY_ADDRESS), the trials' own output stays out of the terminal:
     # one line per trial, no forwarded "(run_trial pid=...)" epoch or checkpoint lines
     assert not re.search(r"\(\w+ pid=\d+", run.stdout + run.stderr), run.stdout + run.stderr
-    assert sum(" done in " in line for line in run.stdout.splitlines()) == 2 * 2 + 2
+    assert sum(" done in " in line for line in run.stdout.splitlines()) == 2 * 2 + 2 + 1  # the base model too
     return results
 
 

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from dpsm_ray.objectives import METHODS
 from dpsm_ray.train.config import ConfigError, TrainConfig
 
 
@@ -13,9 +14,9 @@ from dpsm_ray.train.config import ConfigError, TrainConfig
         ({"lr": 0.0}, "lr", "> 0"),
         ({"quantile_lr": -1.0}, "quantile_lr", "> 0"),
         ({"sigmoid_temperature": -1.0}, "sigmoid_temperature", "> 0"),
-        ({"method": "thr"}, "method", "ce, conftr, cut, dpsm"),
+        ({"method": "thr"}, "method", "ce, conftr, conftr_published, cut, dpsm, or base"),
         ({"dataset": "mnist"}, "dataset", "digits, synthetic"),
-        ({"model": "vgg"}, "model", "auto, mlp, cnn"),
+        ({"model": "vgg"}, "model", "auto, mlp, mlp_bn, cnn"),
         ({"batch_size": 2000}, "batch_size", "at most 1000"),
         ({"batch_size": 63}, "batch_size", "even"),
         ({"milestones": (25, 3)}, "milestones", "increasing"),
@@ -48,9 +49,13 @@ def test_config_hash_ignores_operational_fields_only():
 
 
 def test_an_option_only_another_method_reads_leaves_the_hash_alone():
-    for method, option, value in [("dpsm", "q_init", "random"), ("dpsm", "quantile_lr", 0.3), ("conftr", "conftr_split", "batch"), ("cut", "cut_score", "aps")]:
-        assert TrainConfig(method=method, **{option: value}).config_hash() != TrainConfig(method=method).config_hash(), option
-        for other in {"ce", "conftr", "cut", "dpsm"} - {method}:
+    for methods, option, value in [(("dpsm",), "q_init", "random"), (("dpsm",), "quantile_lr", 0.3), (("conftr",), "conftr_split", "halves"),
+                                   (("cut",), "cut_score", "aps"), (("dpsm",), "dpsm_split", "batch"), (("cut", "dpsm"), "ce_batch", "half"),
+                                   (("conftr_published",), "size_target", 1.0), (("conftr_published",), "ce_weight", 0.5),
+                                   (("conftr", "conftr_published", "dpsm"), "sigmoid_temperature", 0.3), (("conftr", "conftr_published", "cut", "dpsm"), "conformal_weight", 2.0)]:
+        for method in methods:
+            assert TrainConfig(method=method, **{option: value}).config_hash() != TrainConfig(method=method).config_hash(), option
+        for other in set(METHODS) - set(methods):
             assert TrainConfig(method=other, **{option: value}).config_hash() == TrainConfig(method=other).config_hash(), (option, other)
     assert TrainConfig(lr_schedule="exp").config_hash() != TrainConfig().config_hash()  # every method's
 

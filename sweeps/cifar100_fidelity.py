@@ -1,0 +1,57 @@
+"""The decisive experiment: the fidelity study's arms on CIFAR-100 with ResNet-110, on a GPU cluster.
+
+    ray up cluster/gpu.yaml
+    ray submit cluster/gpu.yaml sweeps/cifar100_fidelity.py -- --out /mnt/shared/results/cifar100-fidelity --data-root /mnt/shared/data
+
+Three seeds of: the CE base model (164 epochs, the official recipe) evaluated as it is -- the paper's
+table's CE column --, CE fine-tuned, DPSM as its official code trains it, DPSM at this project's
+defaults, DPSM as the tex's Algorithm 1 reads, ConfTr and CUT, each fine-tuned from that seed's base
+model as the official code fine-tunes (40 epochs, batch 128, lr 0.1 divided by 10 at epoch 25),
+evaluated with 10 calibration/test re-splits at alpha 0.1 (docs/fidelity.md says what each arm
+is and how to read the result).  Prints its GPU-hour estimate before it starts; ``--quick`` is a
+CPU dry run on whatever CIFAR-100 files --data-root holds (the tests run it on a generated copy).
+"""
+
+import sys
+
+from dpsm_ray.sweep.study import cli, fidelity_arms
+from dpsm_ray.train.base_model import BASE_RECIPES
+from dpsm_ray.train.presets import DPSM_CODE_SHARED
+
+# Four trials share a GPU (--trials-per-gpu auto for ResNet-110); four eager fp32 ResNet-110 trials
+# at batch 128 trained 8.1k images/s together on one H100 (bench/throughput.py's figure, PERF_NOTES)
+TRIALS_PER_GPU = 4
+IMAGES_PER_SECOND = 8100  # per GPU, the four trials together
+TRAIN_IMAGES = 45000
+EVALUATION_SHARE = 0.15  # per-epoch validation and diagnostics, and the final evaluation
+
+DATASETS = {
+    "cifar100": {
+        "common": {
+            "dataset": "cifar100", "data_root": "/mnt/shared/data", "model": "resnet110", "alpha": 0.1, **DPSM_CODE_SHARED,
+            "val_splits": 5, "eval_splits": 10, "workers": 0, "gpus_per_worker": 1 / TRIALS_PER_GPU, "cpus_per_worker": 2, "data_workers": 0, "seed": 0,
+        },
+        "arms": fidelity_arms(),
+        "seeds": 3,
+        "concurrency": 8,
+        "quick": {"common": {"device": "cpu", "gpus_per_worker": 0.0, "cpus_per_worker": 1, "train_subset": 128, "batch_size": 32,
+                             "base_epochs": 1, "base_milestones": (), "base_batch_size": 32, "eval_splits": 2, "val_splits": 2},
+                  "seeds": 2, "epochs": 1, "milestones": ()},
+    },
+}
+
+
+def gpu_hours(study) -> str:
+    """What the study costs on GPUs, from the epochs it trains and PERF_NOTES' throughput."""
+    base = BASE_RECIPES["resnet110"]["epochs"] if study.common.base_epochs is None else study.common.base_epochs
+    epochs = len(study.seeds) * (base + sum(study.arm_config(arm).epochs for arm in study.arms))
+    images = epochs * min(TRAIN_IMAGES, study.common.train_subset or TRAIN_IMAGES)
+    hours = images / IMAGES_PER_SECOND / 3600 * (1 + EVALUATION_SHARE)
+    return (f"this study trains {epochs} epochs ({len(study.seeds)} seeds x ({base} base-model epochs + "
+            f"{' + '.join(str(study.arm_config(arm).epochs) for arm in study.arms)} for the arms)): about {hours:.1f} GPU-hours at "
+            f"{IMAGES_PER_SECOND} images/s per GPU ({TRIALS_PER_GPU} eager fp32 ResNet-110 trials at batch 128 sharing an H100), "
+            f"{EVALUATION_SHARE:.0%} added for evaluation")
+
+
+if __name__ == "__main__":
+    sys.exit(cli("sweeps/cifar100_fidelity.py", __doc__.splitlines()[0], DATASETS, estimate=gpu_hours))
