@@ -2,12 +2,14 @@
 
 import json
 
+import numpy
 import pytest
 import torch
-from fake_datasets import write_cifar100
+from fake_datasets import write_caltech101, write_cifar100
 
 from dpsm_ray.data import SPLIT_NAMES, load_splits
 from dpsm_ray.data.preprocessing import InputSpec
+from dpsm_ray.inputs import read_image
 
 
 def test_apply_divides_then_standardises_as_written():
@@ -67,3 +69,17 @@ def test_cifar100_spec_is_its_transform_and_names_its_classes(tmp_path):
     x, _ = next(data.test.batches([positions], augment=False, seed=0))
     assert torch.equal(data.input_spec.apply(data.test.source.inputs[data.test.ids]), x)
     assert data.class_names[:2] == ("class0", "class1") and len(data.class_names) == 100
+
+
+def test_an_image_file_read_as_the_spec_says_gives_the_224_pixel_datasets_evaluation_input(tmp_path):
+    write_caltech101(tmp_path)
+    data = load_splits("caltech101", str(tmp_path), seed=0, data_workers=0)
+    dataset = data.test.source.dataset
+    for position in range(4):
+        example = int(data.test.ids[position])
+        x, _ = next(data.test.batches([torch.tensor([position])], augment=False, seed=0))
+        file = tmp_path / "caltech101" / "101_ObjectCategories" / dataset.categories[dataset.y[example]] / f"image_{dataset.index[example]:04d}.jpg"
+        raw = torch.from_numpy(numpy.ascontiguousarray(read_image(file, data.input_spec)))[None]
+        assert raw.shape == (1, 3, 224, 224)
+        assert torch.equal(data.input_spec.apply(raw), x)
+    assert data.class_names == tuple(dataset.categories)
