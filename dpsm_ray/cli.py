@@ -150,7 +150,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     try:
         predictor = Predictor.load(args.predictor, device=args.device)
         source = open_inputs(args.input, predictor.input_spec)
-        predictor.threshold(args.score)
+        predictor.threshold(args.score)  # an uncalibrated predictor fails before any input is read
         rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size)
     except ValueError as error:  # PredictorError, InputError, InputFileError
         parser.exit(2, f"{parser.prog}: error: {error}\n")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -65,8 +66,11 @@ class PredictionSets(NamedTuple):
 
 
 def pick_device(name: str) -> torch.device:
+    """``auto`` (the GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {name!r}")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} was asked for, but torch sees no CUDA device")
     return torch.device(name)

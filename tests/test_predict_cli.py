@@ -131,3 +131,10 @@ def test_a_tabular_predictor_takes_no_images(tmp_path, capsys):
         predict(tmp_path / "p", "--input", tmp_path / "images", "--out", tmp_path / "o.parquet")
     assert "the predictor takes 4 real features of the generated synthetic:classes=3,dim=4,size=300 data, not images" in capsys.readouterr().err
     assert json.loads(json.dumps(predictor.card["input"]))["image"] is None
+
+
+def test_an_unknown_device_is_named(digits_predictor, tmp_path, capsys):
+    numpy.save(tmp_path / "x.npy", numpy.zeros((1, 64)))
+    with pytest.raises(SystemExit) as exit_info:
+        predict(digits_predictor[0], "--input", tmp_path / "x.npy", "--out", tmp_path / "o.parquet", "--device", "gpu")
+    assert exit_info.value.code == 2 and "device must be auto, cpu, cuda or cuda:N; got 'gpu'" in capsys.readouterr().err
