@@ -2,6 +2,9 @@
 
     dpsm-ray train --dataset digits --method dpsm --epochs 30 --seed 0 --out runs/dpsm
     dpsm-ray report results/digits
+    dpsm-ray export results/digits --method dpsm --out predictors/dpsm
+    dpsm-ray predict predictors/dpsm --input digits.npy --out sets.parquet
+    dpsm-ray serve predictors/dpsm
 
 ``train`` options are generated from ``TrainConfig``'s fields, so ``--help`` documents every one
 and errors name the option as it was typed.
@@ -18,6 +21,8 @@ from pathlib import Path
 from dpsm_ray.train.config import ConfigError, TrainConfig, calibration_warnings
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
+
+PREDICTOR_DIR = "predictor"  # where `train --out DIR` writes its predictor: DIR/predictor/
 
 
 def positive_seconds(text: str) -> float:
@@ -89,12 +94,17 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = Path(args.out).resolve() if args.out else None
     again = "; run the same command again to continue from the last checkpoint" if out is not None else ""
     ray_options = {"resource_timeout_s": args.resource_timeout} if config.workers else {}
+    predictor = None
     with leaving_ray_as_it_was():
         try:
             check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
             result = run_training(config, out, **ray_options)
             if out is not None:
+                from dpsm_ray.export import predictor_for_run
+
                 write_run(out, result)
+                predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out)})
+                predictor.save(out / PREDICTOR_DIR)
         except ConfigError as error:
             fail(parser, error)
         except (FileNotFoundError, InsufficientResources, CorruptFileError) as error:  # a missing dataset or weights file; workers that cannot start
@@ -107,9 +117,84 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.exit(3, f"{parser.prog}: error: {str(error).splitlines()[-1]}{again}\n")
     print(f"{config.method} on {config.dataset}, alpha={config.alpha}: test metrics over {config.eval_splits} calibration/test re-splits")
     print(format_summary(summarise(pd.DataFrame(result.evals))))
-    if out is not None:
-        print(f"results written to {out}")
+    if out is None:
+        print("nothing was saved: pass --out DIR to keep the model as a predictor (and the results as Parquet files)")
+        return 0
+    print(f"results written to {out}")
+    hps = predictor.card["test"]["scores"]["hps"]
+    print(f"predictor written to {out / PREDICTOR_DIR} (calibrated on the calibration split: HPS q {predictor.thresholds['hps']:.4f}; "
+          f"on the test split coverage {hps['coverage']:.3f}, set size {hps['set_size']:.2f}); use it with "
+          f"dpsm-ray predict {out / PREDICTOR_DIR} --input X.npy --out sets.parquet")
     return 0
+
+
+def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dpsm_ray.export import export_chosen
+    from dpsm_ray.sweep.spec import SweepError
+
+    results = Path(args.results)
+    if not (results / "sweep.json").is_file():
+        parser.exit(2, f"{parser.prog}: error: {results} is not a sweep's results directory (no sweep.json); a run's --out holds its predictor in {PREDICTOR_DIR}/\n")
+    try:
+        export_chosen(results, args.method, args.out, seed=args.seed)
+    except (ValueError, FileNotFoundError, SweepError) as error:  # PredictorError and CorruptFileError are ValueErrors
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dpsm_ray.inputs import open_inputs
+    from dpsm_ray.predictor import Predictor
+    from dpsm_ray.predictions import write_sets
+
+    try:
+        predictor = Predictor.load(args.predictor, device=args.device)
+        source = open_inputs(args.input, predictor.input_spec)
+        predictor.threshold(args.score)  # an uncalibrated predictor fails before any input is read
+        rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size)
+    except ValueError as error:  # PredictorError, InputError, InputFileError
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    if source.skipped:
+        print(f"skipped {len(source.skipped)} files PIL cannot read (e.g. {source.skipped[0]})", file=sys.stderr)
+    sizes = rows["set_size"]
+    print(f"{len(sizes)} inputs, {args.score.upper()} sets at alpha={predictor.alpha:g} (q {predictor.threshold(args.score):.4f}): mean set size "
+          f"{sum(sizes) / max(1, len(sizes)):.2f}, {sum(1 for n in sizes if n == 0)} empty; written to {args.out}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dpsm_ray.predictor import Predictor
+    from dpsm_ray.serving import check_port, serve_predictor
+
+    try:  # a bad directory or a taken port fails here, in one line, before Ray starts
+        Predictor.load(args.predictor, device="cpu")
+        check_port(args.host, args.port)
+    except (ValueError, OSError) as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    serve_predictor(Path(args.predictor).resolve(), host=args.host, port=args.port, replicas=args.replicas, device=args.device,
+                    cpus_per_replica=args.cpus_per_replica, max_batch=args.max_batch, address=args.address)
+    return 0
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (the error names the value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in 1..65535; got {text!r}")
+    return value
 
 
 def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -142,8 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resource-timeout", type=positive_seconds, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS",
                        help="with --workers on a Ray cluster: how long to wait for the CPUs/GPUs the workers ask for before giving up "
                        "(an embedded Ray fails at once; default: %(default)s)")
-    train.add_argument("--out", help="write config.json, splits.json, epochs.parquet, evals.parquet, classes.parquet and a checkpoint here; "
-                       "running again with the same directory resumes from the checkpoint")
+    train.add_argument("--out", help="write config.json, splits.json, epochs.parquet, evals.parquet, classes.parquet, a checkpoint and the "
+                       "trained model as a conformal predictor (predictor/) here; running again with the same directory resumes from the "
+                       "checkpoint. Without it nothing is saved")
     train.set_defaults(handler=cmd_train, parser=train)
     report = commands.add_parser(
         "report",
@@ -155,6 +241,52 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("directory", metavar="DIR", help="a sweep's results directory or a training run's --out directory")
     report.set_defaults(handler=cmd_report, parser=report)
+
+    export = commands.add_parser(
+        "export",
+        help="copy a sweep's final model of a method out as a conformal predictor",
+        description="Copy the predictor of METHOD out of a sweep's RESULTS/predictors/ into OUT (docs/predictor.md): by default the final "
+        "model chosen on validation data alone (the smallest validation set size among the method's seeds whose validation coverage "
+        "reaches the sweep's floor), or --seed S's. Builds RESULTS/predictors/ first for a sweep finished without it.",
+    )
+    export.add_argument("results", metavar="RESULTS", help="a sweep's --results-dir")
+    export.add_argument("--method", required=True, help="ce, conftr, cut or dpsm")
+    export.add_argument("--seed", type=int, help="that final seed's model instead of the chosen one")
+    export.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write (predictor.json and weights.pt)")
+    export.set_defaults(handler=cmd_export, parser=export)
+
+    predict = commands.add_parser(
+        "predict",
+        help="prediction sets of new inputs from a predictor, as Parquet",
+        description="Read inputs -- an .npy or .npz array [n, *shape] (or [n, features]), a folder of image files (resized and normalised as the "
+        "predictor says), or a Parquet table of feature columns -- and write one row per input: input_id, set (list<int32>), set_names "
+        "(where the classes have names), set_size, top1 (and top1_name), and with --probabilities the softmax row.",
+    )
+    predict.add_argument("predictor", metavar="PREDICTOR", help="a predictor directory (dpsm-ray export --out, RESULTS/predictors/NAME, a run's --out/predictor)")
+    predict.add_argument("--input", required=True, metavar="PATH", help=".npy, .npz (array 'x', optional integer 'ids'), .parquet (one column per feature, optional 'id'), or a folder of images")
+    predict.add_argument("--out", required=True, metavar="FILE", help="the Parquet file to write, e.g. sets.parquet")
+    predict.add_argument("--score", default="hps", choices=("hps", "aps", "raps"), help="non-conformity score (default: %(default)s)")
+    predict.add_argument("--probabilities", action="store_true", help="add each input's softmax row (list<double>)")
+    predict.add_argument("--batch-size", type=positive_int, default=512, help="inputs per forward pass (default: %(default)s)")
+    predict.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
+    predict.set_defaults(handler=cmd_predict, parser=predict)
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve a predictor over HTTP on Ray Serve",
+        description="Serve PREDICTOR on Ray Serve: POST /predict with {\"inputs\": [...]} returns each input's prediction set; GET /health "
+        "describes the predictor. Bad requests get a 4xx status and {\"error\": ...}. Runs until Ctrl-C (or SIGTERM), then stops every "
+        "process it started.",
+    )
+    serve.add_argument("predictor", metavar="PREDICTOR", help="a predictor directory")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; 0.0.0.0 opens it to the network)")
+    serve.add_argument("--port", type=port_number, default=8000, help="HTTP port (default: %(default)s)")
+    serve.add_argument("--replicas", type=positive_int, default=1, help="model replicas (default: %(default)s)")
+    serve.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves for each replica (default: %(default)s)")
+    serve.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: the replicas share the GPU when there is one (default: %(default)s)")
+    serve.add_argument("--max-batch", type=positive_int, default=4096, help="most inputs in one request; more get status 413 (default: %(default)s)")
+    serve.add_argument("--address", help="a Ray cluster to run on (default: $RAY_ADDRESS, else one started on this machine with `ray start`, else a Ray instance of its own)")
+    serve.set_defaults(handler=cmd_serve, parser=serve)
     return parser
 
 

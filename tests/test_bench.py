@@ -43,6 +43,26 @@ def test_throughput_benchmark_rejects_bad_options_by_name():
     assert result.returncode == 2 and "--methods: unknown foo" in result.stderr
 
 
+def test_predict_throughput_benchmark_runs_quick_on_cpu_and_prints_json_and_a_table(tmp_path):
+    out = tmp_path / "predict.json"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "predict_throughput.py"), "--device", "cpu", "--quick", "--json-out", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads(out.read_text()) and record["benchmark"] == "predict_throughput" and record["quick"]
+    rows = record["results"]
+    assert [(r["model"], r["score"]) for r in rows] == [("mlp", "hps"), ("mlp", "aps"), ("resnet110", "hps"), ("resnet110", "aps")]
+    for row in rows:
+        assert row["inputs"] == row["batch"] * record["batches"] and row["inputs_per_s"] == row["inputs"] / row["seconds"] > 0
+    table = result.stdout.splitlines()[1:]
+    assert table[0].split()[:3] == ["model", "batch", "score"] and [line.split()[0] for line in table[1:]] == ["mlp", "mlp", "resnet110", "resnet110"]
+
+
+def test_predict_throughput_benchmark_rejects_bad_options_by_name():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "predict_throughput.py"), "--quick", "--models", "mlp,vit"], capture_output=True, text=True)
+    assert result.returncode == 2 and "--models: unknown vit" in result.stderr
+
+
 @pytest.mark.ray
 def test_sweep_efficiency_benchmark_runs_quick_and_prints_json_and_a_table(tmp_path):
     out = tmp_path / "out"

@@ -30,15 +30,18 @@ from dpsm_ray.conformal.quantile import (
     smooth_quantile,
     soft_sort,
 )
-from dpsm_ray.conformal.scores import SCORE_KINDS, example_uniforms, label_scores, score_matrix
+from dpsm_ray.conformal.scores import RAPS_K_REG, RAPS_LAMBDA, SCORE_KINDS, check_score_kind, example_uniforms, label_scores, score_matrix
 
 __all__ = [
     "CLASS_COLUMNS",
     "EVAL_COLUMNS",
+    "RAPS_K_REG",
+    "RAPS_LAMBDA",
     "SCORE_KINDS",
     "SSCV_BINS",
     "accuracy",
     "check_alpha",
+    "check_score_kind",
     "class_counts",
     "class_coverage",
     "class_set_size",

@@ -8,7 +8,7 @@ import torch
 
 from dpsm_ray.conformal.metrics import accuracy, class_coverage, class_counts, class_set_size, coverage, covered, covgap, prediction_sets, set_size, sscv, wsc
 from dpsm_ray.conformal.quantile import check_alpha, conformal_quantile
-from dpsm_ray.conformal.scores import SCORE_KINDS, check_score_kind, example_uniforms, label_scores, score_matrix
+from dpsm_ray.conformal.scores import RAPS_K_REG, RAPS_LAMBDA, SCORE_KINDS, check_score_kind, example_uniforms, label_scores, score_matrix
 
 EVAL_COLUMNS = ("score", "split", "alpha", "n_cal", "n_test", "q", "coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
 CLASS_COLUMNS = ("score", "split", "label", "n_test", "coverage", "set_size")
@@ -58,8 +58,8 @@ def evaluate(
     seed: int = 0,
     features: torch.Tensor | None = None,
     example_ids: torch.Tensor | None = None,
-    raps_lambda: float = 0.01,
-    raps_k_reg: int = 5,
+    raps_lambda: float = RAPS_LAMBDA,
+    raps_k_reg: int = RAPS_K_REG,
     wsc_delta: float = 0.1,
     wsc_directions: int = 256,
 ) -> list[dict]:
@@ -102,8 +102,8 @@ def evaluate_classes(
     cal_fraction: float = 0.3,
     seed: int = 0,
     example_ids: torch.Tensor | None = None,
-    raps_lambda: float = 0.01,
-    raps_k_reg: int = 5,
+    raps_lambda: float = RAPS_LAMBDA,
+    raps_k_reg: int = RAPS_K_REG,
 ) -> list[dict]:
     """One row per (score, re-split, class): the class's test points, their coverage (NaN when
     the test part has none) and their average set size -- the same re-splits, uniforms and sets

@@ -12,6 +12,9 @@ import torch
 from dpsm_ray.seeding import counter_uniforms
 
 SCORE_KINDS = ("hps", "aps", "raps")
+# RAPS's regularisation (Angelopoulos et al. 2021): lambda per rank beyond k_reg
+RAPS_LAMBDA = 0.01
+RAPS_K_REG = 5
 
 
 def check_score_kind(kind: str) -> str:
@@ -25,8 +28,8 @@ def score_matrix(
     kind: str,
     *,
     u: torch.Tensor | None = None,
-    raps_lambda: float = 0.01,
-    raps_k_reg: int = 5,
+    raps_lambda: float = RAPS_LAMBDA,
+    raps_k_reg: int = RAPS_K_REG,
 ) -> torch.Tensor:
     """Scores of every label, ``[n, K]``; smaller means more conforming.
 

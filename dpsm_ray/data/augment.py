@@ -9,8 +9,6 @@ that batch or the number of workers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 
@@ -59,10 +57,3 @@ def random_crop(images: torch.Tensor, ids: torch.Tensor, seed: int, padding: int
     without flips: for images whose mirror is another class (the glyphs)."""
     top, left = crop_offsets(ids, seed, padding)
     return crop_and_flip(images, top, left, torch.zeros(ids.shape, dtype=torch.bool), padding)
-
-
-def normalise(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 images -> float32 in ``[0, 1]``, then standardised per channel."""
-    mean_t = torch.tensor(mean, dtype=torch.float32, device=images.device)[None, :, None, None]
-    std_t = torch.tensor(std, dtype=torch.float32, device=images.device)[None, :, None, None]
-    return (images.float() / 255.0 - mean_t) / std_t

@@ -27,6 +27,7 @@ import torch
 
 from dpsm_ray.data.augment import random_crop
 from dpsm_ray.data.options import dataset_options
+from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
 from dpsm_ray.data.splits import DataSplits, Split, TensorSource, stratified_partition
 from dpsm_ray.seeding import generator
 
@@ -98,12 +99,12 @@ def make_glyphs(classes: int, per_class: int, noise: float, seed: int) -> tuple[
     return (images + pixel_noise).reshape(count, 1, SIZE, SIZE), labels
 
 
-def glyphs_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int, *, mean: float, std: float) -> torch.Tensor:
+def glyphs_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int, *, spec: InputSpec) -> torch.Tensor:
     """Raw batch -> model input: shifted when training (padding with the blank background, 0),
-    then standardised by the training split's pixel mean and standard deviation."""
+    then standardised by the training split's pixel mean and standard deviation (``spec``)."""
     if augment:
         images = random_crop(images, ids, seed, AUGMENT_PADDING)
-    return (images - mean) / std
+    return spec.apply(images)
 
 
 def load_glyphs(spec: str, seed: int) -> DataSplits:
@@ -112,7 +113,9 @@ def load_glyphs(spec: str, seed: int) -> DataSplits:
     images, labels = make_glyphs(options["classes"], sum(sizes.values()) // options["classes"], options["noise"], DATA_SEED)
     parts = stratified_partition(labels, list(sizes.values()), seed)
     train = images[parts[0]]
-    transform = functools.partial(glyphs_transform, mean=float(train.mean()), std=float(train.std()))
-    source = TensorSource(images, labels, transform)
+    # one mean and standard deviation for every pixel; an image file's 0..255 maps onto 0..1
+    input_spec = InputSpec((1, SIZE, SIZE), 1.0, float(train.mean()), float(train.std()), "glyph pixel values (background 0, strokes up to about 1)",
+                           ImageSpec("L", SIZE, pixel_scale=1 / 255))
+    source = TensorSource(images, labels, functools.partial(glyphs_transform, spec=input_spec))
     splits = [Split(name, ids, source) for name, ids in zip(sizes, parts)]
-    return DataSplits(spec, options["classes"], (1, SIZE, SIZE), *splits)
+    return DataSplits(spec, options["classes"], (1, SIZE, SIZE), *splits, input_spec=input_spec)

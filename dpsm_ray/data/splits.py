@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import write_text
 
 SPLIT_NAMES = ("train", "val", "cal", "test")
@@ -122,7 +123,9 @@ class Split:
 
 @dataclass
 class DataSplits:
-    """The four splits of one dataset, with what a model needs to know about its inputs."""
+    """The four splits of one dataset, with what a model needs to know about its inputs, and what
+    a saved predictor needs to take new ones: how a raw input becomes a model input
+    (``input_spec``) and the classes' names, where the dataset has them."""
 
     name: str
     num_classes: int
@@ -131,6 +134,8 @@ class DataSplits:
     val: Split
     cal: Split
     test: Split
+    input_spec: InputSpec | None = None
+    class_names: tuple[str, ...] | None = None
 
     def sizes(self) -> dict[str, int]:
         return {name: len(getattr(self, name)) for name in SPLIT_NAMES}
@@ -146,6 +151,8 @@ class DataSplits:
             self.num_classes,
             self.input_shape,
             *(Split(s.name, s.ids, moved) for s in (self.train, self.val, self.cal, self.test)),
+            input_spec=self.input_spec,
+            class_names=self.class_names,
         )
 
     def save(self, path: str | os.PathLike) -> None:

@@ -3,9 +3,12 @@ classes (synthetic, any number of classes and difficulty)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dpsm_ray.data.options import dataset_options
+from dpsm_ray.data.preprocessing import ImageSpec, spec_transform, standardising_spec
 from dpsm_ray.data.splits import DataSplits, Split, TensorSource, stratified_partition
 
 DIGITS_SIZES = {"train": 1000, "val": 300, "cal": 200, "test": 297}  # all 1797 digits
@@ -13,28 +16,29 @@ SYNTHETIC_DEFAULTS = {"classes": 10, "dim": 16, "size": 3000, "noise": 1.0}
 SYNTHETIC_FRACTIONS = {"train": 0.5, "val": 0.15, "cal": 0.1, "test": 0.25}
 
 
-def standardised(inputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Centre and scale every feature by the training split's mean and standard deviation."""
-    mean, std = reference.mean(0), reference.std(0).clamp(min=1e-3)
-    return (inputs - mean) / std
-
-
-def from_tensors(name: str, inputs: torch.Tensor, labels: torch.Tensor, sizes: dict[str, int], seed: int) -> DataSplits:
+def from_tensors(name: str, inputs: torch.Tensor, labels: torch.Tensor, sizes: dict[str, int], seed: int, *, divisor: float = 1.0,
+                 raw: str = "features", image: ImageSpec | None = None, class_names: tuple[str, ...] | None = None) -> DataSplits:
+    """Raw ``inputs`` split at random; every batch is ``inputs / divisor`` standardised per
+    feature by the training split's mean and standard deviation (``preprocessing.standardising_spec``)."""
     parts = stratified_partition(labels, list(sizes.values()), seed)
-    inputs = standardised(inputs, inputs[parts[0]])
-    source = TensorSource(inputs, labels)
+    spec = standardising_spec(inputs[parts[0]], divisor, raw, image)
+    source = TensorSource(inputs, labels, functools.partial(spec_transform, spec=spec))
     splits = [Split(split_name, ids, source) for split_name, ids in zip(sizes, parts)]
-    return DataSplits(name, int(labels.max()) + 1, tuple(inputs.shape[1:]), *splits)
+    return DataSplits(name, int(labels.max()) + 1, tuple(inputs.shape[1:]), *splits, input_spec=spec, class_names=class_names)
 
 
 def load_digits(seed: int) -> DataSplits:
-    """The 1797 8x8 handwritten digits bundled with scikit-learn, as ``[1, 8, 8]`` images."""
+    """The 1797 8x8 handwritten digits bundled with scikit-learn, as ``[1, 8, 8]`` images of
+    pixel values 0..16 (light ink on a dark background), divided by 16 and standardised."""
     from sklearn.datasets import load_digits as sklearn_digits
 
     bunch = sklearn_digits()
-    inputs = torch.tensor(bunch.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    inputs = torch.tensor(bunch.data, dtype=torch.float32).reshape(-1, 1, 8, 8)
     labels = torch.tensor(bunch.target, dtype=torch.int64)
-    return from_tensors("digits", inputs, labels, DIGITS_SIZES, seed)
+    # an 8-bit grayscale image file maps its 0..255 onto the digits' 0..16
+    image = ImageSpec("L", 8, pixel_scale=16 / 255)
+    return from_tensors("digits", inputs, labels, DIGITS_SIZES, seed, divisor=16.0, raw="sklearn digits pixel values 0..16 ([1, 8, 8] or 64 features)",
+                        image=image, class_names=tuple(str(digit) for digit in bunch.target_names))
 
 
 def parse_synthetic(spec: str) -> dict[str, float]:
@@ -63,4 +67,4 @@ def load_synthetic(spec: str, seed: int) -> DataSplits:
     # the data itself is fixed by its parameters; only the split depends on the run seed
     inputs, labels = make_synthetic(options["classes"], options["dim"], options["size"], options["noise"], seed=1234)
     sizes = {name: int(options["size"] * fraction) for name, fraction in SYNTHETIC_FRACTIONS.items()}
-    return from_tensors(spec, inputs, labels, sizes, seed)
+    return from_tensors(spec, inputs, labels, sizes, seed, raw=f"{options['dim']} real features of the generated {spec} data")

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from dpsm_ray.data.augment import normalise, random_crop_flip
+from dpsm_ray.data.augment import random_crop_flip
+from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
 from dpsm_ray.data.splits import DataSplits, FileSource, Split, TensorSource, stratified_partition
 from dpsm_ray.seeding import derive_seed
 
@@ -57,6 +58,17 @@ CIFAR_PADDING = 4  # He et al. 2016: pad 4 pixels, crop 32x32
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the statistics torchvision's ImageNet weights expect
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SIZE = 224
+RESIZE = 256  # the evaluation transform: shorter side to 256, then the centre 224 x 224
+PIXELS = "8-bit RGB pixel values 0..255 in [C, H, W] order"
+
+
+def per_channel(values: tuple[float, ...]) -> list:
+    """``(a, b, c)`` -> ``[[[a]], [[b]], [[c]]]``: a ``[C, 1, 1]`` list broadcasting over H and W."""
+    return [[[value]] for value in values]
+
+
+CIFAR100_INPUT = InputSpec((3, 32, 32), 255.0, per_channel(CIFAR100_MEAN), per_channel(CIFAR100_STD), PIXELS, ImageSpec("RGB", 32))
+IMAGENET_INPUT = InputSpec((3, IMAGE_SIZE, IMAGE_SIZE), 255.0, per_channel(IMAGENET_MEAN), per_channel(IMAGENET_STD), PIXELS, ImageSpec("RGB", RESIZE))
 INATURALIST_VERSIONS = ("2021_train_mini", "2021_valid")  # -> train / val, cal / test
 INATURALIST_KINGDOM = "Fungi"
 INATURALIST_2018 = "2018"  # torchvision's folder for train_val2018: <super-category>/<category id>/
@@ -131,8 +143,9 @@ def check_labels(labels: torch.Tensor, num_classes: int, path: Path) -> None:
         raise ValueError(f"labels under {path} must lie in 0..{num_classes - 1}; found {int(labels.min())}..{int(labels.max())}")
 
 
-def splits_of(name: str, num_classes: int, input_shape: tuple[int, ...], source: TensorSource | FileSource, parts: list[torch.Tensor]) -> DataSplits:
-    return DataSplits(name, num_classes, input_shape, *(Split(split, ids, source) for split, ids in zip(PAPER_SIZES[name], parts)))
+def splits_of(name: str, spec: InputSpec, class_names: list[str], source: TensorSource | FileSource, parts: list[torch.Tensor]) -> DataSplits:
+    splits = (Split(split, ids, source) for split, ids in zip(PAPER_SIZES[name], parts))
+    return DataSplits(name, len(class_names), spec.shape, *splits, input_spec=spec, class_names=tuple(class_names))
 
 
 # ----------------------------------------------------------------------------- CIFAR-100
@@ -172,7 +185,7 @@ def cifar100_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, s
     """uint8 batch -> normalised float model input; augmented (crop + flip) only in training."""
     if augment:
         images = random_crop_flip(images, ids, seed, CIFAR_PADDING)
-    return normalise(images, CIFAR100_MEAN, CIFAR100_STD)
+    return CIFAR100_INPUT.apply(images)
 
 
 def load_cifar100(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
@@ -193,11 +206,11 @@ def load_cifar100(data_root: str | Path | None, seed: int, download: bool = Fals
     check_data_present("cifar100", root)
     train_images, train_labels = read_cifar100_file(folder / "train")
     test_images, test_labels = read_cifar100_file(folder / "test")
-    num_classes = len(unpickle(folder / "meta")[b"fine_label_names"])
+    class_names = [name.decode() for name in unpickle(folder / "meta")[b"fine_label_names"]]
     for labels, file in ((train_labels, "train"), (test_labels, "test")):
-        check_labels(labels, num_classes, folder / file)
+        check_labels(labels, len(class_names), folder / file)
     source = TensorSource(torch.cat([train_images, test_images]), torch.cat([train_labels, test_labels]), cifar100_transform)
-    return splits_of("cifar100", num_classes, (3, 32, 32), source, two_pool_parts(train_labels, test_labels, "cifar100", seed))
+    return splits_of("cifar100", CIFAR100_INPUT, class_names, source, two_pool_parts(train_labels, test_labels, "cifar100", seed))
 
 
 # ----------------------------------------------------------------------------- Fashion-MNIST
@@ -205,7 +218,7 @@ def load_cifar100(data_root: str | Path | None, seed: int, download: bool = Fals
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # ConfTr's input scaling: (x - 0.5) / 0.5 of the [0, 1] pixels
-FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.5,), (0.5,)
+FASHION_MNIST_INPUT = InputSpec((1, 28, 28), 255.0, 0.5, 0.5, "8-bit greyscale pixel values 0..255, [1, 28, 28]", ImageSpec("L", 28))
 
 
 def fashion_mnist_files(root: Path) -> dict[str, Path]:
@@ -241,7 +254,7 @@ def read_idx(path: Path) -> torch.Tensor:
 
 def fashion_mnist_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int) -> torch.Tensor:
     """uint8 ``[N, 1, 28, 28]`` -> ConfTr's scaled input; no augmentation (ConfTr uses none)."""
-    return normalise(images, FASHION_MNIST_MEAN, FASHION_MNIST_STD)
+    return FASHION_MNIST_INPUT.apply(images)
 
 
 def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
@@ -261,7 +274,7 @@ def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool =
                              "Fashion-MNIST has 28x28 images, one label each")
         check_labels(labels[split], len(FASHION_MNIST_CLASSES), files[f"{split}-labels-idx1-ubyte"])
     source = TensorSource(torch.cat([images["train"], images["t10k"]])[:, None].contiguous(), torch.cat([labels["train"], labels["t10k"]]), fashion_mnist_transform)
-    return splits_of("fashion_mnist", len(FASHION_MNIST_CLASSES), (1, 28, 28), source, two_pool_parts(labels["train"], labels["t10k"], "fashion_mnist", seed))
+    return splits_of("fashion_mnist", FASHION_MNIST_INPUT, list(FASHION_MNIST_CLASSES), source, two_pool_parts(labels["train"], labels["t10k"], "fashion_mnist", seed))
 
 
 # ----------------------------------------------------------------------------- 224-pixel datasets
@@ -279,7 +292,8 @@ def imagenet_transforms():
     # a module-level function, unlike a lambda, survives pickling into DataLoader workers
     tensor = [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     train = transforms.Compose([transforms.Lambda(to_rgb), transforms.RandomResizedCrop(IMAGE_SIZE), transforms.RandomHorizontalFlip(), *tensor])
-    evaluate = transforms.Compose([transforms.Lambda(to_rgb), transforms.Resize(256), transforms.CenterCrop(IMAGE_SIZE), *tensor])
+    # what IMAGENET_INPUT describes (ToTensor divides by 255, Normalize standardises per channel)
+    evaluate = transforms.Compose([transforms.Lambda(to_rgb), transforms.Resize(RESIZE), transforms.CenterCrop(IMAGE_SIZE), *tensor])
     return train, evaluate
 
 
@@ -293,7 +307,7 @@ def load_caltech101(data_root: str | Path | None, seed: int, download: bool = Fa
     labels = torch.tensor(dataset.y, dtype=torch.int64)
     parts = stratified_partition(labels, fitted_sizes(list(PAPER_SIZES["caltech101"].values()), labels.numel()), derive_seed(seed, "caltech101"))
     source = FileSource(dataset, labels, *imagenet_transforms(), num_workers=data_workers)
-    return splits_of("caltech101", len(dataset.categories), (3, IMAGE_SIZE, IMAGE_SIZE), source, parts)
+    return splits_of("caltech101", IMAGENET_INPUT, dataset.categories, source, parts)
 
 
 def fungi_species(dataset) -> list[int]:
@@ -327,7 +341,7 @@ def load_inaturalist(data_root: str | Path | None, seed: int, download: bool = F
         pool_labels.append(torch.tensor([label_of[category] for category, _ in pool.index], dtype=torch.int64))
     dataset = torch.utils.data.ConcatDataset(pools)
     source = FileSource(dataset, torch.cat(pool_labels), *imagenet_transforms(), num_workers=data_workers)
-    return splits_of("inaturalist", len(species[0]), (3, IMAGE_SIZE, IMAGE_SIZE), source, two_pool_parts(*pool_labels, "inaturalist", seed))
+    return splits_of("inaturalist", IMAGENET_INPUT, species[0], source, two_pool_parts(*pool_labels, "inaturalist", seed))
 
 
 def load_inaturalist2018(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
@@ -350,7 +364,7 @@ def load_inaturalist2018(data_root: str | Path | None, seed: int, download: bool
     labels = torch.tensor([label_of[category] for category, _ in dataset.index], dtype=torch.int64)
     parts = stratified_partition(labels, fitted_sizes(list(PAPER_SIZES["inaturalist2018"].values()), labels.numel()), derive_seed(seed, "inaturalist2018"))
     source = FileSource(dataset, labels, *imagenet_transforms(), num_workers=data_workers)
-    return splits_of("inaturalist2018", len(species), (3, IMAGE_SIZE, IMAGE_SIZE), source, parts)
+    return splits_of("inaturalist2018", IMAGENET_INPUT, [dataset.all_categories[category] for category in species], source, parts)
 
 
 LOADERS = {

@@ -117,11 +117,38 @@ def write_report(results_dir: str | os.PathLike, log=print) -> str:
     log(text)
     figures = write_figures(results, evals, load(results, "epochs.parquet"), load(results, "classes.parquet"), alpha)
     report = [f"# Results: {results.name}", "", f"Average prediction set size at alpha = {alpha:g}.", "", markdown(size), "", "## All metrics", "", markdown(details), ""]
+    report += predictors_section(results, log)
     for figure in figures:
         report += [f"## {figure.title}", "", figure.caption, "", f"![{figure.title}](figures/{figure.name}.png)", ""]
     write_text(results / "report.md", "\n".join(report))
     log(f"report written to {results / 'report.md'} with {len(figures)} figures in {results / 'figures'}")
     return text
+
+
+def predictors_section(results: Path, log) -> list[str]:
+    """report.md's lines on the sweep's predictors (``dpsm_ray.export``): the one chosen per
+    method, with its validation and test figures; none for a sweep without predictors."""
+    from dpsm_ray.export import read_index
+
+    index = read_index(results)
+    if index is None:
+        return []
+    rows = [["predictor", "method", "seed", "val set size", "val coverage", "test coverage (HPS)", "test set size (HPS)"]]
+    for method in ordered(list(index["chosen"]), METHOD_ORDER):
+        entry = next(e for e in index["predictors"] if e["name"] == index["chosen"][method])
+        hps = entry["test"]["scores"]["hps"]
+        validation = ["n/a" if entry[key] is None else f"{entry[key]:.3f}" for key in ("val_set_size", "val_coverage")]  # none for a base model
+        rows.append([f"`{entry['directory']}`", METHOD_NAMES.get(method, method), str(entry["seed"]), *validation,
+                     f"{hps['coverage']:.3f}", f"{hps['set_size']:.2f}"])
+        log(f"predictor of {method}: {results / entry['directory']} (dpsm-ray export {results} --method {method} --out DIR)")
+    return [
+        "## Predictors", "",
+        f"Every final model is a conformal predictor under `predictors/` (docs/predictor.md), calibrated on the calibration split and "
+        f"measured on the test split. Chosen per method: {index['rule']}.", "",
+        markdown(rows), "",
+        "`dpsm-ray export DIR --method METHOD --out OUT` copies the chosen one out (`--seed S` another); `dpsm-ray predict OUT --input X.npy "
+        "--out sets.parquet` and `dpsm-ray serve OUT` use it.", "",
+    ]
 
 
 @dataclass(frozen=True)

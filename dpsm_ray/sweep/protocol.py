@@ -6,7 +6,8 @@
 3. each method's best feasible configuration re-trained with S seeds and evaluated on the
    calibration/test data over random re-splits, for HPS, APS and RAPS -- the paper's table;
 4. ``trials.parquet``, ``epochs.parquet``, ``evals.parquet`` and ``classes.parquet``, rebuilt from
-   the sweep's ledger after every stage, and the report.
+   the sweep's ledger after every stage; every final model as a conformal predictor under
+   ``predictors/`` (``dpsm_ray.export``); and the report.
 
 The driver holds an exclusive lock on the results directory while it runs.  Every trial's outcome
 is in the ledger (``dpsm_ray.sweep.ledger``) the moment it ends, so ``resume=True`` after any
@@ -68,6 +69,7 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
 
 
 def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, search_only: bool) -> Path:
+    from dpsm_ray.export import export_sweep
     from dpsm_ray.results.report import write_report
     from dpsm_ray.results.store import MANIFEST, verify_manifest
     from dpsm_ray.sweep.collect import FILES, write_results
@@ -96,6 +98,7 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
         raise SweepError(f"every search trial of every method failed; nothing to re-train (errors in {results / 'trials.parquet'})")
     run(spec, results, final, log)
     write_results(spec, results)
+    export_sweep(results, log=log)
     write_report(results, log=log)
     return results
 

@@ -81,8 +81,8 @@ def test_augmentation_shifts_each_image_by_at_most_one_pixel_whatever_its_batch(
     positions = torch.arange(len(data.train))
     plain, _ = next(data.train.batches([positions], augment=False, seed=0))
     shifted, _ = next(data.train.batches([positions], augment=True, seed=7))
-    standardised = data.train.source.transform.keywords
-    blank = -standardised["mean"] / standardised["std"]  # the raw background 0, standardised
+    standardised = data.input_spec
+    blank = -standardised.mean / standardised.std  # the raw background 0, standardised
     padded = torch.nn.functional.pad(plain, (AUGMENT_PADDING,) * 4, value=blank)
     offsets = range(2 * AUGMENT_PADDING + 1)
     moved = 0

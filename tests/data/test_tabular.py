@@ -39,7 +39,7 @@ def test_splits_are_disjoint_and_sized_as_documented(name):
 
 def test_digits_features_are_standardised_on_the_training_split():
     data = load_splits("digits", seed=0)
-    x = data.train.source.inputs[data.train.ids]
+    x, _ = next(data.train.batches([torch.arange(len(data.train))], augment=False, seed=0))
     assert x.mean(0).abs().max() < 1e-4
 
 

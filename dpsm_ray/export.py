@@ -1,0 +1,178 @@
+"""Finished runs as predictors (``dpsm_ray.predictor``): a sweep's final models, a ``dpsm-ray
+train --out`` run, and ``dpsm-ray export``.
+
+A run's predictor is calibrated on the run's whole calibration split and measured on its test
+split, with the inputs, forward passes and uniforms of the run's own evaluation
+(``train.loop.final_evaluation``): only the partition differs -- evals.parquet's rows re-split the
+pooled calibration and test points at random, the predictor keeps the original split
+(docs/predictor.md).
+
+    RESULTS/predictors/<method>-seed<seed>/   one predictor per final model of a sweep
+    RESULTS/predictors/index.json             every one of them, and the one chosen per method
+
+Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from dpsm_ray.files import CorruptFileError, read_checked_json, sha256_file, write_checked_json
+from dpsm_ray.predictor import CARD_FILE, Predictor, PredictorError, pick_device
+
+PREDICTORS = "predictors"
+INDEX_FILE = "index.json"
+CHOICE_RULE = ("the final model with the smallest validation set size among those whose validation coverage reaches the sweep's floor "
+               "(1 - alpha - coverage slack, the search's feasibility), else the one with the highest validation coverage; ties go to the "
+               "lower seed. Validation data only: test results never choose")
+
+
+def predictor_for_run(config, model_state: dict, *, data=None, device: str = "auto", provenance: dict | None = None) -> Predictor:
+    """The model of a finished run (``TrainConfig`` ``config``, weights ``model_state``) as a
+    predictor calibrated on the run's calibration split and measured on its test split.
+    ``data``: the run's ``DataSplits`` when already loaded (on the CPU)."""
+    from dpsm_ray.models import build_model, default_model
+    from dpsm_ray.train.env import LocalEnv
+    from dpsm_ray.train.loop import load_data, predict
+
+    data = data if data is not None else load_data(config, torch.device("cpu"))
+    if data.input_spec is None:
+        raise ValueError(f"dataset {data.name} does not describe its inputs (DataSplits.input_spec): it cannot become a predictor")
+    architecture = config.model if config.model != "auto" else default_model(config.dataset)
+    model = build_model(architecture, data.num_classes, input_shape=data.input_shape)
+    model.load_state_dict(model_state)
+    predictor = Predictor.create(
+        model, architecture=architecture, input_spec=data.input_spec, num_classes=data.num_classes, alpha=config.alpha,
+        class_names=data.class_names, uniform_seed=config.seed, precision=config.precision, method=config.method, seed=config.seed,
+        run_id=config.config_hash(), training_config=config.to_dict(), provenance=provenance, device=pick_device(device),
+    )
+    env = LocalEnv(predictor.device, log=lambda line: None)
+
+    def probabilities(split) -> torch.Tensor:  # as final_evaluation computes them
+        return predict(predictor.model, split, torch.arange(len(split)), data.num_classes, env, config.precision).double().softmax(dim=1).cpu()
+
+    split_seed = f"split seed {config.data_seed()}"
+    calibrated = predictor.calibrated(probabilities(data.cal), data.cal.labels, config.alpha, example_ids=data.cal.ids,
+                                      data=f"the calibration split of {config.dataset} ({len(data.cal)} points, {split_seed})")
+    measured = calibrated.measure(probabilities(data.test), data.test.labels, example_ids=data.test.ids)
+    return calibrated.with_test(measured, len(data.test), f"the test split of {config.dataset} ({len(data.test)} points, {split_seed})")
+
+
+def existing_card(directory: Path) -> dict | None:
+    """The card of a whole, unchanged predictor in ``directory`` (its weights match their
+    sha256), or None."""
+    try:
+        card = read_checked_json(directory / CARD_FILE)
+        weights = directory / card["weights"]["file"]
+        return card if weights.is_file() and sha256_file(weights) == card["weights"]["sha256"] else None
+    except (OSError, CorruptFileError, KeyError, TypeError):
+        return None
+
+
+def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") -> dict:
+    """Write every finished final model of the sweep in ``results`` as a predictor under
+    ``results/predictors/`` and the index naming each method's chosen one (``CHOICE_RULE``);
+    returns the index.  A predictor already there for the same run is kept, so running this
+    again (a resumed sweep) rewrites only the index."""
+    from dpsm_ray.sweep.ledger import Ledger
+    from dpsm_ray.sweep.spec import read_sweep_file
+    from dpsm_ray.train.env import load_checkpoint
+    from dpsm_ray.train.config import TrainConfig
+    from dpsm_ray.train.loop import load_data
+    from dpsm_ray.train.ray_train import CHECKPOINT_FILE
+
+    results = Path(results)
+    settings = read_sweep_file(results)
+    floor = 1 - settings["base"]["alpha"] - settings["coverage_slack"]
+    ledger = Ledger(results)
+    loaded = {}  # the final models share their data split: load it once
+    entries = []
+    for index, record in sorted(ledger.records("final").items()):
+        if record["status"] != "ok":
+            continue
+        config = TrainConfig.from_dict(record["config"])
+        name = f"{config.method}-seed{config.seed}"
+        directory = results / PREDICTORS / name
+        card = existing_card(directory)
+        if card is None or card["run_id"] != config.config_hash():
+            key = (config.dataset, config.data_root, config.data_seed(), config.train_subset)
+            if key not in loaded:
+                loaded[key] = load_data(config, torch.device("cpu"))
+            provenance = {
+                "source": f"sweep {settings['name']}, final stage", "trial_index": index, "trial_id": record["trial_id"],
+                "run_dir": str(ledger.run_dir("final", index).relative_to(results)), "validation": record["metrics"],
+                "exported_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }
+            state = load_checkpoint(ledger.run_dir("final", index) / CHECKPOINT_FILE)["model"]
+            predictor = predictor_for_run(config, state, data=loaded[key], device=device, provenance=provenance)
+            predictor.save(directory)
+            card = predictor.card
+            hps = card["test"]["scores"]["hps"]
+            log(f"exported final model {name} as a predictor: {directory} (HPS q {card['scores']['hps']['threshold']:.4f}; test coverage "
+                f"{hps['coverage']:.3f}, set size {hps['set_size']:.2f})")
+        metrics = record["metrics"]
+        entries.append({"name": name, "directory": f"{PREDICTORS}/{name}", "method": config.method, "seed": config.seed, "run_id": card["run_id"],
+                        "val_set_size": metrics.get("val_set_size"), "val_coverage": metrics.get("val_coverage"), "test": card["test"]})
+    index = {"rule": CHOICE_RULE, "coverage_floor": floor, "predictors": entries, "chosen": choose(entries, floor)}
+    write_checked_json(results / PREDICTORS / INDEX_FILE, index)
+    return index
+
+
+def choose(entries: list[dict], floor: float) -> dict[str, str]:
+    """``{method: predictor name}`` by ``CHOICE_RULE``."""
+    chosen = {}
+    for method in dict.fromkeys(entry["method"] for entry in entries):
+        mine = [e for e in entries if e["method"] == method]
+        reaching = [e for e in mine if e["val_coverage"] is not None and e["val_coverage"] >= floor]
+        if reaching:
+            best = min(reaching, key=lambda e: (e["val_set_size"], e["seed"]))
+        else:
+            best = min(mine, key=lambda e: (-(e["val_coverage"] or 0.0), e["seed"]))
+        chosen[method] = best["name"]
+    return chosen
+
+
+def read_index(results: Path) -> dict | None:
+    path = results / PREDICTORS / INDEX_FILE
+    return read_checked_json(path) if path.exists() else None
+
+
+def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLike, seed: int | None = None, log=print) -> Path:
+    """Copy the predictor of ``method`` (its chosen final model, or seed ``seed``'s) out of
+    the sweep in ``results`` into ``out``, verified and with its provenance; builds the sweep's
+    predictors first when it has none (a sweep finished before predictors existed)."""
+    results, out = Path(results), Path(out)
+    index = read_index(results)
+    if index is None:
+        from dpsm_ray.sweep.ledger import ResultsInUse, ResultsLock
+
+        log(f"{results} has no predictors yet: exporting its final models")
+        lock = ResultsLock(results)
+        try:
+            lock.acquire()
+        except ResultsInUse as error:
+            raise PredictorError(f"{error}: export once the sweep has finished") from None
+        try:
+            index = export_sweep(results, log=log)
+        finally:
+            lock.release()
+    mine = {entry["seed"]: entry for entry in index["predictors"] if entry["method"] == method}
+    if not mine:
+        methods = sorted({entry["method"] for entry in index["predictors"]})
+        raise PredictorError(f"--method {method}: the sweep in {results} has no final model of it (it has: {', '.join(methods) or 'none'})")
+    if seed is None:
+        entry, why = next(e for e in mine.values() if e["name"] == index["chosen"][method]), index["rule"]
+    elif seed in mine:
+        entry, why = mine[seed], f"--seed {seed}"
+    else:
+        raise PredictorError(f"--seed {seed}: the sweep's final {method} models have the seeds {', '.join(map(str, sorted(mine)))}")
+    if out.exists() and any(out.iterdir()) and not (out / CARD_FILE).exists():
+        raise PredictorError(f"--out {out} is a non-empty directory without a predictor in it; choose a new or empty directory")
+    source = results / entry["directory"]
+    Predictor.load(source, device="cpu").save(out, provenance={"exported_from": str(source.resolve()), "chosen_by": why})
+    log(f"{method}: {entry['name']} ({'chosen on validation data' if seed is None else why}) -> {out}")
+    return out

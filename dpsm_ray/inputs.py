@@ -1,0 +1,158 @@
+"""The inputs ``dpsm-ray predict`` reads, streamed in chunks so that a large input never sits in
+memory whole:
+
+- ``.npy``: an array ``[n, *shape]`` (or ``[n, features]``), memory-mapped;
+- ``.npz``: the array ``x`` (or the file's only array), and integer ``ids`` if present;
+- ``.parquet``: one numeric column per feature, in order, and an optional ``id`` column;
+- a folder: every image file under it that PIL reads (sorted by path; other files are skipped and
+  counted), converted, resized and cropped as the predictor's ``input.image`` says.
+
+Each source gives the inputs' ids for the output rows (integer positions, the ``ids``/``id``
+values, or the files' relative paths) and the integers that draw the APS/RAPS uniforms (integer
+ids, else positions in the whole input -- never positions within a chunk, so the chunk size does
+not change a set).  Arrays are never unpickled (``allow_pickle=False``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dpsm_ray.data.preprocessing import IMAGE_MODES, InputSpec
+
+
+class InputFileError(ValueError):
+    """An input file or folder that cannot be read as inputs (the message names it)."""
+
+
+@dataclass
+class InputSource:
+    path: Path
+    count: int
+    ids: list  # one per input: int positions / ids, or str relative paths
+    example_ids: np.ndarray  # int64, one per input: draws the APS/RAPS uniforms
+    chunks: object  # callable(size) -> iterator of raw arrays, in order
+    skipped: list[str] = field(default_factory=list)  # files of a folder PIL could not read
+
+    def batches(self, size: int) -> Iterator[np.ndarray]:
+        return self.chunks(size)
+
+
+def open_inputs(path: str | os.PathLike, spec: InputSpec) -> InputSource:
+    path = Path(path)
+    if path.is_dir():
+        return image_folder(path, spec)
+    if not path.is_file():
+        raise InputFileError(f"--input {path}: no such file or folder")
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        return array_source(path, load_array(path, lambda: np.load(path, mmap_mode="r", allow_pickle=False)), None)
+    if suffix == ".npz":
+        archive = load_array(path, lambda: np.load(path, allow_pickle=False))
+        names = list(archive.files)
+        if "x" in names:
+            key = "x"
+        elif len([n for n in names if n != "ids"]) == 1:
+            key = next(n for n in names if n != "ids")
+        else:
+            raise InputFileError(f"--input {path}: an .npz must hold the inputs as 'x' (or as its only array); it holds {', '.join(names) or 'nothing'}")
+        return array_source(path, load_array(path, lambda: archive[key]), load_array(path, lambda: archive["ids"]) if "ids" in names else None)
+    if suffix == ".parquet":
+        return parquet_source(path, spec)
+    raise InputFileError(f"--input {path}: give an .npy or .npz array, a .parquet table of feature columns, or a folder of images")
+
+
+def load_array(path: Path, load):
+    try:
+        return load()
+    except (ValueError, OSError, EOFError) as error:  # includes numpy's refusal of pickled objects
+        raise InputFileError(f"--input {path} cannot be read as a numpy array ({str(error).splitlines()[0][:160]})") from None
+
+
+def array_source(path: Path, array: np.ndarray, ids: np.ndarray | None) -> InputSource:
+    if array.ndim < 1:
+        raise InputFileError(f"--input {path} holds a single number, not a batch of inputs")
+    count = len(array)
+    positions = np.arange(count, dtype=np.int64)
+    if ids is not None:
+        if ids.shape != (count,) or ids.dtype.kind not in "iu":
+            raise InputFileError(f"--input {path}: 'ids' must be {count} integers, one per input; got {ids.dtype.name} of shape {list(ids.shape)}")
+        example_ids = ids.astype(np.int64)
+    else:
+        example_ids = positions
+    return InputSource(path, count, example_ids.tolist(), example_ids, lambda size: (np.asarray(array[i : i + size]) for i in range(0, count, size)))
+
+
+def parquet_source(path: Path, spec: InputSpec) -> InputSource:
+    import pyarrow.parquet as pq
+    import pyarrow.types as types
+
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as error:
+        raise InputFileError(f"--input {path} is not a readable Parquet file ({str(error).splitlines()[0][:160]})") from None
+    features = [name for name in table.column_names if name != "id"]
+    if len(features) != spec.features:
+        raise InputFileError(f"--input {path}: the predictor takes {spec.features} features (shape {list(spec.shape)}), one column each; "
+                             f"the table has {len(features)} columns besides 'id'")
+    wrong = [name for name in features if not (types.is_integer(table.schema.field(name).type) or types.is_floating(table.schema.field(name).type))]
+    if wrong:
+        raise InputFileError(f"--input {path}: column {wrong[0]!r} is {table.schema.field(wrong[0]).type}, not a number")
+    if table.num_rows and any(table.column(name).null_count for name in features):
+        raise InputFileError(f"--input {path}: feature columns hold nulls")
+    array = np.column_stack([table.column(name).to_numpy() for name in features]) if table.num_rows else np.zeros((0, spec.features), np.float32)
+    count = table.num_rows
+    example_ids = np.arange(count, dtype=np.int64)
+    ids: list = example_ids.tolist()
+    if "id" in table.column_names:
+        ids = table.column("id").to_pylist()
+        if types.is_integer(table.schema.field("id").type):
+            example_ids = np.asarray(ids, dtype=np.int64)
+    return InputSource(path, count, ids, example_ids, lambda size: (array[i : i + size] for i in range(0, count, size)))
+
+
+def image_folder(path: Path, spec: InputSpec) -> InputSource:
+    from PIL import Image, UnidentifiedImageError
+
+    if spec.image is None:
+        raise InputFileError(f"--input {path} is a folder of images, but the predictor takes {spec.raw}, not images: give an .npy, .npz or .parquet")
+    files, skipped = [], []
+    for directory, subdirectories, names in os.walk(path):
+        subdirectories.sort()
+        for name in sorted(names):
+            file = Path(directory) / name
+            try:
+                with Image.open(file) as image:
+                    image.verify()
+                files.append(file)
+            except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+                skipped.append(str(file.relative_to(path)))
+    if not files:
+        raise InputFileError(f"--input {path}: no image file PIL can read under it")
+    positions = np.arange(len(files), dtype=np.int64)
+
+    def chunks(size: int) -> Iterator[np.ndarray]:
+        for start in range(0, len(files), size):
+            yield np.stack([read_image(file, spec) for file in files[start : start + size]])
+
+    return InputSource(path, len(files), [str(file.relative_to(path)) for file in files], positions, chunks, skipped)
+
+
+def read_image(file: Path, spec: InputSpec) -> np.ndarray:
+    """One image file as a raw input ``[C, H, W]`` (docs/predictor.md): ``spec.image.mode``, the
+    shorter side resized to ``resize``, the centre ``H x W`` cropped (torchvision's ``Resize`` and
+    ``CenterCrop``, as the 224-pixel datasets' evaluation transform), pixels times ``pixel_scale``."""
+    from PIL import Image
+    from torchvision import transforms
+
+    image_spec = spec.image
+    with Image.open(file) as image:
+        image = image.convert(image_spec.mode)
+        image = transforms.CenterCrop(spec.shape[1:])(transforms.Resize(image_spec.resize)(image))
+        pixels = np.asarray(image)
+    pixels = pixels[None] if IMAGE_MODES[image_spec.mode] == 1 else pixels.transpose(2, 0, 1)
+    return pixels if image_spec.pixel_scale == 1 else pixels.astype(np.float32) * np.float32(image_spec.pixel_scale)

@@ -1,0 +1,428 @@
+"""A trained conformal classifier, on disk and in memory: the thing a sweep is run for.
+
+    from dpsm_ray import Predictor
+
+    predictor = Predictor.load("results/digits/predictors/dpsm-seed0")
+    probs = predictor.predict_proba(x)                        # softmax rows, [n, K] float64
+    mask, sets = predictor.predict_sets(x, score="aps")       # boolean [n, K] and one list of classes per input
+    mine = predictor.recalibrate(x_cal, y_cal, alpha=0.05)    # the same model, thresholds from your own data
+    mine.save("my-predictor")
+
+A predictor directory holds ``predictor.json`` (what the model is, how it takes inputs, and the
+calibrated threshold of each score; a checksummed JSON file, ``dpsm_ray.files``) and ``weights.pt``
+(a plain state dict, read with ``torch.load(weights_only=True)`` after its sha256 is checked):
+nothing in it is executed.  docs/predictor.md documents every field.
+
+Prediction sets are split conformal's {y : S(x, y) <= q} with the exact quantile of
+``dpsm_ray.conformal``; APS and RAPS draw one uniform per input from ``(uniform_seed, input id)``
+exactly as the sweep's evaluation does, so an input's set does not depend on its batch.
+
+Imports torch, ``dpsm_ray.conformal``, ``dpsm_ray.models`` and ``dpsm_ray.data``: no Ray, no pandas.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from dpsm_ray import __version__
+from dpsm_ray.conformal import (
+    RAPS_K_REG, RAPS_LAMBDA, SCORE_KINDS, check_alpha, check_score_kind, conformal_quantile, coverage, example_uniforms, label_scores, min_calibration_size,
+    prediction_sets, score_matrix, set_size,
+)
+from dpsm_ray.data.preprocessing import InputSpec
+from dpsm_ray.files import CorruptFileError, atomic_write, read_checked_json, sha256_file, write_checked_json
+
+FORMAT = "dpsm_ray predictor"
+FORMAT_VERSION = 1
+CARD_FILE = "predictor.json"
+WEIGHTS_FILE = "weights.pt"
+# the chunks of the sweep's evaluation (train.loop.EVAL_BATCH): the same forward passes give the
+# same probabilities, to the last bit, as the rows of evals.parquet were computed from
+PREDICT_BATCH = 512
+PRECISIONS = ("fp32", "bf16")
+CARD_FIELDS = ("format", "format_version", "package_version", "model", "input", "class_names", "method", "seed", "run_id", "training_config",
+               "alpha", "uniform_seed", "scores", "calibration", "test", "weights", "provenance")
+
+
+class PredictorError(ValueError):
+    """A predictor directory that cannot be used; the message is one line naming the file and field."""
+
+
+class InputError(ValueError):
+    """Inputs (or labels, or ids) a predictor cannot take; the message names the expected shape or type."""
+
+
+class PredictionSets(NamedTuple):
+    mask: torch.Tensor  # [n, K] bool: class k is in input i's set
+    lists: list[list[int]]  # the classes of each set, ascending
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` (the GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} was asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+class Predictor:
+    """A model, how it takes raw inputs (``InputSpec``), and a calibrated threshold per score.
+
+    Build one with ``Predictor.load`` (a directory) or ``Predictor.create`` (a model in memory,
+    then ``recalibrate``).  Predictors are immutable: ``recalibrate`` returns a new one sharing
+    the model's weights."""
+
+    def __init__(self, model: torch.nn.Module, card: dict, *, device: str | torch.device = "auto") -> None:
+        check_card(card, "predictor")
+        self.card = card
+        self.input_spec = InputSpec.from_json(card["input"])
+        self.device = pick_device(device) if isinstance(device, str) else device
+        self.model = model.to(self.device).eval()
+
+    # ------------------------------------------------------------------ construction and files
+
+    @classmethod
+    def create(cls, model: torch.nn.Module, *, architecture: str, input_spec: InputSpec, num_classes: int, alpha: float, class_names=None,
+               uniform_seed: int = 0, precision: str = "fp32", method: str | None = None, seed: int | None = None, run_id: str | None = None,
+               training_config: dict | None = None, provenance: dict | None = None, device: str | torch.device = "auto") -> Predictor:
+        """An uncalibrated predictor around ``model`` (which must be ``architecture`` built by
+        ``dpsm_ray.models.build_model`` for ``input_spec.shape``): ``recalibrate`` it before
+        asking for sets."""
+        card = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "package_version": __version__,
+            "model": {"architecture": architecture, "num_classes": num_classes, "precision": precision},
+            "input": input_spec.to_json(), "class_names": list(class_names) if class_names is not None else None,
+            "method": method, "seed": seed, "run_id": run_id, "training_config": training_config,
+            "alpha": check_alpha(alpha), "uniform_seed": uniform_seed, "scores": {}, "calibration": None, "test": None,
+            "weights": {"file": WEIGHTS_FILE, "sha256": None}, "provenance": provenance or {},
+        }
+        return cls(model, card, device=device)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto") -> Predictor:
+        """The predictor in directory ``path``.  Refuses, with ``PredictorError`` naming the file:
+        a missing file, a ``predictor.json`` changed after it was written or of a newer format,
+        and weights whose sha256 differs from the recorded one (checked before they are read)."""
+        from dpsm_ray.models import build_model
+
+        directory = Path(path)
+        card_path = directory / CARD_FILE
+        if not directory.is_dir():
+            raise PredictorError(f"{directory} is not a predictor directory: no such directory")
+        if not card_path.is_file():
+            raise PredictorError(f"{card_path} is missing: a predictor directory holds {CARD_FILE} and {WEIGHTS_FILE}")
+        try:
+            card = read_checked_json(card_path)
+        except CorruptFileError as error:
+            raise PredictorError(str(error)) from None
+        check_card(card, str(card_path))
+        weights = directory / card["weights"]["file"]
+        if not weights.is_file():
+            raise PredictorError(f"{weights} is missing (named by {card_path}, field weights.file)")
+        if sha256_file(weights) != card["weights"]["sha256"]:
+            raise PredictorError(f"{weights} does not match the sha256 recorded in {card_path} (weights.sha256): it changed after the predictor was written")
+        try:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+        except Exception as error:  # an unpickling refusal or a truncated archive: either way unusable
+            raise PredictorError(f"{weights} is not a state dict of tensors ({str(error).splitlines()[0][:160]})") from None
+        spec = card["model"]
+        model = build_model(spec["architecture"], spec["num_classes"], input_shape=tuple(card["input"]["shape"]))
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, TypeError, AttributeError) as error:
+            raise PredictorError(f"{weights} does not hold the weights of a {spec['architecture']} with {spec['num_classes']} classes "
+                                 f"({str(error).splitlines()[0][:160]})") from None
+        return cls(model, card, device=device)
+
+    def save(self, path: str | os.PathLike, *, provenance: dict | None = None) -> Path:
+        """Write this predictor into directory ``path`` (created; an existing predictor there is
+        replaced): ``weights.pt`` first, then ``predictor.json`` with its sha256, so a directory
+        with a ``predictor.json`` is always whole.  ``provenance`` is merged into the card's."""
+        directory = Path(path)
+        state = {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()}
+        atomic_write(directory / WEIGHTS_FILE, lambda handle: torch.save(state, handle))
+        card = copy.deepcopy(self.card)
+        card["weights"] = {"file": WEIGHTS_FILE, "sha256": sha256_file(directory / WEIGHTS_FILE)}
+        card["provenance"] = {**card["provenance"], **(provenance or {})}
+        write_checked_json(directory / CARD_FILE, card)
+        return directory
+
+    # ------------------------------------------------------------------ what it is
+
+    @property
+    def alpha(self) -> float:
+        return self.card["alpha"]
+
+    @property
+    def num_classes(self) -> int:
+        return self.card["model"]["num_classes"]
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return self.card["class_names"]
+
+    @property
+    def uniform_seed(self) -> int:
+        return self.card["uniform_seed"]
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """The calibrated threshold q of each score (``inf``: too few calibration points, every
+        set holds every class)."""
+        return {kind: _threshold(entry["threshold"]) for kind, entry in self.card["scores"].items()}
+
+    def __repr__(self) -> str:
+        model = self.card["model"]
+        where = f", run {self.card['run_id']}" if self.card["run_id"] else ""
+        thresholds = ", ".join(f"{kind} q={q:.4g}" for kind, q in self.thresholds.items()) or "uncalibrated"
+        return f"Predictor({model['architecture']}, {model['num_classes']} classes, alpha={self.alpha:g}, {thresholds}{where})"
+
+    # ------------------------------------------------------------------ predicting
+
+    def check_inputs(self, x) -> torch.Tensor:
+        """``x`` as a CPU tensor ``[n, *shape]`` of its own real dtype; ``InputError`` naming the
+        expected shape otherwise (a flat ``[n, features]`` is reshaped)."""
+        shape = self.input_spec.shape
+        expected = f"[n, {', '.join(map(str, shape))}]" + (f" (or [n, {self.input_spec.features}] flattened)" if len(shape) > 1 else "")
+        tensor = as_number_tensor(x, "inputs")
+        if tensor.ndim >= 1 and tuple(tensor.shape[1:]) == shape:
+            pass
+        elif tensor.ndim == 2 and tensor.shape[1] == self.input_spec.features:
+            tensor = tensor.reshape(-1, *shape)
+        else:
+            hint = ""
+            if tensor.ndim == len(shape) + 1 and len(shape) == 3 and tuple(tensor.shape[1:]) == (shape[1], shape[2], shape[0]):
+                hint = ": channels last? move the channels first (x.transpose(0, 3, 1, 2))"
+            elif tensor.ndim == len(shape) + 1 and len(shape) == 3 and tensor.shape[1] != shape[0]:
+                hint = f": {tensor.shape[1]} channels where the model takes {shape[0]}"
+            raise InputError(f"inputs must have shape {expected}; got {list(tensor.shape)}{hint}")
+        if tensor.is_floating_point():
+            bad = ~torch.isfinite(tensor.flatten(1)).all(dim=1)
+            if bad.any():
+                raise InputError(f"inputs hold NaN or infinite values ({int(bad.sum())} inputs, the first at position {int(bad.nonzero()[0])})")
+        return tensor
+
+    @torch.no_grad()
+    def predict_proba(self, x, *, batch_size: int = PREDICT_BATCH, progress=None) -> torch.Tensor:
+        """Softmax probabilities ``[n, K]`` (float64, CPU) of raw inputs ``x`` (numpy or torch,
+        ``[n, *shape]``), computed in chunks of ``batch_size`` on the predictor's device.
+        ``progress(done)`` is called after each chunk."""
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ValueError(f"batch_size must be an integer >= 1; got {batch_size!r}")
+        inputs = self.check_inputs(x)
+        logits = []
+        for start in range(0, len(inputs), batch_size):
+            logits.append(self.logits(inputs[start : start + batch_size]))
+            if progress is not None:
+                progress(min(start + batch_size, len(inputs)))
+        if not logits:
+            return torch.empty(0, self.num_classes, dtype=torch.float64)
+        return torch.cat(logits).double().softmax(dim=1)
+
+    def logits(self, raw: torch.Tensor) -> torch.Tensor:
+        """The model's float32 logits (CPU) of one chunk of checked raw inputs, as the sweep's
+        evaluation computes them: preprocessing, eval mode, the run's precision."""
+        x = self.input_spec.apply(raw.to(self.device, non_blocking=True))
+        if self.card["model"]["precision"] == "bf16":
+            with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
+                return self.model(x).float().cpu()
+        return self.model(x).float().cpu()
+
+    def predict_sets(self, x, score: str = "hps", *, example_ids=None, batch_size: int = PREDICT_BATCH) -> PredictionSets:
+        """The prediction set of each raw input: a boolean ``[n, K]`` mask and the lists of its
+        classes.  ``example_ids`` (default ``0 .. n-1``) draw the APS/RAPS uniforms: pass stable
+        ids (e.g. dataset indices) for sets that do not depend on an input's position."""
+        return self.sets_from_proba(self.predict_proba(x, batch_size=batch_size), score, example_ids=example_ids)
+
+    def sets_from_proba(self, probs: torch.Tensor, score: str = "hps", *, example_ids=None) -> PredictionSets:
+        """``predict_sets`` from probabilities already computed with ``predict_proba``."""
+        mask = prediction_sets(self.score_matrix(probs, score, example_ids), self.threshold(score))
+        return PredictionSets(mask, mask_lists(mask))
+
+    def threshold(self, score: str) -> float:
+        kind = check_score_kind(score)
+        if kind not in self.card["scores"]:
+            have = ", ".join(self.card["scores"]) or "none"
+            raise PredictorError(f"this predictor has no calibrated threshold for {kind} (it has: {have}); call recalibrate(x_cal, y_cal) first")
+        return _threshold(self.card["scores"][kind]["threshold"])
+
+    def score_matrix(self, probs: torch.Tensor, score: str, example_ids=None) -> torch.Tensor:
+        """S(x, y) of every class, ``[n, K]``, with the uniforms of ``example_ids``."""
+        kind = check_score_kind(score)
+        if probs.ndim != 2 or probs.shape[1] != self.num_classes:
+            raise InputError(f"probabilities must have shape [n, {self.num_classes}]; got {list(probs.shape)}")
+        ids = check_ids(example_ids, len(probs))
+        u = example_uniforms(self.uniform_seed, ids)
+        raps_lambda, raps_k_reg = self.raps_parameters()
+        return score_matrix(probs, kind, u=u, raps_lambda=raps_lambda, raps_k_reg=raps_k_reg)
+
+    def raps_parameters(self) -> tuple[float, int]:
+        """RAPS's (lambda, k_reg): the card's, or the sweep's evaluation defaults."""
+        raps = self.card["scores"].get("raps", {})
+        return raps.get("lambda", RAPS_LAMBDA), raps.get("k_reg", RAPS_K_REG)
+
+    # ------------------------------------------------------------------ calibrating
+
+    def recalibrate(self, x_cal, y_cal, alpha: float | None = None, *, example_ids=None, data: str | None = None) -> Predictor:
+        """A new predictor with the same model, calibrated on ``(x_cal, y_cal)`` at ``alpha``
+        (default: this one's) for every score: q is ``dpsm_ray.conformal.conformal_quantile``, the
+        ceil((n + 1)(1 - alpha))-th smallest calibration score.  Alpha outside (0, 1) raises the
+        conformal core's ValueError; with fewer than 1/alpha - 1 points q is infinite, as there
+        (every set holds every class), and a warning says so.  ``data`` describes the calibration
+        data in the card."""
+        labels = check_labels(y_cal, self.num_classes)
+        probs = self.predict_proba(x_cal)
+        if len(labels) != len(probs):
+            raise InputError(f"y_cal must hold one label per input: {len(probs)} inputs, {len(labels)} labels")
+        return self.calibrated(probs, labels, self.alpha if alpha is None else alpha, example_ids=example_ids,
+                               data=data or f"{len(labels)} points passed to Predictor.recalibrate")
+
+    def calibrated(self, probs: torch.Tensor, labels: torch.Tensor, alpha: float, *, example_ids=None, data: str) -> Predictor:
+        """``recalibrate`` from calibration probabilities already computed with this model."""
+        check_alpha(alpha)
+        labels = check_labels(labels, self.num_classes)
+        scores = {}
+        for kind in SCORE_KINDS:
+            q = float(conformal_quantile(label_scores(self.score_matrix(probs, kind, example_ids), labels), alpha))
+            entry = {"threshold": q if math.isfinite(q) else None, "calibration_points": len(labels), "randomised": kind != "hps"}
+            if kind == "raps":
+                entry["lambda"], entry["k_reg"] = self.raps_parameters()
+            scores[kind] = entry
+        if len(labels) < min_calibration_size(alpha):
+            warnings.warn(f"alpha={alpha:g} needs at least {min_calibration_size(alpha)} calibration points for a finite threshold; with {len(labels)} "
+                          "every prediction set holds every class", stacklevel=3)
+        card = copy.deepcopy(self.card)
+        card.update(alpha=alpha, scores=scores, calibration={"data": data, "points": len(labels)}, test=None)
+        return Predictor(self.model, card, device=self.device)
+
+    def measure(self, probs: torch.Tensor, labels: torch.Tensor, *, example_ids=None) -> dict[str, dict[str, float]]:
+        """Coverage and mean set size of every calibrated score on labelled probabilities."""
+        labels = check_labels(labels, self.num_classes)
+        measured = {}
+        for kind in self.card["scores"]:
+            mask = self.sets_from_proba(probs, kind, example_ids=example_ids).mask
+            measured[kind] = {"coverage": float(coverage(mask, labels)), "set_size": float(set_size(mask))}
+        return measured
+
+    def evaluate(self, x, y, *, example_ids=None) -> dict[str, dict[str, float]]:
+        """Coverage and mean set size of every calibrated score on labelled raw inputs."""
+        return self.measure(self.predict_proba(x), y, example_ids=example_ids)
+
+    def with_test(self, measured: dict, points: int, data: str) -> Predictor:
+        """This predictor with ``measured`` (``measure``'s result on ``points`` test points,
+        described by ``data``) recorded as its test metrics."""
+        card = copy.deepcopy(self.card)
+        card["test"] = {"data": data, "points": points, "scores": measured}
+        return Predictor(self.model, card, device=self.device)
+
+
+def _threshold(value) -> float:
+    return math.inf if value is None else float(value)
+
+
+def as_number_tensor(x, what: str) -> torch.Tensor:
+    """``x`` (a torch tensor, numpy array or nested list) as a CPU tensor of a real dtype."""
+    if isinstance(x, torch.Tensor):
+        tensor = x.detach().cpu()
+    else:
+        import numpy as np
+
+        array = np.asarray(x) if not isinstance(x, np.ndarray) else x
+        if array.dtype.kind not in "iuf":
+            raise InputError(f"{what} must be numbers (integers or floats); got {array.dtype.name if array.dtype.kind != 'O' else 'a ragged or mixed array'}")
+        array = np.ascontiguousarray(array)
+        # torch shares the array's memory: a read-only one (a memory-mapped .npy) is copied first
+        tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
+    if tensor.is_complex() or tensor.dtype == torch.bool:
+        raise InputError(f"{what} must be numbers (integers or floats); got {str(tensor.dtype).removeprefix('torch.')}")
+    return tensor
+
+
+def check_labels(y, num_classes: int) -> torch.Tensor:
+    labels = as_number_tensor(y, "labels")
+    if labels.ndim != 1:
+        raise InputError(f"labels must be one integer per input, shape [n]; got {list(labels.shape)}")
+    if labels.is_floating_point():
+        if not torch.equal(labels, labels.round()):
+            raise InputError("labels must be integers (class indices)")
+    labels = labels.to(torch.int64)
+    if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
+        raise InputError(f"labels must lie in 0..{num_classes - 1}; found {int(labels.min())}..{int(labels.max())}")
+    return labels
+
+
+def check_ids(example_ids, n: int) -> torch.Tensor:
+    if example_ids is None:
+        return torch.arange(n)
+    ids = as_number_tensor(example_ids, "example ids")
+    if ids.is_floating_point() or ids.shape != (n,):
+        raise InputError(f"example ids must be {n} integers, one per input; got {'floats' if ids.is_floating_point() else list(ids.shape)}")
+    return ids.to(torch.int64)
+
+
+def mask_lists(mask: torch.Tensor) -> list[list[int]]:
+    """The classes in each row of a boolean ``[n, K]`` mask, ascending."""
+    columns = mask.nonzero()[:, 1].tolist()
+    lists, start = [], 0
+    for size in mask.sum(dim=1).tolist():
+        lists.append(columns[start : start + size])
+        start += size
+    return lists
+
+
+def check_card(card, where: str) -> None:
+    """Raise ``PredictorError`` naming ``where`` and the field unless ``card`` is a predictor
+    card this version reads."""
+    from dpsm_ray.models import MODELS
+
+    def need(ok: bool, field: str, allowed: str) -> None:
+        if not ok:
+            raise PredictorError(f"{where}: field {field} {allowed}")
+
+    need(isinstance(card, dict), "(top level)", "must be an object")
+    need(card.get("format") == FORMAT, "format", f"must be {FORMAT!r}; got {card.get('format')!r} (not a dpsm_ray predictor)")
+    version = card.get("format_version")
+    need(isinstance(version, int) and not isinstance(version, bool) and version >= 1, "format_version", f"must be an integer >= 1; got {version!r}")
+    if version > FORMAT_VERSION:
+        raise PredictorError(f"{where}: format_version {version} is newer than this dpsm_ray {__version__} reads (up to {FORMAT_VERSION}); "
+                             f"upgrade dpsm_ray (the predictor was written by dpsm_ray {card.get('package_version')})")
+    missing = [field for field in CARD_FIELDS if field not in card]
+    need(not missing, missing[0] if missing else "", "is missing")
+    model = card["model"]
+    need(isinstance(model, dict) and model.get("architecture") in MODELS, "model.architecture", f"must be one of {', '.join(MODELS)}")
+    need(isinstance(model.get("num_classes"), int) and model["num_classes"] >= 2, "model.num_classes", "must be an integer >= 2")
+    need(model.get("precision") in PRECISIONS, "model.precision", f"must be one of {', '.join(PRECISIONS)}")
+    try:
+        InputSpec.from_json(card["input"])
+    except ValueError as error:
+        raise PredictorError(f"{where}: {error}") from None
+    names = card["class_names"]
+    need(names is None or (isinstance(names, list) and len(names) == model["num_classes"] and all(isinstance(n, str) for n in names)),
+         "class_names", f"must be null or {model['num_classes']} strings")
+    alpha = card["alpha"]
+    need(isinstance(alpha, float) and 0 < alpha < 1, "alpha", "must be a number in the open interval (0, 1)")
+    need(isinstance(card["uniform_seed"], int), "uniform_seed", "must be an integer")
+    scores = card["scores"]
+    need(isinstance(scores, dict) and set(scores) <= set(SCORE_KINDS), "scores", f"must be an object keyed by {', '.join(SCORE_KINDS)}")
+    for kind, entry in scores.items():
+        threshold = entry.get("threshold", "missing") if isinstance(entry, dict) else "missing"
+        need(threshold is None or (isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and math.isfinite(threshold)),
+             f"scores.{kind}.threshold", "must be a finite number, or null for an infinite threshold")
+        need(isinstance(entry.get("calibration_points"), int), f"scores.{kind}.calibration_points", "must be an integer")
+        if kind == "raps":
+            need(isinstance(entry.get("lambda"), (int, float)) and entry["lambda"] >= 0, "scores.raps.lambda", "must be a number >= 0")
+            need(isinstance(entry.get("k_reg"), int) and entry["k_reg"] >= 0, "scores.raps.k_reg", "must be an integer >= 0")
+    weights = card["weights"]
+    need(isinstance(weights, dict) and isinstance(weights.get("file"), str) and Path(weights["file"]).name == weights["file"] and weights["file"] not in ("", ".", ".."),
+         "weights.file", "must be a file name inside the predictor directory")

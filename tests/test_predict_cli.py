@@ -1,0 +1,140 @@
+"""``dpsm-ray predict`` on the inputs users have: .npy, .npz, Parquet tables and folders of images."""
+
+import json
+import re
+
+import numpy
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+
+from dpsm_ray.cli import main
+from dpsm_ray.data import load_splits
+from dpsm_ray.models import build_model
+from dpsm_ray.predictions import read_metadata
+from dpsm_ray.predictor import Predictor
+
+
+@pytest.fixture(scope="module")
+def digits_predictor(tmp_path_factory):
+    """A digits MLP (untrained: the sets need not be good, only right) calibrated on the calibration split."""
+    data = load_splits("digits", seed=0)
+    torch.manual_seed(0)
+    model = build_model("mlp", 10, input_shape=data.input_shape)
+    predictor = Predictor.create(model, architecture="mlp", input_spec=data.input_spec, num_classes=10, alpha=0.1, class_names=data.class_names,
+                                 uniform_seed=3, device="cpu")
+    predictor = predictor.recalibrate(data.cal.source.inputs[data.cal.ids], data.cal.labels, example_ids=data.cal.ids)
+    directory = predictor.save(tmp_path_factory.mktemp("predictor") / "digits")
+    return directory, predictor, data.test.source.inputs[data.test.ids][:50]
+
+
+def predict(*argv) -> int:
+    return main(["predict", *map(str, argv)])
+
+
+def test_npy_rows_are_the_predictor_s_sets_with_names_and_metadata(digits_predictor, tmp_path):
+    directory, predictor, x = digits_predictor
+    numpy.save(tmp_path / "x.npy", x.numpy())
+    assert predict(directory, "--input", tmp_path / "x.npy", "--out", tmp_path / "sets.parquet") == 0
+    table = pq.read_table(tmp_path / "sets.parquet")
+    assert table.schema.names == ["input_id", "set", "set_names", "set_size", "top1", "top1_name"]
+    assert [str(t) for t in table.schema.types] == ["int64", "list<element: int32>", "list<element: string>", "int32", "int32", "string"]
+    rows = table.to_pylist()
+    expected = predictor.predict_sets(x)
+    probs = predictor.predict_proba(x)
+    assert [r["input_id"] for r in rows] == list(range(50))
+    assert [r["set"] for r in rows] == expected.lists and [r["set_size"] for r in rows] == [len(s) for s in expected.lists]
+    assert [r["set_names"] for r in rows] == [[str(k) for k in s] for s in expected.lists]
+    assert [r["top1"] for r in rows] == probs.argmax(1).tolist() and [r["top1_name"] for r in rows] == [str(k) for k in probs.argmax(1).tolist()]
+    assert read_metadata(tmp_path / "sets.parquet") == {"run_id": None, "score": "hps", "alpha": 0.1, "threshold": predictor.thresholds["hps"]}
+
+
+def test_npz_ids_draw_the_aps_uniforms_and_large_inputs_show_progress(digits_predictor, tmp_path, capsys):
+    directory, predictor, x = digits_predictor
+    ids = numpy.arange(900, 950)
+    numpy.savez(tmp_path / "x.npz", x=x.reshape(50, 64).numpy(), ids=ids)
+    assert predict(directory, "--input", tmp_path / "x.npz", "--out", tmp_path / "a.parquet", "--score", "aps", "--batch-size", "3", "--probabilities") == 0
+    rows = pq.read_table(tmp_path / "a.parquet").to_pylist()
+    assert [r["input_id"] for r in rows] == ids.tolist()
+    assert [r["set"] for r in rows] == predictor.predict_sets(x, "aps", example_ids=torch.from_numpy(ids), batch_size=3).lists
+    # the same forward passes give the same bits; other batch shapes round float32 matmuls differently
+    assert numpy.array_equal([r["probabilities"] for r in rows], predictor.predict_proba(x, batch_size=3).numpy())
+    assert numpy.allclose([r["probabilities"] for r in rows], predictor.predict_proba(x).numpy(), rtol=0, atol=1e-6)
+    # 17 forward passes of 3: a progress bar on stderr
+    assert "50/50" in capsys.readouterr().err
+
+
+def test_a_parquet_table_of_feature_columns(digits_predictor, tmp_path):
+    directory, predictor, x = digits_predictor
+    flat = x.reshape(50, 64).numpy()
+    table = pa.table({"id": [f"digit-{i}" for i in range(50)], **{f"pixel{j}": flat[:, j] for j in range(64)}})
+    pq.write_table(table, tmp_path / "x.parquet")
+    assert predict(directory, "--input", tmp_path / "x.parquet", "--out", tmp_path / "t.parquet") == 0
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert [r["input_id"] for r in rows] == [f"digit-{i}" for i in range(50)] and [r["set"] for r in rows] == predictor.predict_sets(x).lists
+
+
+def test_a_folder_of_images_is_read_as_the_predictor_says_and_other_files_are_skipped(digits_predictor, tmp_path, capsys):
+    directory, predictor, x = digits_predictor
+    folder = tmp_path / "images"
+    (folder / "more").mkdir(parents=True)
+    # digits' 0..16 as 8-bit gray levels: the predictor reads a level g back as g * 16 / 255
+    levels = numpy.round(x[:6, 0].numpy() * 255 / 16).astype(numpy.uint8)
+    names = ["a.png", "b.png", "c.png", "more/d.png", "more/e.png", "more/f.png"]
+    for name, image in zip(names, levels):
+        Image.fromarray(image, mode="L").save(folder / name)
+    (folder / "README.txt").write_text("not an image")
+    assert predict(directory, "--input", folder, "--out", tmp_path / "f.parquet") == 0
+    rows = pq.read_table(tmp_path / "f.parquet").to_pylist()
+    assert [r["input_id"] for r in rows] == names
+    read_back = torch.from_numpy(levels[:, None].astype(numpy.float32) * numpy.float32(16 / 255))
+    assert [r["set"] for r in rows] == predictor.predict_sets(read_back).lists
+    assert "skipped 1 files PIL cannot read (e.g. README.txt)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: numpy.save(p / "x.npy", numpy.zeros((4, 8, 8))), r"inputs must have shape \[n, 1, 8, 8\] \(or \[n, 64\] flattened\); got \[4, 8, 8\]"),
+    (lambda p: numpy.save(p / "x.npy", numpy.array([{"a": 1}], dtype=object), allow_pickle=True), "x.npy cannot be read as a numpy array"),
+    (lambda p: numpy.savez(p / "x.npz", a=numpy.zeros((2, 64)), b=numpy.zeros((2, 64))), "an .npz must hold the inputs as 'x'"),
+    (lambda p: pq.write_table(pa.table({"f": [1.0]}), p / "x.parquet"), "the predictor takes 64 features .* the table has 1 columns"),
+    (lambda p: (p / "x.csv").write_text("1,2"), "give an .npy or .npz array, a .parquet table of feature columns, or a folder of images"),
+    (lambda p: (p / "x").mkdir(), "no image file PIL can read under it"),
+])
+def test_unreadable_inputs_fail_in_one_line_naming_them(digits_predictor, tmp_path, capsys, make, message):
+    directory = digits_predictor[0]
+    make(tmp_path)
+    path = next(p for p in tmp_path.iterdir())
+    with pytest.raises(SystemExit) as exit_info:
+        predict(directory, "--input", path, "--out", tmp_path / "out.parquet")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1
+    assert re.search(message, err[0]), err[0]
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_a_bad_predictor_directory_fails_in_one_line(tmp_path, capsys):
+    numpy.save(tmp_path / "x.npy", numpy.zeros((1, 64)))
+    with pytest.raises(SystemExit) as exit_info:
+        predict(tmp_path, "--input", tmp_path / "x.npy", "--out", tmp_path / "o.parquet")
+    assert exit_info.value.code == 2 and f"{tmp_path / 'predictor.json'} is missing" in capsys.readouterr().err
+
+
+def test_a_tabular_predictor_takes_no_images(tmp_path, capsys):
+    data = load_splits("synthetic:classes=3,dim=4,size=300", seed=0)
+    model = build_model("mlp", 3, input_shape=data.input_shape)
+    predictor = Predictor.create(model, architecture="mlp", input_spec=data.input_spec, num_classes=3, alpha=0.1, device="cpu")
+    predictor.recalibrate(data.cal.source.inputs[data.cal.ids], data.cal.labels).save(tmp_path / "p")
+    (tmp_path / "images").mkdir()
+    with pytest.raises(SystemExit):
+        predict(tmp_path / "p", "--input", tmp_path / "images", "--out", tmp_path / "o.parquet")
+    assert "the predictor takes 4 real features of the generated synthetic:classes=3,dim=4,size=300 data, not images" in capsys.readouterr().err
+    assert json.loads(json.dumps(predictor.card["input"]))["image"] is None
+
+
+def test_an_unknown_device_is_named(digits_predictor, tmp_path, capsys):
+    numpy.save(tmp_path / "x.npy", numpy.zeros((1, 64)))
+    with pytest.raises(SystemExit) as exit_info:
+        predict(digits_predictor[0], "--input", tmp_path / "x.npy", "--out", tmp_path / "o.parquet", "--device", "gpu")
+    assert exit_info.value.code == 2 and "device must be auto, cpu, cuda or cuda:N; got 'gpu'" in capsys.readouterr().err

@@ -1,0 +1,327 @@
+"""``Predictor``: the sets against hand computations, recalibration, the files, and what loading refuses.
+
+One digits model is trained per module (``dpsm-ray train --out``, 2 epochs, ~5 s); the sweep's
+predictors and the round trip against evals.parquet are in test_predictor_sweep.py.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpsm_ray.cli import main
+from dpsm_ray.conformal import check_alpha, evaluate, example_uniforms
+from dpsm_ray.data import load_splits
+from dpsm_ray.data.preprocessing import InputSpec
+from dpsm_ray.files import read_checked_json, sha256_file, write_checked_json
+from dpsm_ray.models import build_model
+from dpsm_ray.predictor import CARD_FILE, FORMAT_VERSION, PREDICT_BATCH, WEIGHTS_FILE, InputError, Predictor, PredictorError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``dpsm-ray train --out``: the run directory and its predictor."""
+    out = tmp_path_factory.mktemp("run") / "dpsm"
+    assert main(["train", "--dataset", "digits", "--method", "dpsm", "--epochs", "2", "--eval-splits", "3", "--seed", "1", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def digits():
+    data = load_splits("digits", seed=1)
+    raw = {name: getattr(data, name).source.inputs[getattr(data, name).ids] for name in ("cal", "test")}
+    return data, raw
+
+
+def toy_predictor(alpha=0.2) -> Predictor:
+    """Three classes over two features; the model does not matter to the tests that use it."""
+    spec = InputSpec((2,), 1.0, 0.0, 1.0, "two features")
+    return Predictor.create(build_model("mlp", 3, input_shape=(2,)), architecture="mlp", input_spec=spec, num_classes=3, alpha=alpha, device="cpu")
+
+
+# ----------------------------------------------------------------------------- the sets, by hand
+
+
+def test_hps_threshold_and_sets_are_split_conformal_by_hand():
+    # 9 calibration points whose true-label probabilities are 0.9, 0.8, ..., 0.1: HPS scores 0.1 .. 0.9
+    p_true = torch.arange(9, 0, -1, dtype=torch.float64) / 10
+    labels = torch.arange(9) % 3
+    probs = torch.full((9, 3), 0.0, dtype=torch.float64)
+    probs[torch.arange(9), labels] = p_true
+    probs[torch.arange(9), (labels + 1) % 3] = 1 - p_true
+    # alpha 0.2: q is the ceil(10 * 0.8) = 8th smallest score, 0.8
+    predictor = toy_predictor(0.2).calibrated(probs, labels, 0.2, data="nine points")
+    assert predictor.thresholds["hps"] == pytest.approx(0.8, abs=1e-12)
+    assert predictor.card["scores"]["hps"]["calibration_points"] == 9
+    # scores of a new input 1 - p = 0.75, 0.30, 0.95: the set is {0, 1}
+    mask, lists = predictor.sets_from_proba(torch.tensor([[0.25, 0.70, 0.05]], dtype=torch.float64), "hps")
+    assert lists == [[0, 1]] and mask.tolist() == [[True, True, False]]
+
+
+def test_aps_sets_use_each_input_s_own_uniform_by_hand():
+    predictor = toy_predictor(0.2)
+    probs = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
+    u = float(example_uniforms(predictor.uniform_seed, torch.tensor([7]))[0])
+    scores = predictor.score_matrix(probs, "aps", example_ids=[7])
+    # APS: the mass ranked above the class plus U times its own probability
+    assert scores.tolist()[0] == pytest.approx([u * 0.5, 0.5 + u * 0.3, 0.8 + u * 0.2])
+    # RAPS adds 0.01 per rank beyond 5: nothing with three classes
+    assert torch.equal(predictor.score_matrix(probs, "raps", example_ids=[7]), scores)
+
+
+def test_sets_equal_the_evaluation_s_on_the_same_split(trained, digits):
+    """The predictor calibrated on a calibration part gives the coverage and size ``evaluate``
+    computes for that part, uniforms included (one re-split, cal first)."""
+    data, raw = digits
+    predictor = Predictor.load(trained / "predictor")
+    x = torch.cat([raw["cal"], raw["test"]])
+    y, ids = torch.cat([data.cal.labels, data.test.labels]), torch.cat([data.cal.ids, data.test.ids])
+    probs = predictor.predict_proba(x)
+    rows = evaluate(probs, y, 0.1, splits=2, cal_fraction=len(data.cal) / len(x), seed=predictor.uniform_seed, example_ids=ids)
+    from dpsm_ray.conformal import resplit
+
+    cal, test = resplit(len(x), 2, len(data.cal) / len(x), predictor.uniform_seed)
+    for row in rows:
+        mine = predictor.recalibrate(x[cal[row["split"]]], y[cal[row["split"]]], example_ids=ids[cal[row["split"]]])
+        measured = mine.evaluate(x[test[row["split"]]], y[test[row["split"]]], example_ids=ids[test[row["split"]]])[row["score"]]
+        assert measured["coverage"] == pytest.approx(row["coverage"], abs=1e-12)
+        assert measured["set_size"] == pytest.approx(row["set_size"], abs=1e-12)
+        assert mine.thresholds[row["score"]] == pytest.approx(row["q"], abs=1e-12)
+
+
+def test_the_predictor_forwards_in_the_evaluation_s_chunks():
+    from dpsm_ray.train.loop import EVAL_BATCH
+
+    assert PREDICT_BATCH == EVAL_BATCH
+
+
+# ----------------------------------------------------------------------------- train --out and the card
+
+
+def test_train_out_writes_a_predictor_and_says_so(trained, capsys):
+    card = read_checked_json(trained / "predictor" / CARD_FILE)
+    config = json.loads((trained / "config.json").read_text())
+    assert card["run_id"] == config["run_id"] and card["method"] == "dpsm" and card["seed"] == 1
+    assert card["model"] == {"architecture": "mlp", "num_classes": 10, "precision": "fp32"}  # never "auto"
+    assert card["input"]["shape"] == [1, 8, 8] and card["input"]["divisor"] == 16.0 and card["class_names"] == list("0123456789")
+    assert card["training_config"]["epochs"] == 2 and card["alpha"] == 0.1
+    assert set(card["scores"]) == {"hps", "aps", "raps"} and card["scores"]["raps"]["lambda"] == 0.01 and card["scores"]["raps"]["k_reg"] == 5
+    assert all(entry["calibration_points"] == 200 for entry in card["scores"].values())  # the digits calibration split
+    assert card["test"]["points"] == 297 and 0.5 < card["test"]["scores"]["hps"]["coverage"] <= 1
+    assert card["calibration"]["data"].startswith("the calibration split of digits (200 points")
+
+
+def test_train_without_out_says_nothing_is_saved(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--dataset", "digits", "--method", "ce", "--epochs", "1", "--eval-splits", "2"]) == 0
+    assert "nothing was saved: pass --out DIR" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_and_load_round_trip(trained, digits, tmp_path):
+    _, raw = digits
+    predictor = Predictor.load(trained / "predictor")
+    again = Predictor.load(predictor.save(tmp_path / "copy"))
+    assert again.card == read_checked_json(tmp_path / "copy" / CARD_FILE) and again.thresholds == predictor.thresholds
+    for score in ("hps", "aps", "raps"):
+        assert torch.equal(again.predict_sets(raw["test"], score).mask, predictor.predict_sets(raw["test"], score).mask)
+    assert "Predictor(mlp, 10 classes, alpha=0.1, hps q=" in repr(again)
+
+
+def test_flat_numpy_features_give_the_same_sets_and_an_input_s_set_does_not_depend_on_its_chunk(trained, digits):
+    _, raw = digits
+    predictor = Predictor.load(trained / "predictor")
+    ids = torch.arange(1000, 1000 + len(raw["test"]))
+    whole = predictor.predict_sets(raw["test"], "aps", example_ids=ids)
+    flat = predictor.predict_sets(raw["test"].reshape(-1, 64).numpy(), "aps", example_ids=ids)
+    assert torch.equal(whole.mask, flat.mask) and whole.lists == flat.lists
+    assert whole.lists == [row.nonzero().flatten().tolist() for row in whole.mask]
+    # chunks of 7 give the same probabilities as one forward of each chunk on its own: the uniforms
+    # come from the ids, not from positions within a chunk
+    chunked = predictor.predict_sets(raw["test"], "aps", example_ids=ids, batch_size=7)
+    probs = torch.cat([predictor.predict_proba(part) for part in raw["test"].split(7)])
+    assert chunked.lists == predictor.sets_from_proba(probs, "aps", example_ids=ids).lists
+
+
+# ----------------------------------------------------------------------------- recalibration
+
+
+def test_recalibrate_is_the_exact_quantile_of_the_user_s_points(trained, digits):
+    data, raw = digits
+    predictor = Predictor.load(trained / "predictor")
+    mine = predictor.recalibrate(raw["test"][:100], data.test.labels[:100], alpha=0.2)
+    hps = 1 - predictor.predict_proba(raw["test"][:100]).gather(1, data.test.labels[:100, None]).squeeze(1)
+    # rank ceil(101 * 0.8) = 81 of 100, written out with a sort
+    assert mine.thresholds["hps"] == hps.sort().values[80].item()
+    assert mine.alpha == 0.2 and mine.card["calibration"] == {"data": "100 points passed to Predictor.recalibrate", "points": 100}
+    assert mine.card["test"] is None and predictor.alpha == 0.1  # the original is unchanged
+
+
+def test_recalibration_follows_the_conformal_core_on_alpha_and_small_samples(trained, digits):
+    data, raw = digits
+    predictor = Predictor.load(trained / "predictor")
+    with pytest.raises(ValueError) as core:
+        check_alpha(1.5)
+    with pytest.raises(ValueError) as ours:
+        predictor.recalibrate(raw["cal"], data.cal.labels, alpha=1.5)
+    assert str(ours.value) == str(core.value) == "alpha must be in the open interval (0, 1); got 1.5"
+    # alpha 0.1 needs n >= 9 (ceil((n + 1) 0.9) <= n): with 8 points q is infinite, every set is every class
+    with pytest.warns(UserWarning, match="alpha=0.1 needs at least 9 calibration points"):
+        few = predictor.recalibrate(raw["cal"][:8], data.cal.labels[:8])
+    assert few.thresholds == {"hps": math.inf, "aps": math.inf, "raps": math.inf}
+    assert few.predict_sets(raw["test"][:5]).mask.all()
+    assert few.card["scores"]["hps"]["threshold"] is None  # JSON has no infinity
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert math.isfinite(predictor.recalibrate(raw["cal"][:9], data.cal.labels[:9]).thresholds["hps"])
+
+
+def test_bad_inputs_and_labels_are_named_in_one_line(trained, digits):
+    data, raw = digits
+    predictor = Predictor.load(trained / "predictor")
+    cases = [
+        (torch.zeros(3, 8, 8), r"inputs must have shape \[n, 1, 8, 8\] \(or \[n, 64\] flattened\); got \[3, 8, 8\]"),
+        (torch.zeros(3, 3, 8, 8), r"got \[3, 3, 8, 8\]: 3 channels where the model takes 1"),
+        ([["a", "b"]], "inputs must be numbers"),
+        (torch.zeros(2, 64, dtype=torch.bool), "inputs must be numbers .*; got bool"),
+        (torch.full((2, 64), math.nan), "inputs hold NaN or infinite values .*first at position 0"),
+    ]
+    for x, message in cases:
+        with pytest.raises(InputError, match=message):
+            predictor.predict_sets(x)
+    with pytest.raises(InputError, match=r"labels must lie in 0..9; found 0..10"):
+        predictor.recalibrate(raw["cal"][:10], torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 10]))
+    with pytest.raises(InputError, match="y_cal must hold one label per input: 10 inputs, 9 labels"):
+        predictor.recalibrate(raw["cal"][:10], data.cal.labels[:9])
+    with pytest.raises(ValueError, match="score kind must be one of hps, aps, raps; got 'lac'"):
+        predictor.predict_sets(raw["test"][:2], "lac")
+    empty = predictor.predict_sets(raw["test"][:0])
+    assert empty.mask.shape == (0, 10) and empty.lists == []
+
+
+def test_an_uncalibrated_predictor_says_what_to_do():
+    with pytest.raises(PredictorError, match=r"no calibrated threshold for hps \(it has: none\); call recalibrate"):
+        toy_predictor().predict_sets(torch.zeros(1, 2))
+
+
+# ----------------------------------------------------------------------------- what loading refuses
+
+
+def copy_of(trained, tmp_path) -> Path:
+    return Predictor.load(trained / "predictor").save(tmp_path / "p")
+
+
+def test_changed_weights_are_refused_by_their_sha256(trained, tmp_path):
+    directory = copy_of(trained, tmp_path)
+    data = bytearray((directory / WEIGHTS_FILE).read_bytes())
+    data[len(data) // 2] ^= 1
+    (directory / WEIGHTS_FILE).write_bytes(bytes(data))
+    with pytest.raises(PredictorError, match=r"weights.pt does not match the sha256 recorded in .*predictor.json \(weights.sha256\)"):
+        Predictor.load(directory)
+
+
+def test_a_newer_format_a_changed_card_and_missing_files_are_refused(trained, tmp_path):
+    directory = copy_of(trained, tmp_path)
+    card = read_checked_json(directory / CARD_FILE)
+    write_checked_json(directory / CARD_FILE, {**card, "format_version": FORMAT_VERSION + 1})
+    with pytest.raises(PredictorError, match=f"format_version {FORMAT_VERSION + 1} is newer than this dpsm_ray .* reads \\(up to {FORMAT_VERSION}\\); upgrade"):
+        Predictor.load(directory)
+    write_checked_json(directory / CARD_FILE, {k: v for k, v in card.items() if k != "alpha"})
+    with pytest.raises(PredictorError, match="field alpha is missing"):
+        Predictor.load(directory)
+    stored = json.loads((directory / CARD_FILE).read_text())
+    stored["payload"] = {**card, "alpha": 0.5}  # edited by hand: the checksum no longer matches
+    (directory / CARD_FILE).write_text(json.dumps(stored))
+    with pytest.raises(PredictorError, match="predictor.json does not match the sha256 recorded in it"):
+        Predictor.load(directory)
+    write_checked_json(directory / CARD_FILE, card)
+    (directory / WEIGHTS_FILE).unlink()
+    with pytest.raises(PredictorError, match=r"weights.pt is missing \(named by .*predictor.json, field weights.file\)"):
+        Predictor.load(directory)
+    (directory / CARD_FILE).unlink()
+    with pytest.raises(PredictorError, match="predictor.json is missing: a predictor directory holds predictor.json and weights.pt"):
+        Predictor.load(directory)
+    with pytest.raises(PredictorError, match="no such directory"):
+        Predictor.load(tmp_path / "nowhere")
+
+
+class Planted:
+    """Unpickling this would create the file named in it."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_nothing_in_a_predictor_directory_is_executed(trained, tmp_path):
+    directory = copy_of(trained, tmp_path)
+    marker = tmp_path / "executed"
+    torch.save({"net.0.weight": Planted(str(marker))}, directory / WEIGHTS_FILE)
+    card = read_checked_json(directory / CARD_FILE)
+    card["weights"]["sha256"] = sha256_file(directory / WEIGHTS_FILE)
+    write_checked_json(directory / CARD_FILE, card)  # a matching sha256: only weights_only stands in the way
+    with pytest.raises(PredictorError, match="weights.pt is not a state dict of tensors"):
+        Predictor.load(directory)
+    assert not marker.exists()
+    card["weights"]["file"] = "../outside.pt"
+    write_checked_json(directory / CARD_FILE, card)
+    with pytest.raises(PredictorError, match="field weights.file must be a file name inside the predictor directory"):
+        Predictor.load(directory)
+
+
+def test_weights_of_another_model_are_refused_by_name(trained, tmp_path):
+    directory = copy_of(trained, tmp_path)
+    card = read_checked_json(directory / CARD_FILE)
+    card["model"]["num_classes"] = 11
+    card["class_names"] = None
+    write_checked_json(directory / CARD_FILE, card)
+    with pytest.raises(PredictorError, match="weights.pt does not hold the weights of a mlp with 11 classes"):
+        Predictor.load(directory)
+
+
+# ----------------------------------------------------------------------------- without Ray
+
+
+def test_from_dpsm_ray_import_predictor_predicts_in_a_fresh_process_without_ray(trained, digits, tmp_path):
+    _, raw = digits
+    import numpy
+
+    numpy.save(tmp_path / "x.npy", raw["test"][:5].numpy())
+    code = (
+        "import sys, numpy\n"
+        "from dpsm_ray import Predictor\n"
+        f"predictor = Predictor.load({str(trained / 'predictor')!r})\n"
+        f"mask, sets = predictor.predict_sets(numpy.load({str(tmp_path / 'x.npy')!r}), score='aps')\n"
+        "print(sets)\n"
+        "assert 'ray' not in sys.modules and 'pandas' not in sys.modules, sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'pandas'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = Predictor.load(trained / "predictor").predict_sets(raw["test"][:5], score="aps").lists
+    assert result.stdout.strip() == str(expected)
+
+
+def test_each_method_s_predictor_is_chosen_on_validation_data_alone():
+    from dpsm_ray.export import choose
+
+    def entry(method, seed, size, cover, test_size):
+        return {"name": f"{method}-seed{seed}", "method": method, "seed": seed, "val_set_size": size, "val_coverage": cover,
+                "test": {"scores": {"hps": {"set_size": test_size}}}}
+
+    entries = [
+        entry("dpsm", 0, 1.2, 0.90, 9.0), entry("dpsm", 1, 1.1, 0.85, 1.0),  # seed 1 is smaller but below the floor 0.88
+        entry("dpsm", 2, 1.2, 0.95, 0.5),  # a tie with seed 0 on validation: the lower seed, whatever the test says
+        entry("ce", 0, 2.0, 0.80, 1.0), entry("ce", 1, 1.0, 0.85, 1.0),  # none reaches the floor: the highest coverage
+    ]
+    assert choose(entries, 0.88) == {"dpsm": "dpsm-seed0", "ce": "ce-seed1"}
