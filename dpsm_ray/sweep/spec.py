@@ -226,14 +226,32 @@ def read_sweep_file(results: Path) -> dict:
 
 def sweep_file(spec: SweepSpec, results: Path) -> dict:
     """What a new sweep writes to ``sweep.json``: its settings, the names of its Optuna studies
-    (kept when the directory is moved or renamed) and, for an external storage, its URL without
-    the password."""
+    (kept when the directory is moved or renamed), for an external storage its URL without the
+    password, and the versions that ran it (not compared on ``--resume``)."""
     return {
         **spec.describe(),
         "ledger": LEDGER_FORMAT,
         "studies": {method: f"{results.name}-{method}" for method in spec.methods},
         "optuna_storage": masked(spec.optuna_storage) if spec.optuna_storage else None,
+        "versions": package_versions(),
     }
+
+
+VERSIONED = ("dpsm_ray", "torch", "ray", "optuna")
+
+
+def package_versions() -> dict[str, str]:
+    """The installed versions of the packages that decide a sweep's results, and Python's."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
 
 
 def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
