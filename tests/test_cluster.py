@@ -61,8 +61,11 @@ def test_local_cluster_config_is_valid_and_installs_the_project_like_the_gpu_one
     validate(local)
     assert local["provider"]["type"] == "local" and {"head_ip", "worker_ips"} <= set(local["provider"])
     assert {"ssh_user", "ssh_private_key"} <= set(local["auth"])
-    assert local["file_mounts"] == config["file_mounts"] == {"~/dpsm_ray": ".", "~/.ray/auth_token": "~/.ray/auth_token"}
-    assert any("pip install -q -e ~/dpsm_ray" in command for command in local["setup_commands"])
+    assert local["file_mounts"] == config["file_mounts"] == {"~/dpsm-ray": ".", "~/.ray/auth_token": "~/.ray/auth_token"}
+    assert any("pip install -q -e ~/dpsm-ray" in command for command in local["setup_commands"])
+    # `ray submit` runs the script from ~: a checkout at ~/dpsm_ray would shadow the installed
+    # package as an empty namespace package (`from dpsm_ray import __version__` fails on the node)
+    assert not any(Path(target).name.isidentifier() for target in local["file_mounts"] if target != "~/.ray/auth_token")
     # the launcher's login shells reset PATH: the environment must come from ~/.bashrc
     assert any("~/.bashrc" in command for command in local["setup_commands"])
 
