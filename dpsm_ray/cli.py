@@ -18,6 +18,7 @@ import math
 import sys
 from pathlib import Path
 
+from dpsm_ray.catalog import version_line
 from dpsm_ray.train.config import ConfigError, TrainConfig, calibration_warnings
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
@@ -76,12 +77,12 @@ def fail(parser: argparse.ArgumentParser, error: ConfigError) -> None:
 
 
 def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import pandas as pd
-
     try:
         config = config_from_args(args)
     except ConfigError as error:
         fail(parser, error)
+    import pandas as pd
+
     from dpsm_ray.data import check_data_present
     from dpsm_ray.files import CorruptFileError, is_disk_full
     from dpsm_ray.results import write_run
@@ -213,6 +214,7 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpsm-ray", description="Conformal classifier training (DPSM, ConfTr, CUT, CE) on Ray.")
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
@@ -293,7 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return args.handler(args, args.parser)
+    try:
+        return args.handler(args, args.parser)
+    except KeyboardInterrupt:  # wherever else Ctrl-C lands (importing, starting or stopping Ray)
+        args.parser.exit(3, f"{args.parser.prog}: interrupted\n")
 
 
 if __name__ == "__main__":

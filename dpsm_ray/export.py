@@ -90,7 +90,7 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
     floor = 1 - settings["base"]["alpha"] - settings["coverage_slack"]
     ledger = Ledger(results)
     loaded = {}  # the final models share their data split: load it once
-    entries = []
+    entries, exported = [], []
     for index, record in sorted(ledger.records("final").items()):
         if record["status"] != "ok":
             continue
@@ -111,14 +111,14 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
             predictor = predictor_for_run(config, state, data=loaded[key], device=device, provenance=provenance)
             predictor.save(directory)
             card = predictor.card
-            hps = card["test"]["scores"]["hps"]
-            log(f"exported final model {name} as a predictor: {directory} (HPS q {card['scores']['hps']['threshold']:.4f}; test coverage "
-                f"{hps['coverage']:.3f}, set size {hps['set_size']:.2f})")
+            exported.append(name)
         metrics = record["metrics"]
         entries.append({"name": name, "directory": f"{PREDICTORS}/{name}", "method": config.method, "seed": config.seed, "run_id": card["run_id"],
                         "val_set_size": metrics.get("val_set_size"), "val_coverage": metrics.get("val_coverage"), "test": card["test"]})
     index = {"rule": CHOICE_RULE, "coverage_floor": floor, "predictors": entries, "chosen": choose(entries, floor)}
     write_checked_json(results / PREDICTORS / INDEX_FILE, index)
+    if exported:
+        log(f"exported {len(exported)} final model{'s' * (len(exported) > 1)} as conformal predictors under {results / PREDICTORS}: {', '.join(exported)}")
     return index
 
 

@@ -86,3 +86,18 @@ def test_sweep_efficiency_benchmark_runs_quick_and_prints_json_and_a_table(tmp_p
     table = result.stdout.splitlines()[2:]
     assert table[0].split() == ["arm", "trials", "stopped", "failed", "epochs", "wall", "s", "best", "val", "size"]
     assert [line.split()[0] for line in table[1:5]] == list(arms)
+
+
+def test_cli_startup_benchmark_runs_and_no_front_door_command_imports_torch_or_ray(tmp_path):
+    out = tmp_path / "startup.json"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "cli_startup.py"), "--repeats", "1", "--json-out", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads(out.read_text()) and record["benchmark"] == "cli_startup"
+    commands = [r["command"] for r in record["results"]]
+    assert {"dpsm-ray --help", "dpsm-ray --version", "dpsm-ray train --alpha 2", "sweeps/digits.py --methods ce,foo"} <= set(commands)
+    # --help, --version and argument errors answer before torch, Ray, Optuna or pandas are imported
+    assert {r["command"]: r["heavy_imports"] for r in record["results"]} == {command: [] for command in commands}
+    assert all(r["median_s"] > 0 for r in record["results"])
+    assert [line.split()[0] for line in result.stdout.splitlines()[2:]] == [c.split()[0] for c in commands]

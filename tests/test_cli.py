@@ -96,3 +96,16 @@ def test_the_official_preset_trains_as_the_official_code_and_options_given_win(t
     stutz = config_from_args(published)
     assert (stutz.init, stutz.epochs, stutz.batch_size, stutz.lr, stutz.milestones, stutz.nesterov, stutz.weight_decay) == ("scratch", 150, 100, 0.01, (60, 90, 120), True, 1e-3)
     assert (stutz.sigmoid_temperature, stutz.conformal_weight, stutz.size_target, stutz.ce_weight, stutz.sort_temperature) == (0.1, 0.01, 0.0, 0.0, 0.1)
+
+
+def test_version_names_the_package_and_python():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dpsm_ray import __version__
+
+    script = Path(__file__).resolve().parents[1] / "sweeps" / "digits.py"
+    for command, name in ((["-m", "dpsm_ray.cli"], "dpsm-ray"), ([str(script)], "dpsm_ray")):
+        result = subprocess.run([sys.executable, *command, "--version"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and result.stdout.strip() == f"{name} {__version__} (Python {sys.version.split()[0]})", result

@@ -105,7 +105,7 @@ def test_the_index_and_the_report_name_each_method_s_choice(sweep):
             assert entry["val_set_size"] == row.val_set_size and entry["val_coverage"] == row.val_coverage
     report = (results / "report.md").read_text()
     assert "## Predictors" in report and "`predictors/dpsm-seed0`" in report and "`predictors/ce-seed0`" in report
-    assert any(line.startswith(f"predictor of dpsm: {results / PREDICTORS / 'dpsm-seed0'}") for line in lines)
+    assert any(f"] predictor of dpsm: {results / PREDICTORS / 'dpsm-seed0'}" in line for line in lines)
 
 
 def test_a_resumed_sweep_keeps_its_predictors_and_rebuilds_a_missing_one(sweep, tmp_path):
@@ -117,11 +117,11 @@ def test_a_resumed_sweep_keeps_its_predictors_and_rebuilds_a_missing_one(sweep, 
     lines = []
     run_sweep(spec, results, resume=True, log=lines.append)
     assert {p: (p.stat().st_mtime_ns, sha256_file(p)) for p in files} == before
-    assert not [line for line in lines if line.startswith("exported ")]  # nothing exported again
+    assert not [line for line in lines if "] exported " in line]  # nothing exported again
     card = read_checked_json(results / PREDICTORS / "ce-seed0" / "predictor.json")
     shutil.rmtree(results / PREDICTORS / "ce-seed0")
     run_sweep(spec, results, resume=True, log=lines.append)
-    assert [line for line in lines if line.startswith("exported ")] == [line for line in lines if line.startswith("exported final model ce-seed0 ")]
+    assert [line.split("] ", 1)[1] for line in lines if "] exported " in line] == [f"exported 1 final model as conformal predictors under {results / PREDICTORS}: ce-seed0"]
     again = read_checked_json(results / PREDICTORS / "ce-seed0" / "predictor.json")
     assert {k: again[k] for k in ("run_id", "scores", "test", "input")} == {k: card[k] for k in ("run_id", "scores", "test", "input")}
 

@@ -12,6 +12,8 @@ from fractions import Fraction
 
 import torch
 
+from dpsm_ray.catalog import check_alpha, min_calibration_size  # noqa: F401  (min_calibration_size: re-exported)
+
 
 def conformal_rank(n: int, alpha: float) -> int:
     """ceil((n + 1)(1 - alpha)), computed exactly.
@@ -24,15 +26,6 @@ def conformal_rank(n: int, alpha: float) -> int:
     return math.ceil((n + 1) * (1 - Fraction(repr(float(alpha)))))
 
 
-def min_calibration_size(alpha: float) -> int:
-    """The fewest calibration points whose conformal quantile is finite: the smallest n with
-    ceil((n + 1)(1 - alpha)) <= n, i.e. n >= (1 - alpha) / alpha (exact, as ``conformal_rank``).
-    With fewer, q_hat is +inf and every prediction set holds every label."""
-    check_alpha(alpha)
-    a = Fraction(repr(float(alpha)))
-    return math.ceil((1 - a) / a)
-
-
 def empirical_rank(n: int, level: float) -> int:
     """ceil(n * level): the rank of the smallest minimiser of the average pinball loss at ``level``.
 
@@ -40,12 +33,6 @@ def empirical_rank(n: int, level: float) -> int:
     is read as the nearest fraction with a denominator up to 10^9 (3/10): n = 10 then gives rank 3,
     not 4."""
     return max(1, math.ceil(n * Fraction(repr(float(level))).limit_denominator(10**9)))
-
-
-def check_alpha(alpha: float) -> float:
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in the open interval (0, 1); got {alpha}")
-    return alpha
 
 
 def conformal_quantile(scores: torch.Tensor, alpha: float) -> torch.Tensor:

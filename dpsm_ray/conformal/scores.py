@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from dpsm_ray.catalog import SCORE_KINDS
 from dpsm_ray.seeding import counter_uniforms
 
-SCORE_KINDS = ("hps", "aps", "raps")
 # RAPS's regularisation (Angelopoulos et al. 2021): lambda per rank beyond k_reg
 RAPS_LAMBDA = 0.01
 RAPS_K_REG = 5

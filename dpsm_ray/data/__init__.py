@@ -2,42 +2,13 @@
 
 from __future__ import annotations
 
-from dpsm_ray.data.glyphs import glyph_sizes, load_glyphs, make_glyphs, parse_glyphs
+from dpsm_ray.catalog import DATASETS, check_dataset, split_sizes
+from dpsm_ray.data.glyphs import load_glyphs, make_glyphs
 from dpsm_ray.data.splits import SPLIT_NAMES, DataSplits, FileSource, Split, TensorSource, stratified_partition
-from dpsm_ray.data.tabular import DIGITS_SIZES, SYNTHETIC_FRACTIONS, load_digits, load_synthetic, make_synthetic, parse_synthetic
+from dpsm_ray.data.tabular import load_digits, load_synthetic, make_synthetic
 from dpsm_ray.data.vision import LOADERS as VISION_LOADERS
 from dpsm_ray.data.vision import PAPER_SIZES, fitted_sizes
 from dpsm_ray.data.vision import check_data_present as check_image_data
-
-DATASETS = ("digits", "synthetic", "glyphs", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
-# the generated datasets, whose names take options (``synthetic:classes=20``)
-OPTION_PARSERS = {"synthetic": parse_synthetic, "glyphs": parse_glyphs}
-
-
-def check_dataset(name: str) -> str:
-    base = name.partition(":")[0]
-    if base not in DATASETS:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
-    if base in OPTION_PARSERS:
-        OPTION_PARSERS[base](name)
-    elif name != base:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)} (only {' and '.join(OPTION_PARSERS)} take options); got {name!r}")
-    return name
-
-
-def split_sizes(name: str) -> dict[str, int]:
-    """Sizes of the four splits of ``name``, known without loading any data (for the image
-    datasets, the paper's sizes: a smaller copy on disk gets them scaled down)."""
-    check_dataset(name)
-    if name == "digits":
-        return dict(DIGITS_SIZES)
-    if name in PAPER_SIZES:
-        return dict(PAPER_SIZES[name])
-    if name.partition(":")[0] == "glyphs":
-        return glyph_sizes(parse_glyphs(name))
-    size = parse_synthetic(name)["size"]
-    return {split: int(size * fraction) for split, fraction in SYNTHETIC_FRACTIONS.items()}
-
 
 def check_data_present(name: str, data_root: str | None = None, download: bool = False) -> None:
     """Raise ``FileNotFoundError`` (naming the expected path and ``--download``) if dataset ``name``

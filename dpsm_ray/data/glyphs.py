@@ -21,21 +21,21 @@ padded by that much): label-preserving, since every glyph already appears at eve
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
+from dpsm_ray.catalog import (
+    GLYPHS_PER_CLASS_EVAL, GLYPHS_POOL, GLYPHS_STROKES, glyph_sizes, glyphs_max_classes, parse_glyphs,
+)
 from dpsm_ray.data.augment import random_crop
-from dpsm_ray.data.options import dataset_options
 from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
 from dpsm_ray.data.splits import DataSplits, Split, TensorSource, stratified_partition
 from dpsm_ray.seeding import generator
 
-GLYPHS_DEFAULTS = {"classes": 100, "train": 20, "noise": 0.2}
-PER_CLASS_EVAL = {"val": 10, "cal": 10, "test": 20}
+PER_CLASS_EVAL = GLYPHS_PER_CLASS_EVAL
 SIZE = 16  # pixels
-POOL = 24  # strokes shared by all classes
-STROKES = 3  # strokes per glyph: C(24, 3) = 2024 distinct glyphs
+POOL = GLYPHS_POOL  # strokes shared by all classes
+STROKES = GLYPHS_STROKES  # strokes per glyph: C(24, 3) = 2024 distinct glyphs
 JITTER = 0.4  # pixels, standard deviation of each stroke end
 SHIFT = 2  # pixels, largest shift of a whole glyph
 STROKE_WIDTH = 0.8  # pixels, standard deviation of the Gaussian pen
@@ -44,29 +44,11 @@ AUGMENT_PADDING = 1
 DATA_SEED = 1234  # the images are fixed by the options; only the split depends on the run seed
 
 
-def max_classes() -> int:
-    return math.comb(POOL, STROKES)
-
-
-def parse_glyphs(spec: str) -> dict[str, float]:
-    """``glyphs`` or ``glyphs:classes=K,train=N,noise=S`` -> the options (defaults filled in)."""
-    options = dataset_options(spec, GLYPHS_DEFAULTS)
-    if not (2 <= options["classes"] <= max_classes() and options["train"] >= 2 and 0 <= options["noise"] < math.inf):
-        raise ValueError(f"dataset: glyphs needs 2 <= classes <= {max_classes()}, train >= 2 (images per class), noise >= 0; got {options}")
-    return options
-
-
-def glyph_sizes(options: dict[str, float]) -> dict[str, int]:
-    """The four splits' sizes: ``train`` and ``PER_CLASS_EVAL`` images per class."""
-    per_class = {"train": options["train"], **PER_CLASS_EVAL}
-    return {split: options["classes"] * count for split, count in per_class.items()}
-
-
 def glyph_strokes(classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The stroke pool ``[POOL, 2 ends, (row, col)]`` and each class's strokes ``[classes,
     STROKES]``: distinct combinations of distinct strokes, drawn from ``seed``."""
-    if not 2 <= classes <= max_classes():
-        raise ValueError(f"classes must be in 2..{max_classes()}; got {classes}")
+    if not 2 <= classes <= glyphs_max_classes():
+        raise ValueError(f"classes must be in 2..{glyphs_max_classes()}; got {classes}")
     gen = generator(seed, "glyph strokes")
     # stroke ends inside the canvas with room for the jitter and the shift
     margin = SHIFT + 1.0

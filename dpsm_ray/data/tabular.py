@@ -7,13 +7,10 @@ import functools
 
 import torch
 
-from dpsm_ray.data.options import dataset_options
+from dpsm_ray.catalog import DIGITS_SIZES, SYNTHETIC_FRACTIONS, parse_synthetic
 from dpsm_ray.data.preprocessing import ImageSpec, spec_transform, standardising_spec
 from dpsm_ray.data.splits import DataSplits, Split, TensorSource, stratified_partition
 
-DIGITS_SIZES = {"train": 1000, "val": 300, "cal": 200, "test": 297}  # all 1797 digits
-SYNTHETIC_DEFAULTS = {"classes": 10, "dim": 16, "size": 3000, "noise": 1.0}
-SYNTHETIC_FRACTIONS = {"train": 0.5, "val": 0.15, "cal": 0.1, "test": 0.25}
 
 
 def from_tensors(name: str, inputs: torch.Tensor, labels: torch.Tensor, sizes: dict[str, int], seed: int, *, divisor: float = 1.0,
@@ -39,14 +36,6 @@ def load_digits(seed: int) -> DataSplits:
     image = ImageSpec("L", 8, pixel_scale=16 / 255)
     return from_tensors("digits", inputs, labels, DIGITS_SIZES, seed, divisor=16.0, raw="sklearn digits pixel values 0..16 ([1, 8, 8] or 64 features)",
                         image=image, class_names=tuple(str(digit) for digit in bunch.target_names))
-
-
-def parse_synthetic(spec: str) -> dict[str, float]:
-    """``synthetic`` or ``synthetic:classes=20,dim=8,size=5000,noise=1.5`` -> parameters."""
-    options = dataset_options(spec, SYNTHETIC_DEFAULTS)
-    if options["classes"] < 2 or options["dim"] < 1 or options["size"] < 20 * options["classes"] or options["noise"] <= 0:
-        raise ValueError(f"dataset: synthetic needs classes >= 2, dim >= 1, size >= 20 * classes, noise > 0; got {options}")
-    return options
 
 
 def make_synthetic(classes: int, dim: int, size: int, noise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

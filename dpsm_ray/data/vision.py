@@ -34,18 +34,12 @@ from pathlib import Path
 
 import torch
 
+from dpsm_ray.catalog import PAPER_SIZES
 from dpsm_ray.data.augment import random_crop_flip
 from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
 from dpsm_ray.data.splits import DataSplits, FileSource, Split, TensorSource, stratified_partition
 from dpsm_ray.seeding import derive_seed
 
-PAPER_SIZES = {
-    "cifar100": {"train": 45000, "val": 5000, "cal": 3000, "test": 7000},
-    "caltech101": {"train": 4310, "val": 1256, "cal": 1111, "test": 2000},
-    "inaturalist": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
-    "inaturalist2018": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
-    "fashion_mnist": {"train": 55000, "val": 5000, "cal": 5000, "test": 5000},  # ConfTr's (module docstring)
-}
 TITLES = {
     "cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)",
     "inaturalist2018": "iNaturalist 2018 (Fungi)", "fashion_mnist": "Fashion-MNIST",

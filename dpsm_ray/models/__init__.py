@@ -14,31 +14,11 @@ from pathlib import Path
 
 from torch import nn
 
-from dpsm_ray.models.cifar_resnet import CIFAR_RESNET_DEPTHS, CifarResNet
+from dpsm_ray.catalog import DEFAULT_MODELS, MODELS, PRETRAINABLE, check_model, default_model
+from dpsm_ray.models.cifar_resnet import CifarResNet
 from dpsm_ray.models.densenet import CifarDenseNet
-from dpsm_ray.models.imagenet import HEADS, imagenet_model, load_backbone
+from dpsm_ray.models.imagenet import imagenet_model, load_backbone
 from dpsm_ray.models.small import MLP, LeNet, SmallCNN
-
-MODELS = ("mlp", "mlp_bn", "cnn", *(f"resnet{depth}" for depth in CIFAR_RESNET_DEPTHS), "densenet100", "resnet50", "densenet121", "lenet")
-PRETRAINABLE = tuple(HEADS)
-# the paper's model for each dataset (its ResNet column); the tabular data take the small MLP, the
-# glyphs the small LeNet, Fashion-MNIST ConfTr's MLP
-DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "glyphs": "lenet", "fashion_mnist": "mlp_bn", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
-
-
-def check_model(name: str) -> str:
-    if name not in MODELS:
-        raise ValueError(f"model must be one of {', '.join(MODELS)}; got {name!r}")
-    return name
-
-
-def default_model(dataset: str) -> str:
-    """The model ``--model auto`` picks for ``dataset`` (``synthetic:...`` counts as synthetic)."""
-    base = dataset.partition(":")[0]
-    if base not in DEFAULT_MODELS:
-        raise ValueError(f"dataset must be one of {', '.join(DEFAULT_MODELS)}; got {dataset!r}")
-    return DEFAULT_MODELS[base]
-
 
 def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (3, 32, 32), pretrained_path: str | Path | None = None) -> nn.Module:
     """A freshly initialised ``name`` for inputs ``input_shape`` and ``num_classes`` outputs.

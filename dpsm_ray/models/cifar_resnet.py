@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-CIFAR_RESNET_DEPTHS = (20, 32, 56, 110)
+from dpsm_ray.catalog import CIFAR_RESNET_DEPTHS
 
 
 class BasicBlock(nn.Module):

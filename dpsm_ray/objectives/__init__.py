@@ -1,17 +1,12 @@
 """Training objectives with one call shape: ``objective(logits1, labels1, logits2, labels2)``
 on a batch B1 and B2, returning the loss and its diagnostics."""
 
-from dpsm_ray.objectives.base import CE_BATCHES, Objective, ObjectiveOutput, hps_scores
+from dpsm_ray.catalog import BASE_MODEL, CE_BATCHES, METHODS, PAPER_METHODS
+from dpsm_ray.objectives.base import Objective, ObjectiveOutput, hps_scores
 from dpsm_ray.objectives.ce import CrossEntropy
 from dpsm_ray.objectives.conftr import CONFTR_SPLITS, ConfTr, ConfTrPublished
 from dpsm_ray.objectives.cut import CUT, CUT_SCORES, ks_to_uniform
 from dpsm_ray.objectives.dpsm import DPSM, Q_INITS, SPLITS
-
-METHODS = ("ce", "conftr", "conftr_published", "cut", "dpsm")
-PAPER_METHODS = ("ce", "conftr", "cut", "dpsm")  # the paper's table: what a sweep runs by default
-# "base": the CE base model itself, evaluated without further training (the paper's table's CE
-# column, docs/method.md); a run of it trains 0 epochs from --init base
-BASE_MODEL = "base"
 
 
 def build_objective(

@@ -80,9 +80,6 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels)
 
 
-CE_BATCHES = ("full", "half")
-
-
 def step_cross_entropy(ce_batch: str, logits1, labels1, logits2, labels2) -> torch.Tensor:
     """CE on the step's whole batch (B1 and B2: the official code) or on B1 only (the tex's
     Algorithm 1, where D2 then never gets a CE gradient)."""

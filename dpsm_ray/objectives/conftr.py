@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import torch
 
+from dpsm_ray.catalog import CONFTR_SPLITS
 from dpsm_ray.conformal import hard_batch_quantile, label_scores, pinball_loss, smooth_quantile, soft_set_size
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, check_choice, cross_entropy, hps_scores, step_cross_entropy
 
-CONFTR_SPLITS = ("halves", "batch")
 # Stutz et al.'s log(lambda * Omega + 1e-8): the constant keeps the logarithm finite at Omega = 0
 LOG_SIZE_EPSILON = 1e-8
 

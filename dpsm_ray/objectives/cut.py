@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from dpsm_ray.catalog import CE_BATCHES, CUT_SCORES
 from dpsm_ray.conformal import label_scores, score_matrix, soft_sort
-from dpsm_ray.objectives.base import CE_BATCHES, Objective, ObjectiveOutput, check_choice, hps_scores, step_cross_entropy
+from dpsm_ray.objectives.base import Objective, ObjectiveOutput, check_choice, hps_scores, step_cross_entropy
 from dpsm_ray.seeding import counter_uniforms, derive_seed
-
-CUT_SCORES = ("hps", "aps")
 
 
 def ks_to_uniform(values: torch.Tensor, sort_temperature: float) -> torch.Tensor:

@@ -5,12 +5,13 @@ option is validated before Ray starts, and errors name the option, the value and
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from dpsm_ray.objectives import PAPER_METHODS
+from dpsm_ray.catalog import PAPER_METHODS, default_model, version_line
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
@@ -53,8 +54,6 @@ def packed_gpus_per_worker(values: dict, explicit: bool, packing: str) -> float:
     if explicit or not gpus or values.get("workers", 0) > 1:
         return gpus
     if packing == "auto":
-        from dpsm_ray.models import default_model
-
         model = values.get("model", "auto")
         factor = trials_per_gpu(default_model(values["dataset"]) if model == "auto" else model)
     return 1 / factor
@@ -75,6 +74,7 @@ def parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
 def build_parser(name: str, description: str, defaults: dict) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"sweeps/{name}.py", description=description)
     add = parser.add_argument
+    add("--version", action="version", version=version_line("dpsm_ray"))
     add("--results-dir", default=f"results/{name}", help="directory of this sweep's Parquet files, report and Tune state (default: %(default)s); on a multi-node cluster it must be on shared storage")
     add("--trials", type=int, default=defaults["trials"], help="Optuna trials per method (default: %(default)s)")
     add("--resume", action="store_true", help="continue the interrupted sweep in --results-dir without redoing finished trials")
@@ -143,9 +143,18 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
 
 
 def main(name: str, description: str, defaults: dict, argv: list[str] | None = None) -> int:
-    """Parse, validate, run the sweep, print the table; exit status 2 on bad input."""
+    """Parse, validate, run the sweep, print the table.  Exit status 0 when the sweep finished (or
+    had finished before: its report is printed again), 2 on bad input, 3 when it stopped before
+    the end and ``--resume`` continues it -- Ctrl-C included, wherever it lands."""
     parser = build_parser(name, description, defaults)
     args = parser.parse_args(argv)
+    try:
+        return run(name, parser, args, defaults)
+    except KeyboardInterrupt:  # Ctrl-C between Tune experiments, while Ray starts or stops (Tune handles it during one)
+        parser.exit(3, f"{parser.prog}: interrupted; rerun with --resume to continue\n")
+
+
+def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, defaults: dict) -> int:
     try:
         spec = spec_from_args(name, args, defaults)
     except ConfigError as error:
@@ -153,19 +162,21 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     from dpsm_ray.files import CorruptFileError, is_disk_full
+    from dpsm_ray.sweep.progress import Progress
     from dpsm_ray.sweep.protocol import SweepError, run_sweep
+    from dpsm_ray.sweep.spec import SweepFinished
     from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
 
     started = time.perf_counter()
     with leaving_ray_as_it_was():
         try:
-            results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=lambda line: print(line, flush=True))
+            results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=Progress(lambda line: print(line, flush=True)))
+        except SweepFinished as error:  # the command run a second time: show what the first one made
+            return show_finished(Path(args.results_dir), str(error), parser.prog)
         except SweepError as error:
             parser.exit(3, f"{parser.prog}: {error}\n")
         except (InsufficientResources, ConnectionError, CorruptFileError) as error:
             parser.exit(2, f"{parser.prog}: error: {error}\n")
-        except KeyboardInterrupt:  # Ctrl-C between Tune experiments (Tune handles it during one)
-            parser.exit(3, f"{parser.prog}: interrupted; rerun with --resume to continue\n")
         except FileNotFoundError as error:
             parser.exit(2, f"{parser.prog}: error: {error}\n")
         except Exception as error:
@@ -178,4 +189,17 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
             parser.exit(3, f"{parser.prog}: {disk_full_line(error)} ({free_space(where)} free where {where} is); "
                            "free some space and rerun with --resume to continue\n")
     print(f"sweep finished in {time.perf_counter() - started:.0f}s; results in {results}", file=sys.stdout)
+    return 0
+
+
+def show_finished(results: Path, why: str, prog: str) -> int:
+    """A finished sweep's report, and how to run another."""
+    from dpsm_ray.sweep.spec import FINISHED_FILE
+
+    finished = json.loads((results / FINISHED_FILE).read_text())
+    report = results / "report.md"
+    if report.exists():
+        print(report.read_text().rstrip())
+    print(f"{prog}: {why} (finished {finished.get('finished_at', 'earlier')}); its report is above and in {report}. "
+          f"To run the sweep again, give a new --results-dir; `dpsm-ray report {results}` rebuilds the report and figures.")
     return 0

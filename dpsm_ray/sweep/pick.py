@@ -50,8 +50,9 @@ def best_overrides(spec, results: Path, method: str, log) -> dict | None:
     config = json.loads(chosen.config_json)
     searched = spec.grid_axes(method) if spec.grid else {field_name(k): None for k in METHOD_KNOBS[method]}
     overrides = {name: (tuple(config[name]) if isinstance(config[name], list) else config[name]) for name in searched}
-    log(f"best {method}: trial {chosen.trial_id}  val size {chosen.val_set_size:.3f}  val cov {chosen.val_coverage:.3f}  "
-        + "  ".join(f"{k}={v}" for k, v in overrides.items()))
+    which = f"search trial {int(chosen.trial_index) + 1}" if chosen.trial_index == chosen.trial_index else f"trial {chosen.trial_id}"  # NaN: no index
+    log(f"best {method}: {which}  val size {chosen.val_set_size:.3f}  val cov {chosen.val_coverage:.3f}  "
+        + "  ".join(f"{k}={f'{v:.4g}' if isinstance(v, float) else v}" for k, v in overrides.items()))
     return overrides
 
 

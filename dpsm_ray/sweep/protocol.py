@@ -19,6 +19,7 @@ uninterrupted sweep.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
@@ -27,7 +28,7 @@ from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.space import METHOD_KNOBS, DEFAULT_RANGES, field_name, grid_size
 from dpsm_ray.sweep.spec import (
-    SAMPLERS, SCHEDULERS, SWEEP_FILE, SweepError, SweepInterrupted, SweepSpec, check_results_dir, claim_results_dir, first_line, masked,
+    FINISHED_FILE, SAMPLERS, SCHEDULERS, SWEEP_FILE, SweepError, SweepInterrupted, SweepSpec, check_results_dir, claim_results_dir, first_line, masked,
     optuna_storage_url,
 )
 from dpsm_ray.train.config import TrainConfig, calibration_warnings
@@ -42,10 +43,13 @@ class SweepOutOfSpace(SweepError):
 
 def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool = False, log=print, search_only: bool = False) -> Path:
     """Run (or, with ``resume``, continue) ``spec`` into ``results_dir``; returns that directory.
+    ``log`` gets the progress lines (time-stamped, with the sweep's trial counter and estimate);
     ``search_only`` stops after the searches (benchmarks of the search itself)."""
     from dpsm_ray.data import check_data_present
     from dpsm_ray.sweep.ledger import ResultsInUse, ResultsLock, describe_holder
+    from dpsm_ray.sweep.progress import Progress
 
+    log = log if isinstance(log, Progress) else Progress(log)
     results = Path(results_dir).resolve()
     check_data_present(spec.base.dataset, spec.base.data_root, spec.base.download)
     claim_results_dir(results)
@@ -87,6 +91,11 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     check_capacity(spec.trial_demand(), timeout_s=spec.resource_timeout, log=log)
     if not (results / SWEEP_FILE).exists():  # only now: a sweep refused above leaves no sweep to --resume
         write_json(results / SWEEP_FILE, settings)
+    planned_final = len(spec.methods) * spec.final_seeds + (spec.final_seeds if spec.base.init == "base" else 0)
+    log.plan(sum(search_size(spec, method) for method in spec.methods) + (0 if search_only else planned_final))
+    if not spec.grid:
+        log(f"search: {spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}, minimising the validation set size "
+            f"(validation coverage >= {spec.coverage_floor:g} as a constraint){asha_text(spec)}")
     base = with_base_model(spec.base, spec.base.seed, results, log)
     for method in spec.methods:
         run(spec, results, search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log), log)
@@ -96,10 +105,12 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     final = final_stage(spec, results, log)
     if final is None:
         raise SweepError(f"every search trial of every method failed; nothing to re-train (errors in {results / 'trials.parquet'})")
+    log.replan(planned_final, final.total)
     run(spec, results, final, log)
     write_results(spec, results)
     export_sweep(results, log=log)
     write_report(results, log=log)
+    write_json(results / FINISHED_FILE, {"finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "trials": log.total})
     return results
 
 
@@ -141,21 +152,15 @@ def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: di
 
     method = base.method
     name = f"search-{method}"
-    stopping = ""
-    asha = None
-    if spec.scheduler == "asha":
-        asha = (spec.grace_period, spec.reduction_factor)
-        stopping = f"; ASHA stops trials early (grace period {spec.grace_period} epochs, reduction factor {spec.reduction_factor})"
+    asha = (spec.grace_period, spec.reduction_factor) if spec.scheduler == "asha" else None
     if spec.grid:
         axes = spec.grid_axes(method)
         points = grid_points(axes, spec.grid_budget, derive_seed(spec.seed, "grid", method))
         budget = f", a seeded random {len(points)} of them" if len(points) < grid_size(axes) else ""
-        log(f"{name}: the paper grid has {grid_size(axes)} configurations ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())}){budget}{stopping}")
+        log(f"{name}: the paper grid has {grid_size(axes)} configurations ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())}){budget}{asha_text(spec)}")
         knobs = tuple(k for k, v in axes.items() if len(v) > 1)
         return Stage(name, base, len(points), knobs, points=points, asha=asha, coverage_floor=spec.coverage_floor)
-    knobs = tuple(field_name(k) for k in METHOD_KNOBS[method])
-    log(f"{name}: {spec.trials} Optuna {spec.sampler.upper()} trials over {', '.join(knobs)} "
-        f"(validation coverage >= {spec.coverage_floor:g} as a constraint){stopping}")
+    knobs = tuple(field_name(k) for k in METHOD_KNOBS[method])  # the trials' lines show them
     ranges = {**DEFAULT_RANGES, **dict(spec.ranges)}
     url = optuna_storage_url(spec, results)
     try:
@@ -164,6 +169,19 @@ def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: di
     except Exception as error:
         raise SweepError(f"cannot open the Optuna storage {masked(url)}: {first_line(error)}") from None
     return Stage(name, base, spec.trials, knobs, study=study, asha=asha, coverage_floor=spec.coverage_floor)
+
+
+def asha_text(spec: SweepSpec) -> str:
+    if spec.scheduler != "asha":
+        return ""
+    return f"; ASHA stops trials early (grace period {spec.grace_period} epochs, reduction factor {spec.reduction_factor})"
+
+
+def search_size(spec: SweepSpec, method: str) -> int:
+    """Trials in ``method``'s search: the Optuna budget, or the grid's (possibly budgeted) points."""
+    if not spec.grid:
+        return spec.trials
+    return len(grid_points(spec.grid_axes(method), spec.grid_budget, derive_seed(spec.seed, "grid", method)))
 
 
 def grid_points(axes: dict[str, tuple], budget: int | None, seed: int) -> list[dict]:

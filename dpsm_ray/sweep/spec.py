@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsm_ray.objectives import METHODS, PAPER_METHODS
+from dpsm_ray.catalog import METHODS, PAPER_METHODS
 from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, paper_grid
 from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
@@ -24,6 +24,10 @@ SAMPLERS = ("tpe", "random")
 
 class SweepError(RuntimeError):
     """A sweep that cannot start or continue as asked (the message says what to do)."""
+
+
+class SweepFinished(SweepError):
+    """The results directory holds a finished sweep (not an error: the command was run twice)."""
 
 
 class SweepInterrupted(SweepError):
@@ -165,6 +169,7 @@ class SweepSpec:
 # --- the results directory ------------------------------------------------------------------
 
 SWEEP_FILE = "sweep.json"
+FINISHED_FILE = "finished.json"  # written last, once the report is: the sweep has nothing left to do
 # sweep.json's "ledger" key: the sweep keeps run records under runs/ (dpsm_ray.sweep.ledger); a
 # sweep without it was written by an earlier version, whose state lived in Tune's pickles
 LEDGER_FORMAT = 1
@@ -260,7 +265,9 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
     (to be written, for a new sweep)."""
     if (results / SWEEP_FILE).exists():
         if not resume:
-            raise SweepError(f"{results} already holds a sweep; pass --resume to continue it, or choose another --results-dir")
+            if (results / FINISHED_FILE).exists():
+                raise SweepFinished(f"{results} holds a finished sweep; choose another --results-dir to run one again")
+            raise SweepError(f"{results} already holds a sweep that has not finished; pass --resume to continue it, or choose another --results-dir")
         stored = read_sweep_file(results)
         described = spec.describe()
         changed = sorted(k for k in described if k != "base" and stored.get(k) != described[k])

@@ -24,6 +24,7 @@ from ray import tune
 
 from dpsm_ray.files import is_disk_full
 from dpsm_ray.sweep.ledger import Ledger
+from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StudySearcher
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.env import pick_device
@@ -80,11 +81,16 @@ def run_trial(params: dict) -> None:
 
 def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int, retries: int, log) -> None:
     """Run the trials of ``stage`` that the ledger does not hold; raises ``StageInterrupted``
-    when Tune stopped first and ``StageOutOfSpace`` when the disk filled up."""
+    when Tune stopped first and ``StageOutOfSpace`` when the disk filled up.  ``log``: the
+    sweep's ``Progress`` (a plain function gets one of its own, counting this stage alone)."""
+    if not isinstance(log, Progress):
+        log = Progress(log)
+        log.plan(stage.total)
     ledger = Ledger(results)
     ended = ledger.records(stage.name)
     for index, record in ended.items():  # a driver killed between a record and its tell
         tell_study(stage, index, record)
+    log.already_ended(len(ended))
     left = stage.total - len(ended)
     if left <= 0:
         return
@@ -152,24 +158,44 @@ def disk_full_line(error: BaseException) -> str:
 
 class LedgerCallback(tune.Callback):
     """Records each trial of a stage when it ends (``record.json``), then tells the Optuna study;
-    prints one line per trial, and an epoch line now and then for trials that run long.
+    logs one line per trial (its wall time from launch, the sweep's counter and estimate), and an
+    epoch line now and then for trials that run long.
 
     A trial ends finished (its last report says so), stopped (by ASHA) or failed (Tune gave up
     on it).  One that Tune tears down because the sweep was interrupted has not ended: it gets no
     record, and a resumed sweep runs it on.  A trial that failed for lack of disk space is not a
     failed trial either: the stage halts, to be resumed once there is space."""
 
-    def __init__(self, ledger: Ledger, stage: Stage, stopper: AshaStopper, log, epoch_every_s: float = 30.0) -> None:
+    def __init__(self, ledger: Ledger, stage: Stage, stopper: AshaStopper, log: Progress, epoch_every_s: float = 30.0) -> None:
         self.ledger, self.stage, self.stopper, self.log = ledger, stage, stopper, log
         self.epoch_every_s = epoch_every_s
         self._last_line: dict[str, float] = {}
+        self._seen: dict[str, float] = {}  # when Tune first listed a trial
+        self._launched: dict[str, float] = {}  # when its process was asked for (see on_trial_start)
+        self._last_end = -math.inf
         self.out_of_space: str | None = None
 
-    def say(self, trial, text: str) -> None:
-        print(f"[{self.stage.name} {trial.config['point']['index'] + 1}/{self.stage.total}] trial {trial.trial_id}  {text}", flush=True)
+    def say(self, trial, text: str, counter: str = "") -> None:
+        self.log(f"{self.stage.name} {trial.config['point']['index'] + 1}/{self.stage.total}  {text}" + (f"  | {counter}" if counter else ""))
+
+    def on_step_begin(self, iteration, trials, **info) -> None:
+        now = time.monotonic()
+        for trial in trials:
+            self._seen.setdefault(trial.trial_id, now)
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        self._last_line[trial.trial_id] = time.monotonic()
+        # Tune calls this once the trial's process is up; it asked for that process when the
+        # trial was listed, or, if it waited for a slot, when the last trial before it ended
+        now = time.monotonic()
+        launched = max(self._seen.get(trial.trial_id, now), min(self._last_end, now))
+        self._launched.setdefault(trial.trial_id, launched)  # a retried trial keeps its first launch
+        self._last_line[trial.trial_id] = now
+        self.log.launched(launched)
+
+    def wall_seconds(self, trial) -> float:
+        """The trial's wall time from launch to now, its process's start-up included."""
+        self._last_end = now = time.monotonic()
+        return now - self._launched.get(trial.trial_id, now)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         if result.get(FINISHED) or result.get(RESUMED) or "epoch" not in result:
@@ -190,10 +216,11 @@ class LedgerCallback(tune.Callback):
             return  # torn down by an interrupted sweep: not ended
         config = trial_config(trial.config)
         self.record(trial, status, None, result)
-        seconds = result.get("time_total_s", 0.0)
-        ended = f"done in {seconds:.0f}s" if status == "ok" else f"stopped by ASHA after {result.get('epoch', 0)}/{config.epochs} epochs, {seconds:.0f}s"
+        seconds = duration_text(self.wall_seconds(trial))
+        ended = f"done in {seconds}" if status == "ok" else f"stopped by ASHA after {result.get('epoch', 0)}/{config.epochs} epochs, {seconds}"
         knobs = "  ".join(f"{name}={short(getattr(config, name))}" for name in self.stage.knobs)
-        self.say(trial, f"{ended}  val size {result.get(OBJECTIVE, float('nan')):.3f}  val cov {result.get(CONSTRAINED, float('nan')):.3f}  {knobs}")
+        self.say(trial, f"{ended}  val size {result.get(OBJECTIVE, float('nan')):.3f}  val cov {result.get(CONSTRAINED, float('nan')):.3f}  {knobs}",
+                 self.log.trial_ended())
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         error = trial.get_error()
@@ -205,7 +232,8 @@ class LedgerCallback(tune.Callback):
         lines = str(error).strip().splitlines() if error is not None else []
         message = lines[-1][:500] if lines else "error"
         self.record(trial, "failed", message, trial.last_result or {})
-        self.say(trial, f"FAILED: {message} (traceback: {Path(trial.local_path) / 'error.txt'})")
+        self.wall_seconds(trial)
+        self.say(trial, f"FAILED: {message} (traceback: {Path(trial.local_path) / 'error.txt'})", self.log.trial_ended())
 
     def record(self, trial, status: str, error: str | None, result: dict) -> None:
         """Write the trial's record, then tell the study (the record is what a resume trusts)."""

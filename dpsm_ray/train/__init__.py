@@ -1,14 +1,30 @@
-"""Training: the config, the one loop, and where it runs (this process or Ray Train workers)."""
+"""Training: the config, the one loop, and where it runs (this process or Ray Train workers).
+
+The loop's names are imported when first used: ``dpsm_ray.train.config`` (what the command line
+validates with) stays free of torch.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dpsm_ray.train.config import ConfigError, TrainConfig
-from dpsm_ray.train.env import LocalEnv, pick_device
-from dpsm_ray.train.loop import DivergedError, RunResult, train
+
+if TYPE_CHECKING:
+    from dpsm_ray.train.loop import RunResult
+
+LAZY = {"LocalEnv": "env", "pick_device": "env", "DivergedError": "loop", "RunResult": "loop", "train": "loop"}
+
+
+def __getattr__(name: str):
+    if name in LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"dpsm_ray.train.{LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run_training(config: TrainConfig, out_dir: str | os.PathLike | None = None, log=None, **ray_options) -> RunResult:
@@ -16,6 +32,9 @@ def run_training(config: TrainConfig, out_dir: str | os.PathLike | None = None, 
     (``ray_options``: ``train_distributed``'s keywords).  With ``out_dir`` the run checkpoints
     there and resumes from an existing checkpoint.  With ``init="base"`` the CE base model comes
     from the cache (trained first on a miss)."""
+    from dpsm_ray.train.env import LocalEnv, pick_device
+    from dpsm_ray.train.loop import train
+
     config = resolve_base_model(config, log, **ray_options)
     checkpoint = Path(out_dir) / "checkpoint.pt" if out_dir is not None else None
     if config.workers == 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 from dpsm_ray.models import default_model
@@ -93,7 +94,9 @@ def ensure_base_model(config: TrainConfig, run, cache_dir: str | os.PathLike | N
         # training resumes; renamed into place when complete.
         partial = entry.with_name(entry.name + ".partial")
         log(f"base model: cache miss, training {base.model} on {base.dataset} with CE for {base.epochs} epochs -> {entry}")
+        started = time.monotonic()
         run(base, partial)
+        log(f"base model: trained in {time.monotonic() - started:.0f}s")
         for name in (CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE):  # the training run's own files; write_run's stay
             (partial / name).unlink(missing_ok=True)
         shutil.rmtree(partial / RAY_TRAIN_DIR, ignore_errors=True)

@@ -13,8 +13,10 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from dpsm_ray.conformal import SCORE_KINDS
-from dpsm_ray.objectives import BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS, SPLITS
+from dpsm_ray.catalog import (
+    BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, MODELS, PRETRAINABLE, Q_INITS, SCORE_KINDS, SPLITS, check_dataset,
+    default_model, min_calibration_size, split_sizes,
+)
 
 
 class ConfigError(ValueError):
@@ -173,9 +175,6 @@ class TrainConfig:
 def calibration_warnings(config: TrainConfig) -> list[str]:
     """Where ``alpha`` needs more calibration points than a split has: split conformal then
     returns q = +inf, every prediction set holds every class, and coverage is trivially 1."""
-    from dpsm_ray.conformal import min_calibration_size
-    from dpsm_ray.data import split_sizes
-
     need, sizes = min_calibration_size(config.alpha), split_sizes(config.dataset)
     parts = {"the calibration split": sizes["cal"], "half of the validation split (what the search calibrates on)": sizes["val"] // 2}
     return [f"alpha={config.alpha:g} needs at least {need} calibration points for a finite threshold, but {where} has {n}: "
@@ -183,9 +182,6 @@ def calibration_warnings(config: TrainConfig) -> list[str]:
 
 
 def validate(config: TrainConfig) -> None:
-    from dpsm_ray.data import check_dataset, split_sizes
-    from dpsm_ray.models import MODELS, PRETRAINABLE, default_model
-
     def need(ok: bool, name: str, allowed: str) -> None:
         if not ok:
             raise ConfigError(name, getattr(config, name), allowed)

@@ -31,6 +31,7 @@ from dpsm_ray.models import build_model, default_model
 from dpsm_ray.objectives import ConfTr, DPSM, Objective, build_objective, hps_scores
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.train.lines import EpochLine
 from dpsm_ray.train.step import autocast, build_step
 
 EVAL_BATCH = 512
@@ -425,11 +426,12 @@ def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> tuple
     return evaluate(probs, labels, config.alpha, **protocol), evaluate_classes(probs, labels, config.alpha, **protocol)
 
 
-def progress_line(row: dict, config: TrainConfig) -> str:
+def progress_line(row: dict, config: TrainConfig) -> EpochLine:
     quantile = ""
     if config.method in ("dpsm", "conftr"):
         quantile = f"  q {row['q']:.4f}  Q_n {row['q_dataset']:.4f}  |q-Q_n| {row['q_error']:.4f}"
-    return (
+    text = (
         f"[{config.method}] epoch {row['epoch']:>3}/{config.epochs}  upper {row['upper_loss']:.4f}"
         f"{quantile}  val cov {row['val_coverage']:.3f}  val size {row['val_set_size']:.2f}  ({row['epoch_seconds']:.1f}s)"
     )
+    return EpochLine(text, epoch=row["epoch"], epochs=config.epochs, seconds=row["epoch_seconds"], val_set_size=row["val_set_size"], method=config.method)

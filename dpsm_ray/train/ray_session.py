@@ -120,8 +120,13 @@ def started_cluster_address() -> str | None:
 def embedded_ray_settings() -> None:
     """Settings for a Ray instance this process starts itself (a laptop, CI), set before
     ``ray.init`` so Ray's own processes inherit them.  Ray Train polls its workers every 2 s by
-    default, which adds ~10 s to every short run; 0.2 s halves a digits trial."""
+    default, which adds ~10 s to every short run; 0.2 s halves a digits trial.  Ray's warning
+    that a local instance has token authentication (its default, which this service wants) and
+    how to turn it off asks nothing of the user: its logger is set to errors only."""
+    import logging
+
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
 # --- capacity -------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def test_ties_for_the_best_configuration_go_to_the_trial_proposed_first(tmp_path
     write_parquet(tmp_path / "trials.parquet", rows, TRIALS)
     lines = []
     chosen = best_overrides(spec, tmp_path, "dpsm", lines.append)
-    assert chosen["lr"] == 0.0257 and "trial f0c1" in lines[0]
+    assert chosen["lr"] == 0.0257 and "search trial 1 " in lines[0]
     # without a feasible trial: the highest coverage, ties again to the first proposed
     write_parquet(tmp_path / "trials.parquet", [{**row, "feasible": False} for row in rows], TRIALS)
     assert best_overrides(spec, tmp_path, "dpsm", lines.append)["lr"] == 0.0257

@@ -21,6 +21,7 @@ import pytest
 
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS, arrow_schema
 from dpsm_ray.sweep.protocol import SweepError, SweepSpec, run_sweep
+from dpsm_ray.sweep.spec import SweepFinished
 from dpsm_ray.train.config import TrainConfig
 
 pytestmark = pytest.mark.ray
@@ -137,6 +138,19 @@ def test_each_method_s_optuna_study_is_in_a_database_with_its_trials_values_and_
             assert (optuna_trial.constraints["coverage"] <= 0) == row.feasible
 
 
+def test_progress_lines_are_stamped_and_count_every_trial_of_every_stage(finished_sweep):
+    spec, _, lines = finished_sweep
+    stamp = re.compile(r"^\[\d+:\d\d:\d\d\] ")
+    assert all(stamp.match(line) for line in lines if "\n" not in line), [line for line in lines if not stamp.match(line)]
+    # 2 methods x 2 trials, then 2 methods x 2 seeds and the 2 seeds' base models: 10 trials
+    counted = [re.search(r"\| trial (\d+)/(\d+)(, about \S+ left)?$", line) for line in lines if " done in " in line]
+    assert [(int(m[1]), int(m[2])) for m in counted] == [(k, 10) for k in range(1, 11)]
+    assert all(m[3] for m in counted[:-1]) and not counted[-1][3]  # an estimate until the last one
+    assert any(re.search(r"search-dpsm 2/2  done in (\d+m)?\d+s  val size", line) for line in lines)
+    # the base models' epochs: "trained in" after each, no line per epoch
+    assert sum("base model: trained in" in line for line in lines) == 2 and not any("[ce] epoch" in line for line in lines)
+
+
 def test_report_table_and_figures(finished_sweep):
     _, results, lines = finished_sweep
     printed = "\n".join(lines)
@@ -157,7 +171,11 @@ def test_report_table_and_figures(finished_sweep):
 def test_rerun_needs_resume_and_a_resumed_finished_sweep_adds_nothing(finished_sweep):
     spec, results, _ = finished_sweep
     before = {name: pd.read_parquet(results / f"{name}.parquet") for name in ("trials", "epochs", "evals")}
-    with pytest.raises(SweepError, match="already holds a sweep; pass --resume"):
+    assert json.loads((results / "finished.json").read_text())["trials"] == 2 * spec.trials + 3 * spec.final_seeds
+    with pytest.raises(SweepFinished, match="holds a finished sweep; choose another --results-dir"):
+        run_sweep(spec, results, log=lambda line: None)
+    (results / "finished.json").unlink()  # as if the driver had been killed just before its last write
+    with pytest.raises(SweepError, match="already holds a sweep that has not finished; pass --resume"):
         run_sweep(spec, results, log=lambda line: None)
     with pytest.raises(SweepError, match="different settings .*trials"):
         run_sweep(SweepSpec(**{**spec.__dict__, "trials": 3}), results, resume=True, log=lambda line: None)
@@ -222,6 +240,18 @@ def uninterrupted_sweep(ray_session, tmp_path_factory) -> Path:
     return results
 
 
+def test_the_same_command_run_again_shows_the_finished_sweep_and_exits_0(uninterrupted_sweep):
+    """Issue 24: pasting the quick start twice exited 3.  The second run trains nothing: it prints
+    the finished sweep's report and how to run another."""
+    before = (uninterrupted_sweep / "trials.parquet").read_bytes()
+    command = [sys.executable, str(ROOT / "sweeps" / "digits.py"), "--results-dir", str(uninterrupted_sweep), *TINY_SWEEP]
+    again = subprocess.run(command, capture_output=True, text=True, env=sweep_env(), timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (uninterrupted_sweep / "report.md").read_text().rstrip() in again.stdout
+    assert "holds a finished sweep" in again.stdout and "new --results-dir" in again.stdout and " done in " not in again.stdout
+    assert (uninterrupted_sweep / "trials.parquet").read_bytes() == before
+
+
 def optuna_states(results: Path) -> dict[str, list[str]]:
     import optuna
 
@@ -241,6 +271,12 @@ def assert_same_rows(results: Path, expected: Path, what: str) -> None:
     assert not [p for p in results.rglob("*.tmp") if "tune" not in p.parts], "a temporary file was left"
 
 
+def finished_trial(line: str) -> tuple[str, int]:
+    """``[0:01:02] search-ce 2/2  done in 9s ...`` -> ("search-ce", 1): the stage and trial index."""
+    stage, counter = line.split("] ", 1)[1].split()[:2]
+    return stage, int(counter.split("/")[0]) - 1
+
+
 def interrupted(point: str, results: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, str(Path(__file__).with_name("interrupted_sweep.py")), point, "--results-dir", str(results), *TINY_SWEEP]
     if (results / "sweep.json").exists():
@@ -257,14 +293,15 @@ def test_an_interrupted_sweep_resumes_to_the_rows_of_an_uninterrupted_one(uninte
     first = interrupted(point, results)
     assert first.returncode == 3, first.stdout + first.stderr  # stopped, not finished and not crashed
     assert "rerun with --resume" in first.stderr, first.stdout + first.stderr
-    done_first = {line.split("trial ")[1].split()[0] for line in first.stdout.splitlines() if " done in " in line}
+    done_first = {finished_trial(line) for line in first.stdout.splitlines() if " done in " in line}
 
     second = interrupted("none", results)
     assert second.returncode == 0, second.stdout + second.stderr
-    done_second = {line.split("trial ")[1].split()[0] for line in second.stdout.splitlines() if " done in " in line}
+    done_second = {finished_trial(line) for line in second.stdout.splitlines() if " done in " in line}
     assert not done_first & done_second  # nothing finished before Ctrl-C ran again
     assert_same_rows(results, uninterrupted_sweep, point)
-    assert set(done_first) <= set(pd.read_parquet(results / "trials.parquet").trial_id)
+    trials = pd.read_parquet(results / "trials.parquet")
+    assert {(f"search-{m}" if s == "search" else s, i) for s, m, i in zip(trials.stage, trials.method, trials.trial_index)} >= done_first
 
 
 # Instants at which the driver is killed (kill -9), one after another on the same sweep, each run
@@ -382,7 +419,7 @@ def test_a_sweep_outlives_a_training_run_stopped_beside_it(ray_session, tmp_path
     sweep = subprocess.Popen([sys.executable, str(ROOT / "sweeps" / "digits.py"), "--results-dir", str(tmp_path / "sweep"), *TINY_SWEEP], **pipes)
     sweep_lines: list[str] = []
     reader = lines_of(sweep, sweep_lines)
-    wait_for_line(sweep_lines, "search-ce:", sweep)  # its Ray is up and the search has begun
+    wait_for_line(sweep_lines, "] search: ", sweep)  # its Ray is up and the search has begun
     train.send_signal(signal.SIGINT)
     assert train.wait(timeout=120) != 0
     assert sweep.wait(timeout=600) == 0, "".join(sweep_lines)

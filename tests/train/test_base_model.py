@@ -12,7 +12,7 @@ def test_a_base_model_is_trained_on_a_miss_and_reused_on_a_hit(tmp_path):
     lines = []
     config = TrainConfig(**SMALL, method="dpsm", cache_dir=str(tmp_path))
     resolved = resolve_base_model(config, log=lines.append)
-    assert "cache miss" in lines[0] and "[ce] epoch   2/2" in lines[-1]  # announced, then trained
+    assert "cache miss" in lines[0] and "[ce] epoch   2/2" in lines[-2] and "base model: trained in" in lines[-1]  # announced, then trained
     weights = torch.load(resolved.init_checkpoint, weights_only=True)
     # another method, another alpha: the same base model, found in the cache
     again = resolve_base_model(config.replace(method="conftr", alpha=0.2), log=lines.append)

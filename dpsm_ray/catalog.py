@@ -1,0 +1,164 @@
+"""The names and sizes the command line checks, known without importing torch or Ray.
+
+Methods, scores, datasets and their split sizes, models: defined once here and re-exported by the
+modules that implement them (``dpsm_ray.objectives``, ``conformal``, ``data``, ``models``), so that
+``--help``, ``--version`` and every argument error answer before torch is imported.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from fractions import Fraction
+
+
+def dataset_options(spec: str, defaults: dict[str, float], floats: tuple[str, ...] = ("noise",)) -> dict[str, float]:
+    """``family`` or ``family:key=value,...`` -> ``defaults`` updated by the named options; the
+    keys in ``floats`` are read as floats, the others as integers.  Range checks are the caller's."""
+    family, _, rest = spec.partition(":")
+    options = dict(defaults)
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key not in defaults:
+            raise ValueError(f"dataset: unknown {family} option {key!r}; allowed: {', '.join(defaults)}")
+        try:
+            options[key] = float(value) if key in floats else int(value)
+        except ValueError:
+            raise ValueError(f"dataset: {family} option {key} must be a number; got {value!r}") from None
+        if not math.isfinite(options[key]):
+            raise ValueError(f"dataset: {family} option {key} must be a finite number; got {value!r}")
+    return options
+
+
+# -- methods and their options ---------------------------------------------------------------
+METHODS = ("ce", "conftr", "conftr_published", "cut", "dpsm")
+PAPER_METHODS = ("ce", "conftr", "cut", "dpsm")  # the paper's table: what a sweep runs by default
+# "base": the CE base model itself, evaluated without further training (the paper's table's CE
+# column, docs/method.md); a run of it trains 0 epochs from --init base
+BASE_MODEL = "base"
+CE_BATCHES = ("full", "half")
+CONFTR_SPLITS = ("halves", "batch")
+CUT_SCORES = ("hps", "aps")
+Q_INITS = ("dataset", "zero", "random")
+SPLITS = ("halves", "batch")  # DPSM's D1 / D2 split of a batch
+SCORE_KINDS = ("hps", "aps", "raps")
+
+# -- datasets --------------------------------------------------------------------------------
+DATASETS = ("digits", "synthetic", "glyphs", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
+DIGITS_SIZES = {"train": 1000, "val": 300, "cal": 200, "test": 297}  # all 1797 digits
+SYNTHETIC_DEFAULTS = {"classes": 10, "dim": 16, "size": 3000, "noise": 1.0}
+SYNTHETIC_FRACTIONS = {"train": 0.5, "val": 0.15, "cal": 0.1, "test": 0.25}
+GLYPHS_DEFAULTS = {"classes": 100, "train": 20, "noise": 0.2}
+GLYPHS_PER_CLASS_EVAL = {"val": 10, "cal": 10, "test": 20}
+GLYPHS_POOL = 24  # strokes shared by all classes
+GLYPHS_STROKES = 3  # strokes per glyph: C(24, 3) = 2024 distinct glyphs
+PAPER_SIZES = {
+    "cifar100": {"train": 45000, "val": 5000, "cal": 3000, "test": 7000},
+    "caltech101": {"train": 4310, "val": 1256, "cal": 1111, "test": 2000},
+    "inaturalist": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
+    "inaturalist2018": {"train": 15345, "val": 1705, "cal": 1410, "test": 2000},
+    "fashion_mnist": {"train": 55000, "val": 5000, "cal": 5000, "test": 5000},  # ConfTr's (dpsm_ray/data/vision.py)
+}
+
+
+def parse_synthetic(spec: str) -> dict[str, float]:
+    """``synthetic`` or ``synthetic:classes=20,dim=8,size=5000,noise=1.5`` -> parameters."""
+    options = dataset_options(spec, SYNTHETIC_DEFAULTS)
+    if options["classes"] < 2 or options["dim"] < 1 or options["size"] < 20 * options["classes"] or options["noise"] <= 0:
+        raise ValueError(f"dataset: synthetic needs classes >= 2, dim >= 1, size >= 20 * classes, noise > 0; got {options}")
+    return options
+
+
+def glyphs_max_classes() -> int:
+    return math.comb(GLYPHS_POOL, GLYPHS_STROKES)
+
+
+def parse_glyphs(spec: str) -> dict[str, float]:
+    """``glyphs`` or ``glyphs:classes=K,train=N,noise=S`` -> the options (defaults filled in)."""
+    options = dataset_options(spec, GLYPHS_DEFAULTS)
+    if not (2 <= options["classes"] <= glyphs_max_classes() and options["train"] >= 2 and 0 <= options["noise"] < math.inf):
+        raise ValueError(f"dataset: glyphs needs 2 <= classes <= {glyphs_max_classes()}, train >= 2 (images per class), noise >= 0; got {options}")
+    return options
+
+
+def glyph_sizes(options: dict[str, float]) -> dict[str, int]:
+    """The four splits' sizes: ``train`` and ``GLYPHS_PER_CLASS_EVAL`` images per class."""
+    per_class = {"train": options["train"], **GLYPHS_PER_CLASS_EVAL}
+    return {split: options["classes"] * count for split, count in per_class.items()}
+
+
+# the generated datasets, whose names take options (``synthetic:classes=20``)
+OPTION_PARSERS = {"synthetic": parse_synthetic, "glyphs": parse_glyphs}
+
+
+def check_dataset(name: str) -> str:
+    base = name.partition(":")[0]
+    if base not in DATASETS:
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
+    if base in OPTION_PARSERS:
+        OPTION_PARSERS[base](name)
+    elif name != base:
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)} (only {' and '.join(OPTION_PARSERS)} take options); got {name!r}")
+    return name
+
+
+def split_sizes(name: str) -> dict[str, int]:
+    """Sizes of the four splits of ``name``, known without loading any data (for the image
+    datasets, the paper's sizes: a smaller copy on disk gets them scaled down)."""
+    check_dataset(name)
+    if name == "digits":
+        return dict(DIGITS_SIZES)
+    if name in PAPER_SIZES:
+        return dict(PAPER_SIZES[name])
+    if name.partition(":")[0] == "glyphs":
+        return glyph_sizes(parse_glyphs(name))
+    size = parse_synthetic(name)["size"]
+    return {split: int(size * fraction) for split, fraction in SYNTHETIC_FRACTIONS.items()}
+
+
+# -- models ----------------------------------------------------------------------------------
+CIFAR_RESNET_DEPTHS = (20, 32, 56, 110)
+IMAGENET_HEADS = {"resnet50": "fc", "densenet121": "classifier"}  # the classifier layer a new head replaces
+MODELS = ("mlp", "mlp_bn", "cnn", *(f"resnet{depth}" for depth in CIFAR_RESNET_DEPTHS), "densenet100", "resnet50", "densenet121", "lenet")
+PRETRAINABLE = tuple(IMAGENET_HEADS)
+# the paper's model for each dataset (its ResNet column); the tabular data take the small MLP, the
+# glyphs the small LeNet, Fashion-MNIST ConfTr's MLP
+DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "glyphs": "lenet", "fashion_mnist": "mlp_bn", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
+
+
+def check_model(name: str) -> str:
+    if name not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}; got {name!r}")
+    return name
+
+
+def default_model(dataset: str) -> str:
+    """The model ``--model auto`` picks for ``dataset`` (``synthetic:...`` counts as synthetic)."""
+    base = dataset.partition(":")[0]
+    if base not in DEFAULT_MODELS:
+        raise ValueError(f"dataset must be one of {', '.join(DEFAULT_MODELS)}; got {dataset!r}")
+    return DEFAULT_MODELS[base]
+
+
+# -- split conformal -------------------------------------------------------------------------
+def check_alpha(alpha: float) -> float:
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in the open interval (0, 1); got {alpha}")
+    return alpha
+
+
+def min_calibration_size(alpha: float) -> int:
+    """The fewest calibration points whose conformal quantile is finite: the smallest n with
+    ceil((n + 1)(1 - alpha)) <= n, i.e. n >= (1 - alpha) / alpha (exact, as ``conformal_rank``).
+    With fewer, q_hat is +inf and every prediction set holds every label."""
+    check_alpha(alpha)
+    a = Fraction(repr(float(alpha)))
+    return math.ceil((1 - a) / a)
+
+
+# -- the front door ---------------------------------------------------------------------------
+def version_line(name: str = "%(prog)s") -> str:
+    """``dpsm-ray 0.1.0 (Python 3.11.2)``: known without importing torch or Ray (``--version``)."""
+    from dpsm_ray import __version__
+
+    return f"{name} {__version__} (Python {sys.version.split()[0]})"

@@ -1,0 +1,97 @@
+"""The sweep's progress lines: each one stamped with the time since the sweep started, an overall
+trial counter across all stages with an estimate of the time left, and the base model's epochs
+shown once in a while instead of one line each.
+
+    [0:00:41] base model: epoch 14/30  val size 1.21  (9s per epoch, about 2m24s left)
+    [0:03:05] search-ce 2/4  done in 31s  val size 1.230  val cov 0.905  lr=0.0123  | trial 2/20, about 9m10s left
+
+The estimate is the trials left times the time per trial ended so far in this run (wall time
+since the first trial of this run started, over the trials that ended since): it counts the
+start-up of each trial and the work between stages, and gets better as trials end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from dpsm_ray.train.lines import EpochLine
+
+
+def clock_text(seconds: float) -> str:
+    """``h:mm:ss``."""
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def duration_text(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``2h10m``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress:
+    """The sweep's log (called with a line, as ``print`` is): time-stamps every line, counts the
+    trials of every stage against the sweep's total, and thins the base model's epoch lines to one
+    per ``epoch_every_s``."""
+
+    def __init__(self, emit: Callable[[str], None] = print, *, epoch_every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.emit, self.clock, self.epoch_every_s = emit, clock, epoch_every_s
+        self.started = clock()
+        self.total = 0  # trials in the whole sweep (the stages not built yet as planned)
+        self.done = 0  # trials ended, in this run or (resumed) before it
+        self.ended_now = 0  # trials ended in this run
+        self.first_launch: float | None = None  # when this run's first trial started
+        self._last_epoch_line = -float("inf")
+
+    def __call__(self, line: str) -> None:
+        if isinstance(line, EpochLine):
+            self.epoch(line)
+            return
+        self.emit(f"[{clock_text(self.clock() - self.started)}] {line}")
+
+    # -- trials ---------------------------------------------------------------------------------
+    def plan(self, total: int) -> None:
+        self.total = total
+
+    def replan(self, planned: int, actual: int) -> None:
+        """A stage planned with ``planned`` trials has ``actual`` (the final stage, once the
+        methods whose every search trial failed are known)."""
+        self.total += actual - planned
+
+    def already_ended(self, count: int) -> None:
+        """``count`` trials that a resumed sweep finds ended."""
+        self.done += count
+
+    def launched(self, when: float | None = None) -> None:
+        if self.first_launch is None:
+            self.first_launch = self.clock() if when is None else when
+
+    def trial_ended(self) -> str:
+        """Count one ended trial; the counter and estimate to append to its line."""
+        self.done += 1
+        self.ended_now += 1
+        left = self.left_seconds()
+        return f"trial {self.done}/{self.total}" + (f", about {duration_text(left)} left" if left is not None and self.done < self.total else "")
+
+    def left_seconds(self) -> float | None:
+        if not self.ended_now or self.first_launch is None:
+            return None
+        per_trial = (self.clock() - self.first_launch) / self.ended_now
+        return max(0, self.total - self.done) * per_trial
+
+    # -- the base model's epochs ----------------------------------------------------------------
+    def epoch(self, line: EpochLine) -> None:
+        now = self.clock()
+        if line.epoch == 1:  # a training starts: its first line after epoch_every_s
+            self._last_epoch_line = now
+        if line.epoch == line.epochs or now - self._last_epoch_line < self.epoch_every_s:
+            return  # the last epoch: the "trained in" line follows
+        self._last_epoch_line = now
+        left = (line.epochs - line.epoch) * line.seconds
+        what = "base model" if line.method == "ce" else line.method
+        self(f"{what}: epoch {line.epoch}/{line.epochs}  val size {line.val_set_size:.2f}  ({line.seconds:.1f}s per epoch, about {duration_text(left)} left)")

@@ -1,0 +1,69 @@
+"""The sweep's progress lines: time stamps, the overall trial counter and its estimate, and the
+base model's epochs thinned (the lines of a real sweep: tests/sweep/test_sweep.py)."""
+
+from dpsm_ray.sweep.progress import Progress, clock_text, duration_text
+from dpsm_ray.train.lines import EpochLine
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def progress(**options) -> tuple[Progress, list[str], Clock]:
+    lines, clock = [], Clock()
+    return Progress(lines.append, clock=clock, **options), lines, clock
+
+
+def test_clock_and_duration_texts():
+    assert [clock_text(s) for s in (0, 59.9, 61, 3600 + 62, 36000)] == ["0:00:00", "0:00:59", "0:01:01", "1:01:02", "10:00:00"]
+    assert [duration_text(s) for s in (4.4, 59.6, 185, 7800)] == ["4s", "1m00s", "3m05s", "2h10m"]
+
+
+def test_every_line_carries_the_time_since_the_sweep_started():
+    log, lines, clock = progress()
+    log("search-ce: 4 trials")
+    clock.now += 75
+    log("final: 2 methods")
+    assert lines == ["[0:00:00] search-ce: 4 trials", "[0:01:15] final: 2 methods"]
+
+
+def test_the_counter_spans_the_stages_and_the_estimate_is_trials_left_times_time_per_trial():
+    log, _, clock = progress()
+    log.plan(10)
+    log.already_ended(2)  # a resumed sweep: two trials ended in an earlier run
+    clock.now += 5
+    log.launched()  # this run's first trial starts 5 s in
+    clock.now += 30
+    assert log.trial_ended() == "trial 3/10, about 3m30s left"  # 7 left x 30 s
+    clock.now += 10
+    assert log.trial_ended() == "trial 4/10, about 2m00s left"  # 6 left x (40 s / 2)
+    log.replan(planned=4, actual=3)  # a method whose every search trial failed: one final trial fewer
+    assert log.total == 9
+    for _ in range(4):
+        log.trial_ended()
+    assert log.trial_ended() == "trial 9/9"  # nothing left: no estimate
+
+
+def test_no_estimate_before_a_trial_of_this_run_ended():
+    log, _, _ = progress()
+    log.plan(4)
+    log.already_ended(1)
+    assert log.left_seconds() is None
+
+
+def epoch(number: int, epochs: int = 20, seconds: float = 2.0) -> EpochLine:
+    return EpochLine(f"[ce] epoch {number:>3}/{epochs}", epoch=number, epochs=epochs, seconds=seconds, val_set_size=1.5, method="ce")
+
+
+def test_the_base_models_epochs_show_once_per_interval_and_never_the_last():
+    log, lines, clock = progress(epoch_every_s=30)
+    for number in range(1, 21):
+        clock.now += 2.0
+        log(epoch(number))
+    # epochs end at 2, 4, ... 40 s; the first line 30 s after epoch 1, i.e. at epoch 16 (32 s)
+    assert lines == ["[0:00:32] base model: epoch 16/20  val size 1.50  (2.0s per epoch, about 8s left)"]
+    assert isinstance(epoch(1), str) and epoch(3) == "[ce] epoch   3/20"  # still the loop's own line for everyone else
