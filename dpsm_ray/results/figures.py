@@ -459,7 +459,7 @@ def restyle_importances(ax, method: str) -> None:
     ax.set_title(f"{name_of(method)}: parameter importance", loc="left")
     ax.set_xlabel("importance for the validation set size (normalised)")
     ax.set_ylabel("searched parameter")
-    ax.legend(handles=[Patch(facecolor=method_style(method).color, label=name_of(method))], fontsize="small", loc="lower right")
+    ax.legend(handles=[Patch(facecolor=method_style(method).color, label=name_of(method))], fontsize="small", loc="best")
 
 
 def save(fig, out: Path, name: str) -> None:

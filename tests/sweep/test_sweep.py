@@ -71,8 +71,11 @@ def test_trials_parquet(finished_sweep):
         assert config["evaluate_test"] == (row.stage == "final")  # the search never touches test data
         # a knob the method reads is the one that ran; one it does not read is null (CE's lambda)
         assert pd.isna(row.conformal_weight) if row.method in ("ce", "base") else math.isclose(config["conformal_weight"], row.conformal_weight)
-        assert (row.q_init, row.dpsm_split) == ((config["q_init"], config["dpsm_split"]) if row.method == "dpsm" else (None, None))
-        assert row.conftr_split is None and row.cut_score is None  # ConfTr's and CUT's, and neither ran
+        if row.method == "dpsm":
+            assert (row.q_init, row.dpsm_split) == (config["q_init"], config["dpsm_split"])
+        else:
+            assert pd.isna(row.q_init) and pd.isna(row.dpsm_split)
+        assert pd.isna(row.conftr_split) and pd.isna(row.cut_score)  # ConfTr's and CUT's, and neither ran
     dpsm_search = search[search.method == "dpsm"]
     assert dpsm_search.quantile_lr.nunique() == 2  # Optuna really sampled gamma
     # the final stage re-trains each method's chosen configuration
