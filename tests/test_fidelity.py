@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dpsm_ray.sweep.study import paired_change, t_interval
+from dpsm_ray.results.stats import paired_change, t_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["base", "ce", "dpsm_official", "dpsm", "dpsm_tex", "conftr", "cut"]

@@ -1,34 +1,32 @@
-"""``dpsm-ray report DIR``: the paper-style table and figures from a results directory.
+"""``dpsm-ray report DIR``: the paper-style tables and figures of a results directory.
 
-Works on a sweep's directory (final-stage rows) and on a single run's ``--out`` directory.
-Table cells are mean ± std over every final model and calibration/test re-split.  Each figure is a
-PNG in ``figures/`` and a section of report.md with one line on what it should show: the paper's
-box plots (figure 1), losses and optimisation gaps (figure 2), |q - Q_n| and training against
-validation set size (figure 3), and class-conditional coverage (figures 5-6).
+Works on a sweep's directory (final-stage rows) and on a single run's ``--out`` directory.  Writes
+``report.md`` and ``report.tex`` (the same tables, booktabs) and ``figures/*.png`` and ``*.pdf``
+(docs/results.md, "The report").  Table cells are mean ± std over every final model and
+calibration/test re-split; DPSM's change against the best baseline is a per-seed paired change
+with a 95% t interval over the seeds (``dpsm_ray.results.stats``).  Every caption is computed from
+the rows it describes.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from dpsm_ray.files import CorruptFileError, atomic_write, write_text
+from dpsm_ray.files import CorruptFileError, write_text
+from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
+from dpsm_ray.results.provenance import chosen_configurations, read_sweep, sweep_settings, versions_table
+from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.store import MANIFEST, verify_manifest
-from dpsm_ray.results.tables import render_columns
+from dpsm_ray.results.tables import METHOD_NAMES, METHOD_ORDER, SCORE_ORDER, cell, latex_table, latex_text, markdown, ordered, render_columns
 
-METHOD_ORDER = ("base", "ce", "cut", "conftr", "conftr_published", "dpsm")
-METHOD_NAMES = {
-    "base": "CE (base model, as in the paper's table)", "ce": "CE", "cut": "CUT", "conftr": "ConfTr", "conftr_published": "ConfTr (published)",
-    "dpsm": "DPSM",
-}
-FIGURE_NAMES = {**METHOD_NAMES, "base": "CE base", "conftr_published": "ConfTr (pub.)"}  # tick labels and legends
-SCORE_ORDER = ("hps", "aps", "raps")
-# epochs.parquet columns the curves average over a method's runs
-EPOCH_CURVES = ("upper_loss", "lower_loss", "q_error", "q_error_train", "upper_gap", "lower_gap", "train_set_size_q", "val_set_size")
+# the metrics two scores must agree on, on every evaluation, to be called identical
+AGREEING = ("coverage", "set_size", "covgap", "sscv", "wsc")
+NOT_SIGNIFICANT = "not significant"
 
 
 def load(results: Path, name: str) -> pd.DataFrame:
@@ -44,45 +42,74 @@ def load(results: Path, name: str) -> pd.DataFrame:
     return frame
 
 
-def ordered(values, order) -> list:
-    present = list(dict.fromkeys(values))
-    return [v for v in order if v in present] + [v for v in present if v not in order]
+# --- DPSM against the baselines ------------------------------------------------------------
 
 
-def cell(values: pd.Series, digits: int) -> str:
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1) if len(values) > 1 else 0.0:.{digits}f}"
+def comparisons(evals: pd.DataFrame, metric: str = "set_size") -> list[dict]:
+    """DPSM's per-seed paired change of ``metric`` against, per score, the best baseline trained
+    by the same protocol (the lowest mean; the base model excluded) and, where it was evaluated,
+    the CE base model (the paper's comparison: SPEC section 7)."""
+    methods = ordered(evals["method"], METHOD_ORDER)
+    if "dpsm" not in methods:
+        return []
+    baselines = [m for m in methods if m not in ("dpsm", "base")]
+    found = []
+    for score in ordered(evals["score"], SCORE_ORDER):
+        means = evals[evals.score == score].groupby("method")[metric].mean()
+        if not math.isfinite(means.get("dpsm", math.nan)):
+            continue
+        for label, pool in (("best baseline", baselines), ("the CE base model", ["base"] if "base" in methods else [])):
+            present = means.reindex(pool).dropna()
+            if present.empty:
+                continue
+            against = present.idxmin()
+            change = paired_change(evals, "dpsm", against, score, metric, by="method")
+            if change["seeds"]:
+                found.append({**change, "label": label})
+    return found
+
+
+def interval_cell(change: dict, short: bool = True) -> str:
+    """``-3.21% [-8.10, 1.68] n.s.``: the mean change and its interval (n.s.: the interval holds 0)."""
+    if change["seeds"] < 2:
+        return f"{change['mean']:+.2f}% (1 seed: no interval)"
+    mark = "" if change["significant"] else (" n.s." if short else f" ({NOT_SIGNIFICANT})")
+    return f"{change['mean']:+.2f}% [{change['low']:+.2f}, {change['high']:+.2f}]{mark}".replace("-", "−")
 
 
 def paper_table(evals: pd.DataFrame, metric: str = "set_size", digits: int = 2) -> list[list[str]]:
-    """Rows: methods; columns: scores; then DPSM's change against the best baseline trained by the
-    same protocol (the base model excluded), and, where the base model was evaluated, against it:
-    the paper's table compares DPSM with the CE base model, which was not fine-tuned (SPEC section 7)."""
+    """Rows: methods; columns: scores; then DPSM's per-seed paired change against the best baseline
+    and against the CE base model (``comparisons``), mean [95% t interval]."""
     methods = ordered(evals["method"], METHOD_ORDER)
     scores = ordered(evals["score"], SCORE_ORDER)
     rows = [["method", *(s.upper() for s in scores)]]
     for method in methods:
         rows.append([METHOD_NAMES.get(method, method)] + [cell(evals[(evals.method == method) & (evals.score == s)][metric], digits) for s in scores])
-    baselines = [m for m in methods if m not in ("dpsm", "base")]
-    if "dpsm" in methods:
-        for label, against in (("DPSM vs best baseline", baselines), ("DPSM vs the CE base model", ["base"] if "base" in methods else [])):
-            if against:
-                rows.append([label, *(percent_change(evals, metric, score, against) for score in scores)])
+    found = comparisons(evals, metric)
+    for label in ("best baseline", "the CE base model"):
+        part = {c["score"]: c for c in found if c["label"] == label}
+        if part:
+            rows.append([f"DPSM vs {label}", *(interval_cell(part[s]) if s in part else "n/a" for s in scores)])
     return rows
 
 
-def percent_change(evals: pd.DataFrame, metric: str, score: str, against: list[str]) -> str:
-    """DPSM's mean ``metric`` against the lowest mean among the methods ``against``, in percent."""
-    means = evals[evals.score == score].groupby("method")[metric].mean()
-    best, ours = means.reindex(against).min(), means.get("dpsm", math.nan)
-    if not (best > 0 and math.isfinite(ours)):  # a score some method lacks, or empty sets
-        return "n/a"
-    percent = 100.0 * (ours - best) / best
-    return f"{'↓' if percent <= 0 else '↑'} {abs(percent):.2f}%"
+def comparison_table(found: list[dict]) -> list[list[str]]:
+    rows = [["DPSM against", "score", "per-seed change (%)", "mean", f"{T_LEVEL:.0%} t interval", "n (seeds)", "significant?"]]
+    for change in sorted(found, key=lambda c: c["label"] != "best baseline"):  # stable: scores stay in order
+        interval = "none (1 seed)" if change["seeds"] < 2 else f"[{change['low']:+.2f}, {change['high']:+.2f}]"
+        against = "the CE base model" if change["against"] == "base" else f"{METHOD_NAMES.get(change['against'], change['against'])} (best baseline)"
+        rows.append([against, change["score"].upper(),
+                     ", ".join(f"{v:+.2f}" for v in change["per_seed"]), f"{change['mean']:+.2f}%", interval, str(change["seeds"]),
+                     "yes" if change["significant"] else NOT_SIGNIFICANT])
+    return rows[:1] + [[c.replace("-", "−") for c in row] for row in rows[1:]]
 
 
-def markdown(rows: list[list[str]]) -> str:
-    header, *body = rows
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in body)])
+def comparison_caption(found: list[dict]) -> str:
+    seeds = sorted({c["seeds"] for c in found})
+    return (f"DPSM's percent change of the mean set size against a method, per seed (both from that seed's base model, on the same "
+            f"calibration/test re-splits), then the mean and a Student t {T_LEVEL:.0%} interval over n = {'/'.join(map(str, seeds))} seeds; "
+            f"{NOT_SIGNIFICANT} (n.s. in the table above) where the interval holds 0. The best baseline is the one with the lowest mean "
+            "set size for that score, the CE base model excluded; negative: DPSM's sets are smaller.")
 
 
 def details_table(evals: pd.DataFrame) -> list[list[str]]:
@@ -97,8 +124,85 @@ def details_table(evals: pd.DataFrame) -> list[list[str]]:
     return rows
 
 
+# --- scores that give the same sets --------------------------------------------------------
+
+
+def identical_scores(evals: pd.DataFrame, classes: pd.DataFrame) -> list[tuple[str, str]]:
+    """Pairs of scores whose evaluations agree on every one of AGREEING, for every model and
+    re-split of every method (and, where classes.parquet is there, on every class's coverage and
+    set size): as far as the result files can tell, the same prediction sets."""
+    scores = ordered(evals["score"], SCORE_ORDER)
+    pairs = []
+    for i, first in enumerate(scores):
+        for second in scores[i + 1:]:
+            if agree(evals, first, second, ["run_id", "split"], AGREEING) and (classes.empty or agree(classes, first, second, ["run_id", "split", "label"], ("coverage", "set_size"))):
+                pairs.append((first, second))
+    return pairs
+
+
+def agree(frame: pd.DataFrame, first: str, second: str, key: list[str], columns) -> bool:
+    a = frame[frame.score == first].set_index(key)[list(columns)].sort_index()
+    b = frame[frame.score == second].set_index(key)[list(columns)].sort_index()
+    if a.empty or not a.index.equals(b.index):
+        return False
+    return bool(((a == b) | (a.isna() & b.isna())).all().all())
+
+
+def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: pd.DataFrame) -> str | None:
+    """The footnote for identical scores, with what was measured and why they can agree."""
+    from dpsm_ray.conformal import RAPS_K_REG, RAPS_LAMBDA
+
+    if not pairs:
+        return None
+    evaluations = evals[evals.score == pairs[0][0]][["run_id", "split"]].drop_duplicates()
+    methods = ", ".join(METHOD_NAMES.get(m, m) for m in ordered(evals.method, METHOD_ORDER))
+    seen = "coverage, set size, CovGap, SSCV and WSC" + (", and every class's coverage and set size (classes.parquet)" if not classes.empty else "")
+    notes = []
+    for first, second in pairs:
+        text = (f"{first.upper()} and {second.upper()} give identical rows: {seen} are equal on every one of the {len(evaluations)} "
+                f"model x re-split evaluations of every method ({methods}), so their sets agree as far as these files can tell.")
+        if {first, second} == {"aps", "raps"}:
+            labels = classes.label.nunique() if not classes.empty else None
+            accuracy = evals.accuracy.min()
+            text += (f" The reason: RAPS's score is APS's plus λ·max(0, rank(y) − k_reg) with λ = {RAPS_LAMBDA:g}, k_reg = {RAPS_K_REG} "
+                     "(dpsm_ray/conformal/scores.py), so it differs from APS only where a label ranked below the top "
+                     f"{RAPS_K_REG} enters a calibration score or a set; here that changed no result"
+                     + (f" (the models rank {labels} classes, and the least accurate has test accuracy {accuracy:.3f})" if labels else
+                        f" (the least accurate model has test accuracy {accuracy:.3f})") + ". It is not a bug.")
+        notes.append(text)
+    return " ".join(notes)
+
+
+# --- the report ----------------------------------------------------------------------------
+
+
+def run_context(results: Path, trials: pd.DataFrame, alpha: float) -> Context:
+    """What the figures' captions take from trials.parquet's final rows, or from a single run's
+    config.json."""
+    if trials.empty or "stage" not in trials:
+        from dpsm_ray.train.config import METHOD_FIELDS
+
+        try:
+            config = json.loads((results / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return Context(alpha)
+        method = config.get("method")
+        used = {field: [str(config.get(field))] for field in ("q_init", "conformal_weight") if method in METHOD_FIELDS[field]}
+        return Context(alpha, q_init={method: used["q_init"]} if "q_init" in used else None,
+                       conformal_weight={method: used["conformal_weight"][0]} if "conformal_weight" in used else None)
+    final = trials[trials.stage == "final"]
+
+    def values(column: str) -> dict:
+        return {m: sorted({str(v) if not isinstance(v, float) else f"{v:.4g}" for v in part[column].dropna()}) for m, part in final.groupby("method")
+                if part[column].notna().any()}
+
+    weights = {m: ", ".join(v) for m, v in values("conformal_weight").items()}
+    return Context(alpha, q_init=values("q_init"), conformal_weight=weights)
+
+
 def write_report(results_dir: str | os.PathLike, log=print) -> str:
-    """Print the tables, write ``report.md`` and ``figures/*.png``; returns the text printed."""
+    """Print the tables, write ``report.md``, ``report.tex`` and ``figures/*.png`` / ``*.pdf``;
+    returns the text printed."""
     results = Path(results_dir)
     for name in verify_manifest(results):
         log(f"warning: {results / name} has no checksum in {results / MANIFEST} (written by an earlier version); it is read unchecked")
@@ -106,23 +210,93 @@ def write_report(results_dir: str | os.PathLike, log=print) -> str:
     if evals.empty:
         raise FileNotFoundError(f"no evaluation rows in {results / 'evals.parquet'}: is this a finished run or sweep directory?")
     alpha = float(evals.alpha.iloc[0])
-    size, details = paper_table(evals), details_table(evals)
+    epochs, classes, trials, sweep = load(results, "epochs.parquet"), load(results, "classes.parquet"), load(results, "trials.parquet"), read_sweep(results)
+    size, details, found = paper_table(evals), details_table(evals), comparisons(evals)
+    pairs = identical_scores(evals, classes)
+    footnote = identical_note(pairs, evals, classes)
+    size_caption = (f"Average prediction set size at α = {alpha:g}: mean ± std over every final model and calibration/test re-split. "
+                    + ("DPSM vs ...: per-seed paired change, mean [95% t interval]; n.s.: the interval holds 0 (next table). " if found else "")
+                    + (f"Footnote: {footnote}" if footnote else ""))
     text = "\n".join([
         f"Average prediction set size at alpha = {alpha:g} (mean ± std over models and calibration/test re-splits)",
-        render_columns(size),
-        "",
+        render_columns(size), *([f"note: {footnote}"] if footnote else []), "",
+        *([f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""] if found else []),
         "All metrics",
         render_columns(details),
     ])
     log(text)
-    figures = write_figures(results, evals, load(results, "epochs.parquet"), load(results, "classes.parquet"), alpha)
-    report = [f"# Results: {results.name}", "", f"Average prediction set size at alpha = {alpha:g}.", "", markdown(size), "", "## All metrics", "", markdown(details), ""]
-    report += predictors_section(results, log)
+
+    md = [f"# Results: {results.name}", "", markdown(size), "", size_caption, ""]
+    tex = [latex_table(size, size_caption, "set-size")]
+    if found:
+        md += ["## DPSM against the baselines", "", markdown(comparison_table(found)), "", comparison_caption(found), ""]
+        tex.append(latex_table(comparison_table(found), comparison_caption(found), "paired", align="llrrrrl"))
+    md += ["## All metrics", "", markdown(details), "", "Mean ± std over models and re-splits; models: final models behind each row.", ""]
+    tex.append(latex_table(details, "All metrics: mean ± std over models and re-splits.", "metrics"))
+
+    configurations = chosen_configurations(trials, sweep)
+    md += ["## Chosen configurations", ""]
+    if configurations is None:
+        md += ["Not recorded: these files have no final-stage rows in trials.parquet (a single run's directory records its configuration in config.json).", ""]
+    else:
+        rows, notes = configurations
+        caption = ("Each method's configuration, the one its final models re-trained with every seed; bold: chosen by the search "
+                   "(the pick, docs/results.md), the rest fixed for the sweep; —: a setting the method does not read. "
+                   + "; ".join(notes) + ".")
+        md += [markdown(rows), "", caption, ""]
+        tex.append(latex_table(rows, caption, "configurations", align="l" + "l" * (len(rows[0]) - 1)))
+    md += ["## Sweep settings", ""]
+    if sweep is None:
+        md += ["Not recorded: no sweep.json in this directory.", ""]
+    else:
+        settings = sweep_settings(sweep, evals)
+        md += [markdown(settings), "", "From sweep.json.", ""]
+        tex.append(latex_table(settings, "The sweep's settings (sweep.json).", "settings", align="lp{0.7\\linewidth}"))
+    versions = versions_table(sweep)
+    md += ["## Versions", "", markdown(versions), "", "The versions sweep.json recorded when the sweep started (\"not recorded\": an older sweep, or a "
+           "single run), and the ones installed when this report was written, which drew the tables and figures.", ""]
+    tex.append(latex_table(versions, "Package versions: those that ran the sweep, and those installed when this report was written.", "versions", align="lll"))
+    md += predictors_section(results, log)
+
+    figures = write_figures(results, evals, epochs, classes, run_context(results, trials, alpha))
+    search, search_note = search_figures(results, sweep)
+    search_written = write_drawn(results, search) if search is not None else []
     for figure in figures:
-        report += [f"## {figure.title}", "", figure.caption, "", f"![{figure.title}](figures/{figure.name}.png)", ""]
-    write_text(results / "report.md", "\n".join(report))
-    log(f"report written to {results / 'report.md'} with {len(figures)} figures in {results / 'figures'}")
+        md += [f"## {figure.title}", "", figure.caption, "", f"![{figure.title}](figures/{figure.name}.png)", "", f"PDF: `figures/{figure.name}.pdf`", ""]
+    md += ["## Search", "", search_note, ""]
+    for figure in search_written:
+        md += [f"### {figure.title}", "", figure.caption, "", f"![{figure.title}](figures/{figure.name}.png)", "", f"PDF: `figures/{figure.name}.pdf`", ""]
+    tex += [latex_figure(f) for f in [*figures, *search_written]]
+    write_text(results / "report.md", "\n".join(md))
+    write_text(results / "report.tex", latex_document(results.name, tex, search_note))
+    log(f"report written to {results / 'report.md'} and {results / 'report.tex'} with {len(figures) + len(search_written)} figures (PNG and PDF) in {results / 'figures'}")
     return text
+
+
+def write_figures(results: Path, evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> list[Figure]:
+    return write_drawn(results, draw_figures(evals, epochs, classes, context))
+
+
+def write_drawn(results: Path, drawn) -> list[Figure]:
+    out = results / "figures"
+    out.mkdir(exist_ok=True)
+    written = []
+    for figure, fig in drawn:
+        save(fig, out, figure.name)
+        written.append(figure)
+    return written
+
+
+def latex_figure(figure: Figure) -> str:
+    return "\n".join([r"\begin{figure}[htbp]", r"\centering", rf"\includegraphics[width=\linewidth]{{figures/{figure.name}.pdf}}",
+                      rf"\caption{{{latex_text(figure.title)}. {latex_text(figure.caption)}}}", rf"\label{{fig:{figure.name.replace('_', '-')}}}", r"\end{figure}"])
+
+
+def latex_document(name: str, parts: list[str], search_note: str) -> str:
+    """report.tex: every table (booktabs) and figure (its PDF) of report.md, ready for pdflatex."""
+    head = [r"\documentclass{article}", r"\usepackage[margin=2cm]{geometry}", r"\usepackage{booktabs}", r"\usepackage{graphicx}",
+            r"\usepackage[T1]{fontenc}", r"\usepackage[utf8]{inputenc}", r"\begin{document}", rf"\section*{{Results: {latex_text(name)}}}", ""]
+    return "\n".join([*head, *(p + "\n" for p in parts), latex_text(search_note), "", r"\end{document}", ""])
 
 
 def predictors_section(results: Path, log) -> list[str]:
@@ -149,132 +323,3 @@ def predictors_section(results: Path, log) -> list[str]:
         "`dpsm-ray export DIR --method METHOD --out OUT` copies the chosen one out (`--seed S` another); `dpsm-ray predict OUT --input X.npy "
         "--out sets.parquet` and `dpsm-ray serve OUT` use it.", "",
     ]
-
-
-@dataclass(frozen=True)
-class Figure:
-    """A PNG in ``figures/`` and its section of report.md: a title and one line on what to see."""
-
-    name: str
-    title: str
-    caption: str
-
-
-def write_figures(results: Path, evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, alpha: float) -> list[Figure]:
-    """Every figure the results have the columns for (older result files lack some)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = results / "figures"
-    out.mkdir(exist_ok=True)
-    methods = ordered(evals["method"], METHOD_ORDER)
-    scores = ordered(evals["score"], SCORE_ORDER)
-    written = []
-
-    def name_of(method: str) -> str:
-        return FIGURE_NAMES.get(method, method)
-
-    def finish(fig, figure: Figure) -> None:
-        fig.tight_layout()
-        save(fig, out / f"{figure.name}.png")
-        written.append(figure)
-
-    for metric, title in (("coverage", "Coverage"), ("set_size", "Average prediction set size")):
-        fig, axes = plt.subplots(1, len(scores), figsize=(4 * len(scores), 3.5), squeeze=False)
-        for ax, score in zip(axes[0], scores):
-            data = [evals[(evals.method == m) & (evals.score == score)][metric].to_numpy() for m in methods]
-            ax.boxplot(data, tick_labels=[name_of(m) for m in methods])
-            if metric == "coverage":
-                ax.axhline(1 - alpha, color="grey", linestyle="--", linewidth=1)
-            ax.set_title(f"{title} ({score.upper()})")
-        if metric == "coverage":
-            finish(fig, Figure("coverage_box", "Coverage", f"Test coverage over models and calibration/test re-splits (paper figure 1, top): every box should sit around 1 - alpha = {1 - alpha:g} (dashed)."))
-        else:
-            finish(fig, Figure("apss_box", "Average prediction set size", "Test APSS over models and re-splits (paper figure 1, bottom): at equal coverage, lower is better; the paper has DPSM's box lowest."))
-
-    # load() has kept a sweep's final stage only: the curves of the chosen configurations
-    if not epochs.empty:
-        columns = [c for c in EPOCH_CURVES if c in epochs.columns]
-        mean = epochs.groupby(["method", "epoch"], sort=True)[columns].mean().reset_index()
-        quantile_methods = [m for m in ("dpsm", "conftr") if m in set(mean.method)]
-
-        fig, (upper, lower) = plt.subplots(1, 2, figsize=(9, 3.5))
-        for method in ordered(mean["method"], METHOD_ORDER):
-            part = mean[mean.method == method]
-            upper.plot(part.epoch, part.upper_loss, label=name_of(method))
-            if part.lower_loss.notna().any():
-                lower.plot(part.epoch, part.lower_loss, label=name_of(method))
-        upper.set_title("Upper-level loss (CE + λ·L_c)")
-        lower.set_title("Lower-level loss (pinball at q / τ)")
-        for ax in (upper, lower):
-            ax.set_xlabel("epoch")
-            if ax.lines:
-                ax.legend()
-        finish(fig, Figure("losses", "Training losses", "Epoch means of the training objective and of the pinball loss on the training batches (paper figure 2(a)(b)): both should settle; DPSM's lower loss falls as q reaches the quantile."))
-
-        if quantile_methods and {"upper_gap", "lower_gap"} <= set(columns):
-            fig, (upper, lower) = plt.subplots(1, 2, figsize=(9, 3.5))
-            for method in quantile_methods:
-                part = mean[mean.method == method]
-                upper.plot(part.epoch, part.upper_gap, label=name_of(method))
-                lower.plot(part.epoch, part.lower_gap, label=name_of(method))
-            upper.set_title("Upper loss at q minus at Q_n")
-            lower.set_title("Pinball loss at q minus at Q_n")
-            for ax in (upper, lower):
-                ax.axhline(0, color="grey", linestyle="--", linewidth=1)
-                ax.set_xlabel("epoch")
-                ax.legend()
-            finish(fig, Figure("loss_gaps", "Optimisation gaps", "The upper and lower losses on the training split at the learned quantile minus at its Q_n (paper figure 2(c)(d)): DPSM's gaps should fall to about 0 as q reaches Q_n; the pinball gap is never negative."))
-
-        if quantile_methods:
-            fig, ax = plt.subplots(figsize=(5.5, 3.5))
-            for index, method in enumerate(quantile_methods):
-                part, label = mean[mean.method == method], f"{name_of(method)} ({'learned q' if method == 'dpsm' else 'batch τ'})"
-                if "q_error_train" in columns:
-                    ax.plot(part.epoch, part.q_error_train, color=f"C{index}", label=f"{label}, Q_n of the training split")
-                ax.plot(part.epoch, part.q_error, color=f"C{index}", linestyle="--", label=f"{label}, Q_n of D1")
-            ax.set_xlabel("epoch")
-            ax.set_ylabel("|q - Q_n|")
-            ax.set_title("Quantile estimation error")
-            ax.legend(fontsize="small")
-            finish(fig, Figure("q_error", "Quantile estimation error", "|q - Q_n| with Q_n over the whole training split (solid, paper figure 3(a)) and over D1, the half q is fitted on (dashed): DPSM's learned q should approach Q_n and stay below ConfTr's batch-quantile error, starting above it from a random q_0; solid above dashed means the halves' scores have drifted apart."))
-
-        if quantile_methods and "train_set_size_q" in columns:
-            fig, (sizes, gaps) = plt.subplots(1, 2, figsize=(9, 3.5))
-            for index, method in enumerate(quantile_methods):
-                part, color = mean[mean.method == method], f"C{index}"
-                sizes.plot(part.epoch, part.train_set_size_q, color=color, label=f"{name_of(method)} train, at q")
-                sizes.plot(part.epoch, part.val_set_size, color=color, linestyle="--", label=f"{name_of(method)} validation")
-                gaps.plot(part.epoch, (part.train_set_size_q - part.val_set_size).abs(), color=color, label=name_of(method))
-            sizes.set_title("Set size: training split at q, validation")
-            gaps.set_title("|train - validation| set size")
-            for ax in (sizes, gaps):
-                ax.set_xlabel("epoch")
-                ax.legend()
-            finish(fig, Figure("set_size_gap", "Training against validation set size", "The training split's hard set size at the learned quantile against the validation set size (paper figure 3(c), its learning-bound proxy): the smaller the gap, the better the training-time size predicts held-out size; the paper has DPSM's gap below ConfTr's."))
-
-    if not classes.empty:
-        # one value per final model and class: its mean over the re-splits
-        per_class = classes.groupby(["method", "score", "run_id", "label"])[["coverage", "set_size"]].mean().reset_index()
-        class_methods = ordered(per_class["method"], METHOD_ORDER)
-        class_scores = ordered(per_class["score"], SCORE_ORDER)
-        fig, axes = plt.subplots(2, len(class_scores), figsize=(4 * len(class_scores), 7), squeeze=False)
-        for column, score in enumerate(class_scores):
-            for row, (metric, title) in enumerate((("coverage", "Class-conditional coverage"), ("set_size", "Class-wise set size"))):
-                ax = axes[row][column]
-                data = [per_class[(per_class.method == m) & (per_class.score == score)][metric].dropna().to_numpy() for m in class_methods]
-                ax.boxplot(data, tick_labels=[name_of(m) for m in class_methods])
-                if metric == "coverage":
-                    ax.axhline(1 - alpha, color="grey", linestyle="--", linewidth=1)
-                ax.set_title(f"{title} ({score.upper()})")
-        finish(fig, Figure("class_coverage", "Class-conditional coverage", f"Each class's test coverage and average set size, per final model and averaged over re-splits (paper figures 5-6): boxes tight around 1 - alpha = {1 - alpha:g} (dashed) mean even coverage across classes, lower set-size boxes smaller sets."))
-    return written
-
-
-def save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    atomic_write(path, lambda handle: fig.savefig(handle, format=path.suffix.lstrip("."), dpi=110))
-    plt.close(fig)

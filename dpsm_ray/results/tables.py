@@ -36,3 +36,62 @@ def render_columns(lines: list[list[str]]) -> str:
         cells = ["-" * w if set(c) == {"-"} else c for c, w in zip(line, widths)]
         out.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
     return "\n".join(out)
+
+
+# --- the report's tables ------------------------------------------------------------------------
+
+METHOD_ORDER = ("base", "ce", "cut", "conftr", "conftr_published", "dpsm")
+METHOD_NAMES = {
+    "base": "CE (base model, as in the paper's table)", "ce": "CE", "cut": "CUT", "conftr": "ConfTr", "conftr_published": "ConfTr (published)",
+    "dpsm": "DPSM",
+}
+FIGURE_NAMES = {**METHOD_NAMES, "base": "CE base", "conftr_published": "ConfTr (pub.)"}  # tick labels and legends
+SCORE_ORDER = ("hps", "aps", "raps")
+
+
+def ordered(values, order) -> list:
+    present = list(dict.fromkeys(values))
+    return [v for v in order if v in present] + [v for v in present if v not in order]
+
+
+def cell(values: pd.Series, digits: int) -> str:
+    return f"{values.mean():.{digits}f} ± {values.std(ddof=1) if len(values) > 1 else 0.0:.{digits}f}"
+
+
+def markdown(rows: list[list[str]]) -> str:
+    header, *body = rows
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in body)])
+
+
+# Unicode the tables hold and LaTeX's default fonts lack, as LaTeX
+LATEX_SYMBOLS = {
+    "±": r"$\pm$", "−": "$-$", "↓": r"$\downarrow$", "↑": r"$\uparrow$", "×": r"$\times$", "≥": r"$\geq$", "≤": r"$\leq$", "∈": r"$\in$",
+    "α": r"$\alpha$", "λ": r"$\lambda$", "γ": r"$\gamma$", "η": r"$\eta$", "τ": r"$\tau$", "κ": r"$\kappa$", "…": r"\dots{}", "–": "--", "—": "---", "·": r"$\cdot$",
+}
+
+
+def latex_text(text: str) -> str:
+    """``text`` as LaTeX: its special characters escaped, ``code`` and **bold** as \\texttt and
+    \\textbf, the symbols of LATEX_SYMBOLS in math mode."""
+    import re
+
+    escaped = text.replace("\\", "\0")  # a placeholder: the braces of \textbackslash{} must not be escaped
+    for char in "&%$#_{}":
+        escaped = escaped.replace(char, "\\" + char)
+    escaped = escaped.replace("\0", r"\textbackslash{}")
+    escaped = escaped.replace("~", r"\textasciitilde{}").replace("^", r"\textasciicircum{}").replace("|", r"\textbar{}")
+    for symbol, latex in LATEX_SYMBOLS.items():
+        escaped = escaped.replace(symbol, latex)
+    escaped = re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", escaped)
+    return re.sub(r"`(.+?)`", r"\\texttt{\1}", escaped)
+
+
+def latex_table(rows: list[list[str]], caption: str, label: str, align: str | None = None) -> str:
+    """A booktabs table (header, then body rows) in a floating ``table`` with its caption."""
+    header, *body = rows
+    align = align or "l" + "r" * (len(header) - 1)
+    lines = [r"\begin{table}[htbp]", r"\centering", r"\small", rf"\caption{{{latex_text(caption)}}}", rf"\label{{tab:{label}}}",
+             rf"\begin{{tabular}}{{{align}}}", r"\toprule", " & ".join(latex_text(c) for c in header) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_text(c) for c in row) + r" \\" for row in body]
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(lines)

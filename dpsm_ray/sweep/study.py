@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.train.config import TrainConfig
 
-T_LEVEL = 0.95
 REFERENCES = ("ce", "base")  # every arm is compared with CE fine-tuned and with the base model
 STUDY_FILE = "study.json"
 
@@ -132,31 +132,6 @@ def write_study_results(study: Study, results: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- the analysis
-
-
-def t_interval(values: list[float], level: float = T_LEVEL) -> tuple[float, float, float]:
-    """Mean and the two ends of a Student t interval for the mean of ``values`` (NaN ends for
-    fewer than two)."""
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n if n else math.nan
-    if n < 2:
-        return mean, math.nan, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = stats.t.ppf((1 + level) / 2, n - 1) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
-def paired_change(evals, arm: str, against: str, score: str, metric: str = "set_size") -> dict:
-    """``arm``'s percent change of the mean ``metric`` against ``against``, per seed (both from that
-    seed's base model, evaluated on the same re-splits), then a t interval over the seeds."""
-    part = evals[evals.score == score]
-    per_seed = part.groupby(["seed", "stage"])[metric].mean().unstack("stage")
-    change = (100 * (per_seed[arm] - per_seed[against]) / per_seed[against]).dropna()
-    mean, low, high = t_interval(change.tolist())
-    return {"score": score, "arm": arm, "against": against, "seeds": len(change), "per_seed": [round(v, 2) for v in change],
-            "mean": mean, "low": low, "high": high, "significant": bool(low > 0 or high < 0)}
 
 
 def analyse(study: Study, results: Path) -> dict:

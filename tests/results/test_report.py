@@ -1,114 +1,305 @@
-"""The paper-style table from hand-made evaluation rows (no Ray)."""
+"""The report from hand-made results directories (no Ray): its tables against hand computations,
+its LaTeX, and its figures (files, colours, scales, captions)."""
 
+import hashlib
+import json
+import math
+
+import matplotlib
 import pandas as pd
+import pytest
+from matplotlib.colors import to_rgba
 
-from dpsm_ray.results.report import paper_table
+from dpsm_ray.results.figures import STYLES, Context, draw_figures, method_style, name_of, y_scale
+from dpsm_ray.results.report import comparisons, identical_scores, paper_table, write_report
+from fabricated import fabricate
 
-
-def rows(method, score, sizes):
-    return [{"method": method, "score": score, "set_size": size} for size in sizes]
-
-
-def test_the_table_gives_mean_std_and_dpsms_change_against_the_best_baseline():
-    evals = pd.DataFrame(rows("ce", "hps", [2.0, 4.0]) + rows("cut", "hps", [2.5, 2.5]) + rows("dpsm", "hps", [2.0, 2.0]))
-    table = paper_table(evals)
-    assert table[0] == ["method", "HPS"]
-    assert table[1] == ["CE", "3.00 ± 1.41"]  # std with ddof 1: sqrt(2)
-    assert table[3] == ["DPSM", "2.00 ± 0.00"]
-    assert table[-1] == ["DPSM vs best baseline", "↓ 20.00%"]  # (2.0 - 2.5) / 2.5, CUT being the best baseline
+matplotlib.use("Agg")
+T_975_2 = 4.302652729911275  # Student t quantile, 0.975, 2 degrees of freedom
+FIGURES = {"coverage_box", "apss_box", "losses", "loss_gaps", "q_error", "set_size_gap", "class_coverage"}
 
 
-def test_a_score_that_a_baseline_lacks_or_empty_sets_give_no_percentage():
-    evals = pd.DataFrame(rows("ce", "hps", [1.0]) + rows("dpsm", "hps", [0.8]) + rows("dpsm", "aps", [1.0]) + rows("ce", "raps", [0.0]) + rows("dpsm", "raps", [0.0]))
-    change = paper_table(evals)[-1]
-    assert change == ["DPSM vs best baseline", "↓ 20.00%", "n/a", "n/a"]
+def quiet(text):
+    pass
 
 
-# --- figures and report sections -------------------------------------------------------------
-
-NEW_FIGURES = {"loss_gaps", "q_error", "set_size_gap", "class_coverage"}
+# --- the paired change ---------------------------------------------------------------------
 
 
-def sweep_rows(tmp_path):
-    """A sweep's three files by hand: DPSM and ConfTr, two final models each, plus a search row
-    that the figures must leave out."""
-    from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS
-    from dpsm_ray.results.store import write_parquet
+def test_dpsm_against_the_best_baseline_is_a_per_seed_paired_interval_by_hand(tmp_path):
+    """CE (10.0 every seed) is the best baseline; DPSM's 10.01, 10.02, 10.03 are changes of
+    +0.1%, +0.2%, +0.3%: mean 0.2, sd 0.1, half-width t_{0.975,2} * 0.1 / sqrt(3) = 0.2484, so
+    the interval [-0.0484, 0.4484] holds 0: not significant."""
+    evals = pd.read_parquet(fabricate(tmp_path) / "evals.parquet")
+    hps = next(c for c in comparisons(evals) if c["score"] == "hps" and c["label"] == "best baseline")
+    half = T_975_2 * 0.1 / math.sqrt(3)
+    assert half == pytest.approx(0.2484, abs=1e-4)
+    assert hps["against"] == "ce" and hps["seeds"] == 3 and hps["per_seed"] == [0.1, 0.2, 0.3]
+    assert (hps["mean"], hps["low"], hps["high"]) == pytest.approx((0.2, 0.2 - half, 0.2 + half), abs=1e-9)
+    assert not hps["significant"]
+    assert paper_table(evals)[-2] == ["DPSM vs best baseline", *["+0.20% [−0.05, +0.45] n.s."] * 3]
+    base = next(c for c in comparisons(evals) if c["score"] == "hps" and c["label"] == "the CE base model")
+    assert base["against"] == "base" and base["significant"] and base["high"] < 0  # 10.02 against 11: about -8.9%
 
-    epochs, evals, classes = [], [], []
-    for method in ("dpsm", "conftr"):
-        for seed, stage in ((0, "final"), (1, "final"), (2, "search")):
-            key = {"sweep": "hand", "stage": stage, "trial_id": f"{method}{seed}", "run_id": f"{method}{seed}", "dataset": "digits", "model": "mlp", "method": method, "seed": seed}
-            for epoch in (1, 2, 3):
-                error = 0.5 / epoch if method == "dpsm" else 0.05
-                epochs.append({**key, "epoch": epoch, "lr": 0.05, "upper_loss": 1.0 / epoch, "lower_loss": 0.1, "q": 0.2, "q_dataset": 0.2, "q_error": error,
-                               "q_dataset_train": 0.2, "q_error_train": error, "upper_gap": error, "lower_gap": error / 10, "train_set_size_q": 1.0 + error, "val_set_size": 1.2})
-            for split in (0, 1):
-                evals.append({**key, "score": "hps", "split": split, "alpha": 0.1, "coverage": 0.9, "set_size": 1.1, "covgap": 3.0, "sscv": 0.05, "wsc": 0.85, "accuracy": 0.95})
-                for label in range(3):
-                    classes.append({**key, "score": "hps", "split": split, "label": label, "n_test": 10, "coverage": 0.8 + 0.05 * label, "set_size": 1.0 + label})
-    write_parquet(tmp_path / "epochs.parquet", epochs, EPOCHS)
-    write_parquet(tmp_path / "evals.parquet", evals, EVALS)
-    write_parquet(tmp_path / "classes.parquet", classes, CLASSES)
+    write_report(tmp_path, log=quiet)
+    report = (tmp_path / "report.md").read_text()
+    assert "| CE (best baseline) | HPS | +0.10, +0.20, +0.30 | +0.20% | [−0.05, +0.45] | 3 | not significant |" in report
+    assert "n = 3 seeds" in report
 
 
-def figure_sections(report: str) -> dict[str, str]:
-    """figure file name -> the one line of its report section."""
-    sections = {}
-    for block in report.split("\n## ")[1:]:
-        lines = [line for line in block.splitlines() if line]
-        image = [line for line in lines if line.startswith("![")]
-        if image:
-            sections[image[0].split("figures/")[1].removesuffix(".png)")] = lines[1]
-    return sections
+def test_a_change_whose_interval_excludes_zero_is_not_marked():
+    """Changes of -10%, -9%, -11%: mean -10, sd 1, interval -10 -+ 2.484."""
+    rows = [{"method": m, "seed": seed, "score": "hps", "split": 0, "set_size": size}
+            for seed, dpsm in enumerate((9.0, 9.1, 8.9)) for m, size in (("ce", 10.0), ("dpsm", dpsm))]
+    change = comparisons(pd.DataFrame(rows))[0]
+    assert (change["low"], change["high"]) == pytest.approx((-10 - T_975_2 / math.sqrt(3), -10 + T_975_2 / math.sqrt(3)))
+    assert change["significant"] and paper_table(pd.DataFrame(rows))[-1] == ["DPSM vs best baseline", "−10.00% [−12.48, −7.52]"]
 
 
-def test_a_sweeps_report_has_every_figure_and_a_section_each(tmp_path):
-    from dpsm_ray.results.report import write_report
+def test_one_seed_gives_a_change_without_an_interval():
+    rows = [{"method": "ce", "seed": 0, "score": "hps", "split": 0, "set_size": 2.5}, {"method": "dpsm", "seed": 0, "score": "hps", "split": 0, "set_size": 2.0}]
+    assert paper_table(pd.DataFrame(rows))[-1] == ["DPSM vs best baseline", "-20.00% (1 seed: no interval)"]
 
-    sweep_rows(tmp_path)
-    write_report(tmp_path, log=lambda text: None)
-    sections = figure_sections((tmp_path / "report.md").read_text())
-    assert NEW_FIGURES | {"coverage_box", "apss_box", "losses"} == set(sections)
-    for name, line in sections.items():
-        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 1000
-        assert "paper figure" in line and not line.startswith("!["), (name, line)  # the line on what to see
+
+def test_the_table_gives_mean_and_std():
+    rows = [{"method": m, "seed": i, "score": "hps", "split": 0, "set_size": s} for m, sizes in (("ce", (2.0, 4.0)), ("dpsm", (2.0, 2.0))) for i, s in enumerate(sizes)]
+    table = paper_table(pd.DataFrame(rows))
+    assert table[:3] == [["method", "HPS"], ["CE", "3.00 ± 1.41"], ["DPSM", "2.00 ± 0.00"]]  # std with ddof 1: sqrt(2)
+
+
+# --- identical scores ------------------------------------------------------------------------
+
+
+def test_identical_aps_and_raps_get_a_footnote_with_the_reason(tmp_path):
+    fabricate(tmp_path)
+    evals, classes = pd.read_parquet(tmp_path / "evals.parquet"), pd.read_parquet(tmp_path / "classes.parquet")
+    assert identical_scores(evals, classes) == [("aps", "raps")]
+    write_report(tmp_path, log=quiet)
+    report = (tmp_path / "report.md").read_text()
+    assert "APS and RAPS give identical rows" in report and "k_reg = 5" in report and "every one of the 24 model x re-split evaluations" in report
+
+
+def test_scores_that_differ_on_one_evaluation_get_no_footnote(tmp_path):
+    fabricate(tmp_path, raps_differs=True)
+    assert identical_scores(pd.read_parquet(tmp_path / "evals.parquet"), pd.read_parquet(tmp_path / "classes.parquet")) == []
+    write_report(tmp_path, log=quiet)
+    assert "identical rows" not in (tmp_path / "report.md").read_text() and "identical rows" not in (tmp_path / "report.tex").read_text()
+
+
+# --- report.md and report.tex ------------------------------------------------------------------
+
+
+def test_the_report_holds_configurations_settings_and_versions(tmp_path):
+    write_report(fabricate(tmp_path), log=quiet)
+    report = (tmp_path / "report.md").read_text()
+    section = report.split("## Chosen configurations")[1].split("##")[0]
+    assert "| parameter | CE | CUT | DPSM |" in section
+    assert "| λ (conformal_weight) | — | **0.2** | **3.24** |" in section  # searched: bold; CE does not read lambda
+    assert "| q_0 (q_init) | — | — | random |" in section and "| η (lr) | **0.02** | **0.03** | **0.01** |" in section
+    assert "DPSM: search trial 0" in section and "the CE base model (3 seeds)" in section
+    settings = report.split("## Sweep settings")[1].split("##")[0]
+    for text in ("| dataset | digits |", "| scheduler | asha (grace period 1 epochs, reduction factor 3) |", "| search | Optuna TPE, 2 trials per method |",
+                 "| alpha | 0.1 |", "slack 0.02", "| search space: DPSM | lambda ∈ [0.1, 4] log; lr ∈ [0.001, 0.1] log; gamma", "| final seeds | 3 (seeds 0–2)"):
+        assert text in settings, text
+    versions = report.split("## Versions")[1].split("##")[0]
+    assert "| torch | 2.0.0 |" in versions and "installed when this report was written" in versions
+
+
+def test_an_older_sweep_without_versions_says_not_recorded(tmp_path):
+    write_report(fabricate(tmp_path, versions=False), log=quiet)
+    versions = (tmp_path / "report.md").read_text().split("## Versions")[1].split("##")[0]
+    assert "| dpsm_ray | not recorded |" in versions
+
+
+def test_report_tex_is_a_booktabs_document_in_ascii(tmp_path):
+    write_report(fabricate(tmp_path), log=quiet)
+    tex = (tmp_path / "report.tex").read_text()
+    assert tex.startswith(r"\documentclass{article}") and r"\usepackage{booktabs}" in tex and tex.rstrip().endswith(r"\end{document}")
+    tables = tex.count(r"\begin{tabular}")
+    assert tables >= 5 and tex.count(r"\toprule") == tex.count(r"\midrule") == tex.count(r"\bottomrule") == tex.count(r"\end{tabular}") == tables
+    assert r"+0.20\% [$-$0.05, +0.45] n.s." in tex and "not significant" in tex
+    assert r"3.24" in tex and r"$\lambda$ (conformal\_weight)" in tex
+    assert all(ord(c) < 128 for c in tex), sorted({c for c in tex if ord(c) >= 128})  # pdflatex's default fonts
+    for name in FIGURES:
+        assert rf"\includegraphics[width=\linewidth]{{figures/{name}.pdf}}" in tex
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def test_every_figure_is_written_as_png_and_pdf_with_a_section(tmp_path):
+    write_report(fabricate(tmp_path), log=quiet)
+    report = (tmp_path / "report.md").read_text()
+    for name in FIGURES:
+        assert (tmp_path / "figures" / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
+        assert (tmp_path / "figures" / f"{name}.pdf").read_bytes().startswith(b"%PDF"), name
+        assert f"](figures/{name}.png)" in report
+    assert "No search figures: there is no optuna.db in this directory." in report
+
+
+def drawn(results):
+    evals, epochs, classes = (pd.read_parquet(results / f"{n}.parquet") for n in ("evals", "epochs", "classes"))
+    return list(draw_figures(evals, epochs, classes, Context(0.1, q_init={"dpsm": ["random"]}, conformal_weight={"dpsm": "3.24"})))
+
+
+def test_each_method_has_one_colour_in_every_figure_and_every_axis_is_labelled(tmp_path):
+    import matplotlib.pyplot as plt
+
+    figures = drawn(fabricate(tmp_path))
+    assert {f.name for f, _ in figures} == FIGURES
+    names = {name_of(m): m for m in ("base", "ce", "cut", "dpsm")}
+    seen = {}
+    for figure, fig in figures:
+        assert fig.legends, figure.name  # a legend in every figure
+        for handle, text in zip(fig.legends[0].legend_handles, fig.legends[0].get_texts()):
+            if text.get_text() in names:
+                colour = handle.get_facecolor() if hasattr(handle, "get_facecolor") and not hasattr(handle, "get_color") else handle.get_color()
+                seen.setdefault(names[text.get_text()], set()).add(to_rgba(colour, 1.0))
+        for ax in fig.axes:
+            for line in ax.lines:  # every curve in its method's colour
+                if line.get_label() in names:
+                    assert to_rgba(line.get_color()) == to_rgba(method_style(names[line.get_label()]).color), (figure.name, line.get_label())
+            assert ax.get_ylabel() or ax.get_shared_y_axes().get_siblings(ax) != [ax], (figure.name, ax.get_title())
+        if figure.name.endswith("box"):  # boxes coloured by method, in the order of the tick labels
+            ax = fig.axes[0]
+            labels = [t.get_text() for t in ax.get_xticklabels()]
+            faces = [to_rgba(p.get_facecolor(), 1.0) for p in ax.patches]
+            assert faces == [to_rgba(method_style(names[label]).color, 1.0) for label in labels]
+        plt.close(fig)
+    assert all(len(colours) == 1 for colours in seen.values()), seen
+    assert {m: next(iter(c)) for m, c in seen.items()} == {m: to_rgba(STYLES[m].color) for m in seen}
+
+
+def test_panels_share_their_y_axis_and_a_flattened_panel_gets_a_log_scale(tmp_path):
+    import matplotlib.pyplot as plt
+
+    figures = dict((f.name, (f, fig)) for f, fig in drawn(fabricate(tmp_path)))
+    coverage = figures["coverage_box"][1]
+    assert all(coverage.axes[0].get_shared_y_axes().joined(coverage.axes[0], ax) for ax in coverage.axes[1:3])
+    losses = figures["losses"][1]
+    assert losses.axes[0].get_yscale() == "log"  # DPSM's 3.0 against the others' 0.05 / epoch
+    assert "(left panel on a log scale: its series differ by more than 10x)" in figures["losses"][0].caption
+    assert figures["q_error"][1].axes[0].get_yscale() == "linear"
+    for _, fig in figures.values():
+        plt.close(fig)
+
+
+def test_y_scale_rule():
+    assert y_scale([[1.0, 2.0], [5.0, 9.0]]) == "linear"
+    assert y_scale([[0.05, 0.04], [3.0, 3.2]]) == "log"
+    assert y_scale([[0.0, 0.05], [3.0, 3.2]]) == "symlog"
+    assert y_scale([[float("nan")], [3.0]]) == "linear"
+
+
+def test_captions_say_what_ran(tmp_path):
+    import matplotlib.pyplot as plt
+
+    figures = drawn(fabricate(tmp_path))
+    captions = {f.name: f.caption for f, _ in figures}
+    assert "DPSM's q_0: random (Unif(0, 1) from the run seed)" in captions["q_error"]
+    assert "DPSM's upper gap grew from 0.01 (epoch 1) to 0.03 (epoch 3)" in captions["loss_gaps"]  # as fabricated: growing gaps
+    assert "each box: 3 models x 2 calibration/test re-splits = 6 values" in captions["coverage_box"]
+    assert "λ of the chosen configurations: DPSM 3.24" in captions["losses"]
+    for _, fig in figures:
+        plt.close(fig)
+
+
+def test_an_unknown_method_gets_a_stable_style_unlike_the_fixed_ones():
+    style = method_style("my_objective")
+    assert style == method_style("my_objective") and style.color not in {s.color for s in STYLES.values()}
+    assert [STYLES[m].color for m in ("base", "ce", "cut", "conftr", "conftr_published", "dpsm")] == [
+        "tab:gray", "tab:blue", "tab:green", "tab:orange", "tab:brown", "tab:red"]
+
+
+# --- search figures ---------------------------------------------------------------------------
+
+
+def optuna_db(results, trials: int, params: tuple[str, ...] = ("lr", "conformal_weight")):
+    """hand-dpsm's study: trial 1 infeasible (coverage 0.80 below the floor 0.88)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="hand-dpsm", storage=f"sqlite:///{results / 'optuna.db'}", direction="minimize")
+    for number in range(trials):
+        trial = study.ask()
+        for name in params:
+            trial.suggest_float(name, 0.001, 1.0, log=True)
+        coverage = 0.80 if number == 1 else 0.90
+        trial.set_constraint("coverage", 0.88 - coverage)
+        study.tell(trial, 1.0 + 0.1 * number)
+
+
+def test_a_searchs_history_and_importance_are_drawn_from_a_copy_of_optuna_db(tmp_path):
+    fabricate(tmp_path)
+    optuna_db(tmp_path, trials=4)
+    before = hashlib.sha256((tmp_path / "optuna.db").read_bytes()).hexdigest()
+    write_report(tmp_path, log=quiet)
+    assert hashlib.sha256((tmp_path / "optuna.db").read_bytes()).hexdigest() == before  # never written
+    for name in ("search_dpsm", "importance_dpsm"):
+        assert (tmp_path / "figures" / f"{name}.png").exists() and (tmp_path / "figures" / f"{name}.pdf").exists()
+    report = (tmp_path / "report.md").read_text()
+    assert "1 of 4 infeasible (validation coverage below 0.88" in report
+    assert not (tmp_path / "figures" / "search_ce.png").exists()  # no study of CE in this optuna.db
+
+
+def test_the_history_crosses_the_infeasible_trial_in_black(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from dpsm_ray.results.figures import draw_search
+
+    fabricate(tmp_path)
+    optuna_db(tmp_path, trials=4)
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    figures = {figure.name: fig for figure, fig in draw_search(tmp_path, sweep)}
+    ax = figures["search_dpsm"].axes[0]
+    shown = [(c, [tuple(p) for p in c.get_offsets()]) for c in ax.collections if c.get_visible()]
+    crossed = [points for c, points in shown if to_rgba(c.get_facecolor()[0]) == to_rgba("black")]
+    coloured = [points for c, points in shown if to_rgba(c.get_facecolor()[0]) == to_rgba(STYLES["dpsm"].color)]
+    assert crossed == [[(1.0, 1.1)]] and coloured == [[(0.0, 1.0), (2.0, 1.2), (3.0, 1.3)]]  # trial 1's coverage 0.80 < 0.88
+    assert "infeasible (val coverage < 0.88)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    for fig in figures.values():
+        plt.close(fig)
+
+
+def test_too_few_trials_give_a_history_without_importance(tmp_path):
+    fabricate(tmp_path)
+    optuna_db(tmp_path, trials=2)
+    write_report(tmp_path, log=quiet)
+    assert (tmp_path / "figures" / "search_dpsm.png").exists() and not (tmp_path / "figures" / "importance_dpsm.png").exists()
+
+
+def test_a_grid_sweep_has_no_search_figures_and_says_so(tmp_path):
+    write_report(fabricate(tmp_path, grid=True), log=quiet)
+    report = (tmp_path / "report.md").read_text()
+    assert "No search figures: a grid sweep" in report and not list((tmp_path / "figures").glob("search_*"))
+    assert "| search | the paper's grid, every configuration |" in report
+    assert "| search space: DPSM | batch_size {64}; epochs {30}; lr {0.001, 0.005, 0.01, 0.05, 0.1}" in report
+
+
+# --- older files and single runs --------------------------------------------------------------
 
 
 def test_a_report_of_older_files_leaves_out_the_figures_they_lack_columns_for(tmp_path):
-    from dpsm_ray.results.report import write_report
-
-    sweep_rows(tmp_path)
-    (tmp_path / "classes.parquet").unlink()
-    (tmp_path / "manifest.json").unlink()  # older versions recorded no checksums
+    fabricate(tmp_path)
+    for name in ("classes.parquet", "manifest.json", "trials.parquet", "sweep.json"):
+        (tmp_path / name).unlink()
     old = pd.read_parquet(tmp_path / "epochs.parquet").drop(columns=["q_error_train", "upper_gap", "lower_gap", "train_set_size_q"])
     old.to_parquet(tmp_path / "epochs.parquet")
-    write_report(tmp_path, log=lambda text: None)
-    sections = figure_sections((tmp_path / "report.md").read_text())
-    assert set(sections) == {"coverage_box", "apss_box", "losses", "q_error"}
+    write_report(tmp_path, log=quiet)
+    report = (tmp_path / "report.md").read_text()
+    assert {p.stem for p in (tmp_path / "figures").glob("*.png")} == {"coverage_box", "apss_box", "losses", "q_error"}
+    assert "DPSM's q_0: not recorded in these files." in report and "No search figures: not a sweep's directory" in report
+    assert "| dpsm_ray | not recorded |" in report
 
 
-def test_a_single_runs_report_has_the_new_figures(tmp_path):
+def test_a_single_runs_report_has_the_figures(tmp_path):
     import torch
 
     from dpsm_ray.results import write_run
-    from dpsm_ray.results.report import write_report
     from dpsm_ray.train import LocalEnv, TrainConfig, train
 
     config = TrainConfig(dataset="digits", method="dpsm", epochs=2, eval_splits=2, val_splits=2)
-    write_run(tmp_path, train(config, LocalEnv(torch.device("cpu"), log=lambda line: None)))
-    classes = pd.read_parquet(tmp_path / "classes.parquet")
-    assert len(classes) == 3 * 2 * 10 and classes.run_id.nunique() == 1
-    write_report(tmp_path, log=lambda text: None)
-    assert NEW_FIGURES <= set(figure_sections((tmp_path / "report.md").read_text()))
-
-
-def test_the_base_model_row_and_dpsm_against_it():
-    """The paper's CE column is the base model, not fine-tuned: its row comes first, the best
-    baseline leaves it out (it was not trained by the same protocol), and DPSM is also compared
-    with it, the paper's comparison."""
-    evals = pd.DataFrame(rows("base", "hps", [3.0, 3.0]) + rows("ce", "hps", [2.0, 2.0]) + rows("cut", "hps", [2.5, 2.5]) + rows("dpsm", "hps", [2.2, 2.2]))
-    table = paper_table(evals)
-    assert [row[0] for row in table[1:5]] == ["CE (base model, as in the paper's table)", "CE", "CUT", "DPSM"]
-    assert table[-2] == ["DPSM vs best baseline", "↑ 10.00%"]  # against CE fine-tuned, 2.0
-    assert table[-1] == ["DPSM vs the CE base model", "↓ 26.67%"]  # (2.2 - 3.0) / 3.0
+    write_run(tmp_path, train(config, LocalEnv(torch.device("cpu"), log=quiet)))
+    write_report(tmp_path, log=quiet)
+    assert FIGURES <= {p.stem for p in (tmp_path / "figures").glob("*.pdf")}
+    assert "DPSM's q_0: dataset (Q_n of the starting model's D1 scores)" in (tmp_path / "report.md").read_text()  # from config.json

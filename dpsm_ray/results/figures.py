@@ -1,0 +1,471 @@
+"""The report's figures (docs/results.md, "The report"): each one built as a matplotlib figure with
+a caption computed from the rows it draws, then written as PNG and PDF into ``figures/``.
+
+Every figure and panel draws a method in one colour and marker (``method_style``: the paper's order
+CE, CUT, ConfTr, DPSM; grey for the CE base model).  Every axis names its quantity, panels that
+show one quantity for several scores share their y-axis, a panel whose series differ by more than
+10x has a log axis (``y_scale``), and every figure has a legend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dpsm_ray.files import atomic_write
+from dpsm_ray.results.tables import FIGURE_NAMES, METHOD_ORDER, SCORE_ORDER, ordered
+
+FORMATS = ("png", "pdf")
+# a panel whose series' typical values differ by more than this factor gets a log y-axis
+LOG_RATIO = 10.0
+COVERAGE_LABEL = "test coverage (fraction of test points)"
+SIZE_LABEL = "average prediction set size (classes)"
+# epochs.parquet columns the curves average over a method's runs
+EPOCH_CURVES = ("upper_loss", "lower_loss", "q_error", "q_error_train", "upper_gap", "lower_gap", "train_set_size_q", "val_set_size")
+
+
+@dataclass(frozen=True)
+class Style:
+    color: str
+    marker: str
+
+
+STYLES = {
+    "base": Style("tab:gray", "x"),
+    "ce": Style("tab:blue", "o"),
+    "cut": Style("tab:green", "s"),
+    "conftr": Style("tab:orange", "^"),
+    "conftr_published": Style("tab:brown", "v"),
+    "dpsm": Style("tab:red", "D"),
+}
+# methods without a fixed style (a new objective): colours and markers no fixed one uses
+FALLBACK_COLORS = ("tab:purple", "tab:pink", "tab:olive", "tab:cyan")
+FALLBACK_MARKERS = ("P", "*", "h", "X")
+
+
+def method_style(method: str) -> Style:
+    """The colour and marker of ``method`` in every figure; an unknown method gets one from a
+    hash of its name, the same in every figure and every run (Python's ``hash`` is salted)."""
+    if method in STYLES:
+        return STYLES[method]
+    digest = int(hashlib.sha256(method.encode()).hexdigest(), 16)
+    return Style(FALLBACK_COLORS[digest % len(FALLBACK_COLORS)], FALLBACK_MARKERS[(digest // len(FALLBACK_COLORS)) % len(FALLBACK_MARKERS)])
+
+
+def name_of(method: str) -> str:
+    return FIGURE_NAMES.get(method, method)
+
+
+def y_scale(series: list) -> str:
+    """"log" when the series' typical values (median of |value|) differ by more than LOG_RATIO
+    and every value is positive, "symlog" when they differ as much but some value is <= 0 (a gap
+    that reaches 0), else "linear"."""
+    values = [np.asarray(s, dtype=float) for s in series]
+    values = [v[np.isfinite(v)] for v in values]
+    typical = [float(np.median(np.abs(v))) for v in values if v.size]
+    typical = [t for t in typical if t > 0]
+    if len(typical) < 2 or max(typical) <= LOG_RATIO * min(typical):
+        return "linear"
+    return "log" if all((v > 0).all() for v in values if v.size) else "symlog"
+
+
+def apply_scale(axes, series: list) -> str:
+    scale = y_scale(series)
+    if scale == "symlog":
+        typical = [float(np.median(np.abs(v[np.isfinite(v)]))) for v in map(np.asarray, series) if np.isfinite(v).any()]
+        threshold = min(t for t in typical if t > 0)
+        for ax in np.atleast_1d(axes):
+            ax.set_yscale("symlog", linthresh=threshold)
+    elif scale == "log":
+        for ax in np.atleast_1d(axes):
+            ax.set_yscale("log")
+    return scale
+
+
+SCALE_WORDS = {"log": "a log scale: its series differ by more than 10x", "symlog": "a symmetric log scale: its series differ by more than 10x and reach 0"}
+
+
+def scale_note(scale: str) -> str:
+    return f" (on {SCALE_WORDS[scale]})" if scale in SCALE_WORDS else ""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure in ``figures/`` (``name``.png and .pdf) and its section of the report."""
+
+    name: str
+    title: str
+    caption: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the captions say about the run beyond the plotted rows (None: not recorded)."""
+
+    alpha: float
+    q_init: dict | None = None  # method -> DPSM's q_0 setting(s) of its final models
+    conformal_weight: dict | None = None  # method -> lambda of its final models
+
+
+def method_handles(methods: list[str], kind: str = "line") -> list:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    if kind == "box":
+        return [Patch(facecolor=method_style(m).color, edgecolor="black", alpha=0.7, label=name_of(m)) for m in methods]
+    return [Line2D([], [], color=method_style(m).color, marker=method_style(m).marker, label=name_of(m)) for m in methods]
+
+
+def target_handle(alpha: float):
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], color="black", linestyle="--", linewidth=1, label=f"1 − α = {1 - alpha:g}")
+
+
+def legend_below(fig, handles: list) -> None:
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize="small")
+
+
+def boxes(ax, data: list[np.ndarray], methods: list[str]) -> None:
+    """Box plots coloured by method (empty boxes for a method without values)."""
+    drawn = ax.boxplot([d if len(d) else [math.nan] for d in data], tick_labels=[name_of(m) for m in methods], patch_artist=True,
+                       medianprops={"color": "black"})
+    for patch, method in zip(drawn["boxes"], methods):
+        patch.set_facecolor(method_style(method).color)
+        patch.set_alpha(0.7)
+    ax.tick_params(axis="x", labelrotation=30)
+
+
+def line(ax, part: pd.DataFrame, column: str, method: str, **options) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    style = method_style(method)
+    options = {"color": style.color, "marker": style.marker, "markevery": max(1, len(part) // 10), "markersize": 4, "label": name_of(method), **options}
+    ax.plot(part.epoch, part[column], **options)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def counts_text(evals: pd.DataFrame, methods: list[str]) -> str:
+    """How many models and re-splits are behind each box of ``evals`` (per score)."""
+    per = {m: (evals[evals.method == m].run_id.nunique(), evals[evals.method == m].split.nunique()) for m in methods}
+    if len(set(per.values())) == 1:
+        models, splits = next(iter(per.values()))
+        return f"each box: {models} model{'s' * (models != 1)} x {splits} calibration/test re-split{'s' * (splits != 1)} = {models * splits} values"
+    return "each box: " + "; ".join(f"{name_of(m)} {a} model{'s' * (a != 1)} x {b} re-splits" for m, (a, b) in per.items())
+
+
+def change_text(part: pd.DataFrame, column: str, towards_zero: bool = False) -> str:
+    """``column`` from its first to its last epoch, and whether it grew or fell (``towards_zero``:
+    whether its size did, for a gap that may be negative)."""
+    values = part.dropna(subset=[column])
+    if values.empty:
+        return "not recorded"
+    first, last = values.iloc[0][column], values.iloc[-1][column]
+    span = f"from {first:.3g} (epoch {int(values.iloc[0].epoch)}) to {last:.3g} (epoch {int(values.iloc[-1].epoch)})"
+    if towards_zero and (first < 0 or last < 0):
+        closer = "closer to 0" if abs(last) < abs(first) else "further from 0" if abs(last) > abs(first) else "no closer to 0"
+        return f"went {span}, {closer}"
+    return f"{'grew' if last > first else 'fell' if last < first else 'stayed'} {span}"
+
+
+def panel_notes(scales: list[str]) -> str:
+    """The captions' words on which of a figure's panels have a log axis."""
+    named = [f"{side} panel on {SCALE_WORDS[scale]}" for side, scale in zip(("left", "right"), scales) if scale in SCALE_WORDS]
+    return f" ({'; '.join(named)})" if named else ""
+
+
+Q_INIT_WORDS = {"dataset": "Q_n of the starting model's D1 scores", "zero": "0", "random": "Unif(0, 1) from the run seed"}
+
+
+def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> Iterator[tuple[Figure, object]]:
+    """Every figure the rows have the columns for (older result files lack some), as
+    ``(Figure, matplotlib figure)``; the caller saves and closes each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    alpha = context.alpha
+    methods = ordered(evals["method"], METHOD_ORDER)
+    scores = ordered(evals["score"], SCORE_ORDER)
+    counts = counts_text(evals, methods)
+
+    for metric, title, label in (("coverage", "Coverage", COVERAGE_LABEL), ("set_size", "Average prediction set size", SIZE_LABEL)):
+        fig, axes = plt.subplots(1, len(scores), figsize=(4 * len(scores), 4), squeeze=False, sharey=True, layout="constrained")
+        data = {s: [evals[(evals.method == m) & (evals.score == s)][metric].to_numpy() for m in methods] for s in scores}
+        scale = apply_scale(axes[0], [v for s in scores for v in data[s]])
+        for ax, score in zip(axes[0], scores):
+            boxes(ax, data[score], methods)
+            if metric == "coverage":
+                ax.axhline(1 - alpha, color="black", linestyle="--", linewidth=1)
+            ax.set_title(score.upper())
+        axes[0][0].set_ylabel(label + ("" if scale == "linear" else f", {scale} scale"))
+        legend_below(fig, method_handles(methods, "box") + ([target_handle(alpha)] if metric == "coverage" else []))
+        means = evals.groupby(["method", "score"])[metric].mean()
+        if metric == "coverage":
+            low, high = means.idxmin(), means.idxmax()
+            caption = (f"Test coverage of each method's final models per score (paper figure 1, top); {counts}. Dashed: 1 − α = {1 - alpha:g}. "
+                       f"Mean coverage ranges from {means[low]:.3f} ({name_of(low[0])}, {low[1].upper()}) to {means[high]:.3f} ({name_of(high[0])}, {high[1].upper()}).")
+            yield Figure("coverage_box", title, caption), fig
+        else:
+            lowest = "; ".join(f"{s.upper()} {name_of(means.xs(s, level='score').idxmin())} ({means.xs(s, level='score').min():.3f})" for s in scores)
+            caption = (f"Test average prediction set size per score (paper figure 1, bottom; lower is better at equal coverage){scale_note(scale)}; "
+                       f"{counts}. Lowest mean: {lowest}.")
+            yield Figure("apss_box", title, caption), fig
+
+    # load() has kept a sweep's final stage only: the curves of the chosen configurations
+    if not epochs.empty:
+        columns = [c for c in EPOCH_CURVES if c in epochs.columns]
+        mean = epochs.groupby(["method", "epoch"], sort=True)[columns].mean().reset_index()
+        curve_methods = ordered(mean["method"], METHOD_ORDER)
+        runs = epochs.groupby("method").run_id.nunique()
+        runs_text = ", ".join(f"{name_of(m)} {runs[m]}" for m in curve_methods)
+        quantile_methods = [m for m in curve_methods if m in ("conftr", "dpsm")]
+
+        fig, (upper, lower) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+        lower_methods = [m for m in curve_methods if mean[mean.method == m].lower_loss.notna().any()]
+        for method in curve_methods:
+            line(upper, mean[mean.method == method], "upper_loss", method)
+        for method in lower_methods:
+            line(lower, mean[mean.method == method], "lower_loss", method)
+        upper_scale = apply_scale(upper, [mean[mean.method == m].upper_loss.to_numpy() for m in curve_methods])
+        lower_scale = apply_scale(lower, [mean[mean.method == m].lower_loss.to_numpy() for m in lower_methods])
+        upper.set_ylabel("upper-level loss CE + λ·L_c (training batches)")
+        lower.set_ylabel("lower-level pinball loss at q / τ (training batches)")
+        upper.set_title("Upper-level loss")
+        lower.set_title("Lower-level loss" + ("" if lower_methods else ": no method with a quantile"))
+        for ax in (upper, lower):
+            ax.set_xlabel("epoch")
+        legend_below(fig, method_handles(curve_methods))
+        weights = context.conformal_weight or {}
+        weight_text = "; λ of the chosen configurations: " + ", ".join(f"{name_of(m)} {weights[m]}" for m in curve_methods if m in weights) if weights else ""
+        caption = (f"Epoch means of the training objective (left) and of the pinball loss at q (DPSM) or the batch τ (ConfTr) "
+                   f"(right){panel_notes([upper_scale, lower_scale])} on the training batches, averaged over each method's final models ({runs_text}) "
+                   f"(paper figure 2(a)(b)){weight_text}.")
+        yield Figure("losses", "Training losses", caption), fig
+
+        if quantile_methods and {"upper_gap", "lower_gap"} <= set(columns):
+            fig, (upper, lower) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+            for method in quantile_methods:
+                line(upper, mean[mean.method == method], "upper_gap", method)
+                line(lower, mean[mean.method == method], "lower_gap", method)
+            scales = [apply_scale(ax, [mean[mean.method == m][c].to_numpy() for m in quantile_methods]) for ax, c in ((upper, "upper_gap"), (lower, "lower_gap"))]
+            for ax in (upper, lower):
+                ax.axhline(0, color="black", linestyle=":", linewidth=1)
+                ax.set_xlabel("epoch")
+            upper.set_ylabel("upper loss at q − at Q_n (training split)")
+            lower.set_ylabel("pinball loss at q − at Q_n (training split)")
+            upper.set_title("Upper-level gap")
+            lower.set_title("Lower-level gap (never negative)")
+            legend_below(fig, method_handles(quantile_methods))
+            measured = "; ".join(f"{name_of(m)}'s upper gap {change_text(mean[mean.method == m], 'upper_gap', towards_zero=True)}, "
+                                 f"its lower gap {change_text(mean[mean.method == m], 'lower_gap', towards_zero=True)}" for m in quantile_methods)
+            caption = (f"The upper and lower losses over the training split at the learned quantile minus at its Q_n (paper figure 2(c)(d); "
+                       f"the paper's DPSM gaps fall towards 0){panel_notes(scales)}. Measured here: {measured}.")
+            yield Figure("loss_gaps", "Optimisation gaps", caption), fig
+
+        if quantile_methods:
+            fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+            series = []
+            for method in quantile_methods:
+                part = mean[mean.method == method]
+                if "q_error_train" in columns:
+                    line(ax, part, "q_error_train", method)
+                    series.append(part.q_error_train.to_numpy())
+                line(ax, part, "q_error", method, linestyle="--", label=None)
+                series.append(part.q_error.to_numpy())
+            scale = apply_scale(ax, series)
+            ax.set_xlabel("epoch")
+            ax.set_ylabel("|q − Q_n| (HPS score units)")
+            ax.set_title("Quantile estimation error")
+            keys = [Line2D([], [], color="black", label="Q_n of the training split")] if "q_error_train" in columns else []
+            keys.append(Line2D([], [], color="black", linestyle="--", label="Q_n of D1"))
+            legend_below(fig, method_handles(quantile_methods) + keys)
+            column = "q_error_train" if "q_error_train" in columns else "q_error"
+            measured = "; ".join(f"{name_of(m)} ({'learned q' if m == 'dpsm' else 'batch τ'}) {change_text(mean[mean.method == m], column)}" for m in quantile_methods)
+            q_init = (context.q_init or {}).get("dpsm")
+            start = ("" if "dpsm" not in quantile_methods else
+                     f" DPSM's q_0: {', '.join(f'{v} ({Q_INIT_WORDS.get(v, v)})' for v in q_init)}." if q_init else " DPSM's q_0: not recorded in these files.")
+            caption = (f"|q − Q_n| with Q_n over the whole training split (solid, paper figure 3(a)) and over D1, the half q is fitted on (dashed){scale_note(scale)}; "
+                       f"ConfTr's is the mean over its batch quantiles τ.{start} Against Q_n of the {'training split' if column == 'q_error_train' else 'D1 half'}: {measured}.")
+            yield Figure("q_error", "Quantile estimation error", caption), fig
+
+        if quantile_methods and "train_set_size_q" in columns:
+            fig, (sizes, gaps) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+            for method in quantile_methods:
+                part = mean[mean.method == method]
+                line(sizes, part, "train_set_size_q", method)
+                line(sizes, part, "val_set_size", method, linestyle="--", label=None)
+                line(gaps, part.assign(gap=(part.train_set_size_q - part.val_set_size).abs()), "gap", method)
+            size_scale = apply_scale(sizes, [mean[mean.method == m][c].to_numpy() for m in quantile_methods for c in ("train_set_size_q", "val_set_size")])
+            for ax in (sizes, gaps):
+                ax.set_xlabel("epoch")
+            sizes.set_ylabel("average set size (classes)")
+            gaps.set_ylabel("|training − validation| set size (classes)")
+            sizes.set_title("Training split at q (solid), validation (dashed)")
+            gaps.set_title("Their difference")
+            keys = [Line2D([], [], color="black", label="training split at q"), Line2D([], [], color="black", linestyle="--", label="validation split")]
+            legend_below(fig, method_handles(quantile_methods) + keys)
+            last = mean.sort_values("epoch").groupby("method").tail(1).set_index("method")
+            measured = ", ".join(f"{name_of(m)} {abs(last.train_set_size_q[m] - last.val_set_size[m]):.3f}" for m in quantile_methods)
+            caption = (f"The training split's hard set size at the learned quantile against the validation set size (paper figure 3(c), its "
+                       f"learning-bound proxy; the paper has DPSM's gap below ConfTr's){scale_note(size_scale)}. Gap at the last epoch: {measured}.")
+            yield Figure("set_size_gap", "Training against validation set size", caption), fig
+
+    if not classes.empty:
+        # one value per final model and class: its mean over the re-splits
+        per_class = classes.groupby(["method", "score", "run_id", "label"])[["coverage", "set_size"]].mean().reset_index()
+        class_methods = ordered(per_class["method"], METHOD_ORDER)
+        class_scores = ordered(per_class["score"], SCORE_ORDER)
+        fig, axes = plt.subplots(2, len(class_scores), figsize=(4 * len(class_scores), 7.5), squeeze=False, sharey="row", layout="constrained")
+        for row, (metric, label) in enumerate((("coverage", "class-conditional test coverage"), ("set_size", "class-wise " + SIZE_LABEL))):
+            data = {s: [per_class[(per_class.method == m) & (per_class.score == s)][metric].dropna().to_numpy() for m in class_methods] for s in class_scores}
+            scale = apply_scale(axes[row], [v for s in class_scores for v in data[s]])
+            for column, score in enumerate(class_scores):
+                ax = axes[row][column]
+                boxes(ax, data[score], class_methods)
+                if metric == "coverage":
+                    ax.axhline(1 - alpha, color="black", linestyle="--", linewidth=1)
+                ax.set_title(score.upper())
+            axes[row][0].set_ylabel(label + ("" if scale == "linear" else f", {scale} scale"))
+        legend_below(fig, method_handles(class_methods, "box") + [target_handle(alpha)])
+        shape = per_class.groupby("method").agg(models=("run_id", "nunique"), labels=("label", "nunique"))
+        splits = classes.groupby("method").split.nunique()
+        behind = "; ".join(f"{name_of(m)} {shape.labels[m]} classes x {shape.models[m]} models" for m in class_methods)
+        worst = per_class.groupby(["method", "score"]).coverage.min()
+        caption = (f"Each class's test coverage (top) and average set size (bottom), per final model, averaged over its "
+                   f"{'/'.join(str(v) for v in sorted(set(splits)))} re-splits (paper figures 5-6); each box: {behind}. Dashed: 1 − α = {1 - alpha:g}. "
+                   f"Lowest class coverage: {worst.min():.3f} ({name_of(worst.idxmin()[0])}, {worst.idxmin()[1].upper()}).")
+        yield Figure("class_coverage", "Class-conditional coverage", caption), fig
+
+
+def search_figures(results: Path, sweep: dict | None) -> tuple[Iterator[tuple[Figure, object]] | None, str]:
+    """Each method's Optuna search (``optuna.db``): its optimisation history with the infeasible
+    trials marked (validation coverage below the sweep's floor, the constraint the sweep tells
+    Optuna) and, with at least 3 complete trials and 2 parameters, Optuna's parameter importances.
+    Returns the figures (None when there are none) and a sentence saying what was drawn or why not."""
+    if sweep is None:
+        return None, "No search figures: not a sweep's directory (no sweep.json)."
+    if sweep.get("grid"):
+        return None, "No search figures: a grid sweep (`--grid paper`) has no Optuna studies."
+    if sweep.get("optuna_storage"):
+        return None, f"No search figures: the Optuna studies live in {sweep['optuna_storage']}, not in this directory (the report reads a local optuna.db only)."
+    if not (results / "optuna.db").exists():
+        return None, "No search figures: there is no optuna.db in this directory."
+    return draw_search(results, sweep), (
+        "One figure per method from its Optuna study in optuna.db (read from a copy): the validation set size of each complete "
+        "trial, infeasible ones marked, and the best feasible value so far; and, for a study with at least 3 complete trials and "
+        "2 parameters, Optuna's parameter importances (its default evaluator, PED-ANOVA). Stopped (pruned) and failed trials have no value to draw.")
+
+
+def draw_search(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import optuna
+    from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    floor = 1 - sweep["base"]["alpha"] - sweep.get("coverage_slack", 0.0)
+    with tempfile.TemporaryDirectory() as scratch:  # never open the sweep's own database: a copy
+        copy = Path(scratch) / "optuna.db"
+        shutil.copyfile(results / "optuna.db", copy)
+        storage = f"sqlite:///{copy}"
+        for method in ordered(list(sweep.get("studies", {})), METHOD_ORDER):
+            try:
+                study = optuna.load_study(study_name=sweep["studies"][method], storage=storage)
+            except KeyError:  # a study the sweep had not created yet when it was interrupted
+                continue
+            trials = study.get_trials(deepcopy=False)
+            complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+            if not complete:
+                continue
+            infeasible = [t for t in complete if any(v > 0 for v in t.constraints.values())]  # constraint: floor - coverage
+            states = pd.Series([t.state.name.lower() for t in trials]).value_counts()
+            with matplotlib.rc_context(), warnings.catch_warnings():  # Optuna's plots set the ggplot style globally
+                warnings.simplefilter("ignore")
+                ax = plot_optimization_history(study, target_name="validation set size (classes)")
+                restyle_history(ax, method, floor)
+                ax.figure.set_size_inches(7, 4.2)
+                ax.figure.set_layout_engine("constrained")
+            caption = (f"{name_of(method)}'s search ({len(trials)} trials: {', '.join(f'{n} {s}' for s, n in states.items())}): each complete trial's "
+                       f"validation set size (the objective), {len(infeasible)} of {len(complete)} infeasible (validation coverage below {floor:g}, "
+                       f"crossed), and the best feasible value so far.")
+            yield Figure(f"search_{method}", f"Search: {name_of(method)}", caption), ax.figure
+            params = sorted({p for t in complete for p in t.params})
+            if len(complete) >= 3 and len(params) >= 2:
+                with matplotlib.rc_context(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ax = plot_param_importances(study, target_name="validation set size")
+                    restyle_importances(ax, method)
+                    ax.figure.set_size_inches(7, 1.2 + 0.6 * len(params))
+                    ax.figure.set_layout_engine("constrained")
+                caption = (f"How much each of {name_of(method)}'s searched parameters ({', '.join(params)}) explains the validation set size of its "
+                           f"{len(complete)} complete trials (Optuna's default importance evaluator, PED-ANOVA; normalised to sum to 1). "
+                           f"With {len(complete)} trials this is a rough guide.")
+                yield Figure(f"importance_{method}", f"Parameter importance: {name_of(method)}", caption), ax.figure
+
+
+OPTUNA_INFEASIBLE = "#cccccc"  # how plot_optimization_history draws infeasible trials (unlabelled)
+
+
+def restyle_history(ax, method: str, floor: float) -> None:
+    """Optuna's history plot in the method's colour and marker, infeasible trials crossed in black."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.lines import Line2D
+
+    style = method_style(method)
+    handles = [Line2D([], [], marker="o", color=style.color, linestyle="", label=f"{name_of(method)} trial (complete)")]
+    for collection in list(ax.collections):
+        if to_rgba(collection.get_facecolor()[0] if len(collection.get_facecolor()) else "none") == to_rgba(OPTUNA_INFEASIBLE):
+            collection.set_visible(False)
+            points = collection.get_offsets()
+            if len(points):
+                ax.scatter(points[:, 0], points[:, 1], marker="x", color="black", zorder=3)
+                handles.append(Line2D([], [], marker="x", color="black", linestyle="", label=f"infeasible (val coverage < {floor:g})"))
+        else:
+            collection.set_facecolor(style.color)
+            collection.set_edgecolor(style.color)
+    for drawn in ax.lines:
+        drawn.set_color(style.color)
+    if ax.lines:
+        handles.append(Line2D([], [], color=style.color, label="best feasible so far"))
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    for legend in list(ax.figure.legends):
+        legend.remove()
+    ax.set_facecolor("white")  # Optuna draws in ggplot's grey; the report's other figures are white
+    ax.set_title(f"{name_of(method)}: Optuna search")
+    ax.set_xlabel("trial (trial_index)")
+    ax.legend(handles=handles, fontsize="small")
+
+
+def restyle_importances(ax, method: str) -> None:
+    from matplotlib.patches import Patch
+
+    for bar in ax.patches:
+        bar.set_facecolor(method_style(method).color)
+    ax.set_facecolor("white")
+    ax.set_title(f"{name_of(method)}: parameter importance", loc="left")
+    ax.set_xlabel("importance for the validation set size (normalised)")
+    ax.set_ylabel("searched parameter")
+    ax.legend(handles=[Patch(facecolor=method_style(method).color, label=name_of(method))], fontsize="small", loc="best")
+
+
+def save(fig, out: Path, name: str) -> None:
+    """``name``.png and ``name``.pdf in ``out``, each written atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    for suffix in FORMATS:
+        atomic_write(out / f"{name}.{suffix}", lambda handle: fig.savefig(handle, format=suffix, dpi=110))
+    plt.close(fig)

@@ -1,0 +1,184 @@
+"""What produced a results directory, as report tables: each method's chosen configuration (the
+final stage's rows of trials.parquet), the sweep's settings (sweep.json) and the package versions
+(sweep.json's, and the ones installed when the report is written)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from dpsm_ray.results.tables import METHOD_NAMES, METHOD_ORDER, ordered
+
+# The configuration fields the chosen-configuration table shows, with the paper's symbols; a
+# method that does not read a field (train/config.py's METHOD_FIELDS) shows "—" there.
+PARAMETERS = {
+    "conformal_weight": "λ (conformal_weight)",
+    "lr": "η (lr)",
+    "quantile_lr": "γ (quantile_lr, per step)",
+    "sigmoid_temperature": "T (sigmoid_temperature)",
+    "sort_temperature": "soft-sort temperature",
+    "q_init": "q_0 (q_init)",
+    "dpsm_split": "DPSM's B1/B2 (dpsm_split)",
+    "ce_batch": "CE on (ce_batch)",
+    "conftr_split": "ConfTr's split (conftr_split)",
+    "cut_score": "CUT's score (cut_score)",
+    "size_target": "κ (size_target)",
+    "ce_weight": "CE weight (ce_weight)",
+    "epochs": "epochs",
+    "batch_size": "batch size",
+    "milestones": "lr milestones",
+    "lr_decay": "lr decay",
+    "lr_schedule": "lr schedule",
+    "init": "init",
+}
+UNUSED = "—"
+
+
+def read_sweep(results: Path) -> dict | None:
+    """sweep.json's content, or None (a single run's directory, or an unreadable file)."""
+    path = results / "sweep.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def value_text(value) -> str:
+    if value is None:
+        return "default"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "none"
+    return str(value)
+
+
+def searched_fields(sweep: dict | None, method: str) -> list[str]:
+    """The TrainConfig fields the sweep searched for ``method`` (its grid axes with more than one
+    value, or its Optuna knobs)."""
+    from dpsm_ray.sweep.space import METHOD_KNOBS, field_name, paper_grid
+
+    if sweep is None or method not in METHOD_KNOBS:
+        return []
+    if sweep.get("grid"):
+        axes = paper_grid(method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])})
+        return [field_name(axis) for axis, values in axes.items() if len(values) > 1]
+    return [field_name(knob) for knob in METHOD_KNOBS[method]]
+
+
+def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[list[list[str]], list[str]] | None:
+    """Rows: PARAMETERS; columns: the methods of the final stage, each the configuration its final
+    models trained with (one per method: only the seed differs between them); the search's pick
+    in **bold**.  Also the notes under the table (the pick's trial, the base model's recipe).
+    None without final-stage rows."""
+    from dpsm_ray.train.config import METHOD_FIELDS
+
+    if trials.empty or "stage" not in trials or not (trials.stage == "final").any():
+        return None
+    final = trials[trials.stage == "final"]
+    configs = {m: json.loads(final[final.method == m].sort_values("seed").iloc[0].config_json) for m in ordered(final.method, METHOD_ORDER)}
+    trained = [m for m in configs if m != "base"]
+    rows = [["parameter", *(METHOD_NAMES.get(m, m) for m in trained)]]
+    for field, label in PARAMETERS.items():
+        cells = []
+        for method in trained:
+            value = configs[method].get(field)
+            if method not in METHOD_FIELDS.get(field, (method,)):
+                cells.append(UNUSED)
+            elif field == "quantile_lr" and value is None:
+                cells.append("default (2 / steps per epoch)")
+            else:
+                cells.append(f"**{value_text(value)}**" if field in searched_fields(sweep, method) else value_text(value))
+        if any(c != UNUSED for c in cells):
+            rows.append([label, *cells])
+    notes = []
+    search = trials[trials.stage == "search"]
+    for method in trained:
+        pick = picked_trial(search[search.method == method], configs[method], searched_fields(sweep, method))
+        if pick is not None:
+            notes.append(f"{METHOD_NAMES.get(method, method)}: search trial {int(pick.trial_index)} (validation set size {pick.val_set_size:.3f}, "
+                         f"coverage {pick.val_coverage:.3f})")
+    if "base" in configs:
+        base = configs["base"]
+        recipe = ", ".join(f"{k.removeprefix('base_')} {value_text(base[k])}" for k in ("base_epochs", "base_lr", "base_batch_size", "base_milestones") if base.get(k) is not None)
+        model = final[final.method == "base"].model.iloc[0] if "model" in final else base.get("model")
+        notes.append(f"the CE base model ({len(final[final.method == 'base'])} seeds): the {model} recipe"
+                     + (f" with {recipe}" if recipe else "") + ", not fine-tuned")
+    return rows, notes
+
+
+def picked_trial(search: pd.DataFrame, config: dict, fields: list[str]):
+    """The search trial whose searched values the final configuration carries (the pick)."""
+    for trial in search.sort_values("trial_index").itertuples():
+        ran = json.loads(trial.config_json)
+        if fields and all(same(ran.get(f), config.get(f)) for f in fields):
+            return trial
+    return None
+
+
+def same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12)
+    return a == b
+
+
+def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
+    """The settings of sweep.json that decide the results, one row each."""
+    from dpsm_ray.sweep.space import DEFAULT_RANGES, METHOD_KNOBS, paper_grid
+
+    base = sweep["base"]
+    models = sorted(set(evals.model)) if "model" in evals else []
+    model = base.get("model", "auto")
+    alpha, slack = base["alpha"], sweep.get("coverage_slack", 0.0)
+    seeds = sweep.get("final_seeds", 1)
+    rows = [["setting", "value"],
+            ["sweep", str(sweep.get("name"))],
+            ["dataset", str(base["dataset"])],
+            ["model", f"{model} ({', '.join(models)})" if model == "auto" and models else str(model)],
+            ["methods", ", ".join(METHOD_NAMES.get(m, m) for m in sweep.get("methods", []))],
+            ["alpha", f"{alpha:g}"],
+            ["feasible (the constraint)", f"validation coverage ≥ 1 − α − slack = {1 - alpha - slack:g} (slack {slack:g})"]]
+    if sweep.get("grid"):
+        budget = sweep.get("grid_budget")
+        rows.append(["search", "the paper's grid" + (f", a seeded random {budget} configurations per method" if budget else ", every configuration")])
+    else:
+        rows.append(["search", f"Optuna {str(sweep.get('sampler', 'tpe')).upper()}, {sweep.get('trials')} trials per method"])
+    scheduler = sweep.get("scheduler", "fifo")
+    rows.append(["scheduler", scheduler + (f" (grace period {sweep.get('grace_period')} epochs, reduction factor {sweep.get('reduction_factor')})" if scheduler == "asha" else
+                                           " (every search trial runs to its last epoch)")])
+    ranges = {**DEFAULT_RANGES}
+    for knob, bounds in sweep.get("ranges", []):
+        ranges[knob] = type(DEFAULT_RANGES[knob])(**bounds) if isinstance(bounds, dict) else type(DEFAULT_RANGES[knob])(*bounds)
+    for method in sweep.get("methods", []):
+        if sweep.get("grid"):
+            axes = paper_grid(method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])})
+            space = "; ".join(f"{axis} {{{', '.join(value_text(v) for v in values)}}}" for axis, values in axes.items())
+        else:
+            space = "; ".join(f"{knob} ∈ [{ranges[knob].low:g}, {ranges[knob].high:g}]{' log' if ranges[knob].log else ''}" for knob in METHOD_KNOBS.get(method, ()))
+        rows.append([f"search space: {METHOD_NAMES.get(method, method)}", space])
+    first_seed = sweep.get("seed", 0)
+    rows += [["final seeds", f"{seeds} (seeds {first_seed}–{first_seed + seeds - 1}), each re-training every method's chosen configuration"],
+             ["sweep seed", f"{first_seed} (data split, base model, sampler)"],
+             ["training", f"init {base.get('init')}, {base.get('epochs')} epochs, batch {base.get('batch_size')}"
+                          + (f", base model {base.get('base_epochs')} epochs" if base.get("init") == "base" and base.get("base_epochs") else "")],
+             ["evaluation", f"{base.get('eval_splits')} calibration/test re-splits, scores {', '.join(s.upper() for s in base.get('eval_scores', []))}; "
+                            f"validation: {base.get('val_splits')} re-splits"]]
+    if sweep.get("preset"):
+        rows.append(["preset", str(sweep["preset"])])
+    return rows
+
+
+def versions_table(sweep: dict | None) -> list[list[str]]:
+    """The versions that ran the sweep (sweep.json, else "not recorded") beside the ones
+    installed now, which drew the report."""
+    from dpsm_ray.sweep.spec import package_versions
+
+    recorded = (sweep or {}).get("versions") or {}
+    installed = package_versions()
+    rows = [["package", "ran the sweep (sweep.json)", "installed when this report was written"]]
+    for name in dict.fromkeys([*installed, *recorded]):
+        rows.append([name, recorded.get(name, "not recorded"), installed.get(name, "not installed")])
+    return rows
