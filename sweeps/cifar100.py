@@ -12,7 +12,12 @@ The paper's exhaustive grid instead of Optuna: add ``--grid paper`` (optionally 
 
 import sys
 
-from dpsm_ray.sweep.cli import main
+if __name__ == "__main__":  # storage the service cannot use is refused at once, before torch and Ray load
+    from dpsm_ray.sweep.options import refuse_unusable_storage
+
+    refuse_unusable_storage("sweeps/cifar100.py", sys.argv[1:])
+
+from dpsm_ray.sweep.cli import main  # noqa: E402
 
 DEFAULTS = {
     "trials": 32,

@@ -10,7 +10,12 @@ super-category of iNaturalist 2018 instead (321 species, one pool cut into the f
 
 import sys
 
-from dpsm_ray.sweep.cli import main
+if __name__ == "__main__":  # storage the service cannot use is refused at once, before torch and Ray load
+    from dpsm_ray.sweep.options import refuse_unusable_storage
+
+    refuse_unusable_storage("sweeps/inaturalist.py", sys.argv[1:])
+
+from dpsm_ray.sweep.cli import main  # noqa: E402
 
 DEFAULTS = {
     "trials": 24,

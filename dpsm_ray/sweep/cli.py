@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from dpsm_ray.objectives import PAPER_METHODS
+from dpsm_ray.sweep.options import check_storage
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
@@ -147,6 +148,7 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
     parser = build_parser(name, description, defaults)
     args = parser.parse_args(argv)
     try:
+        check_storage(vars(args))
         spec = spec_from_args(name, args, defaults)
     except ConfigError as error:
         parser.exit(2, f"{parser.prog}: error: --{error.field.replace('_', '-')}={error.value!r} is invalid: {error.allowed}\n")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsm_ray.objectives import METHODS, PAPER_METHODS
+from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV
 from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, paper_grid
 from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
@@ -168,7 +169,6 @@ SWEEP_FILE = "sweep.json"
 # sweep.json's "ledger" key: the sweep keeps run records under runs/ (dpsm_ray.sweep.ledger); a
 # sweep without it was written by an earlier version, whose state lived in Tune's pickles
 LEDGER_FORMAT = 1
-OPTUNA_STORAGE_ENV = "DPSM_RAY_OPTUNA_STORAGE"
 # Settings a resumed sweep may change: they do not change what any trial computes.
 RESUMABLE_CHANGES = ("init_checkpoint", "download")
 
