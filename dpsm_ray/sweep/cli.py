@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from dpsm_ray.objectives import PAPER_METHODS
-from dpsm_ray.sweep.options import check_storage
+from dpsm_ray.sweep.options import check_storage, parse_with_config
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
@@ -76,6 +76,8 @@ def parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
 def build_parser(name: str, description: str, defaults: dict) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"sweeps/{name}.py", description=description)
     add = parser.add_argument
+    add("--config", metavar="FILE", help="a .yaml or .json file of options (named as here, e.g. trials: 8); options given here override it; "
+        "a sweep's RESULTS/sweep.json is one: --config RESULTS/sweep.json --results-dir NEW runs that sweep again")
     add("--results-dir", default=f"results/{name}", help="directory of this sweep's Parquet files, report and Tune state (default: %(default)s); on a multi-node cluster it must be on shared storage")
     add("--trials", type=int, default=defaults["trials"], help="Optuna trials per method (default: %(default)s)")
     add("--resume", action="store_true", help="continue the interrupted sweep in --results-dir without redoing finished trials")
@@ -116,7 +118,8 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
     """The ``SweepSpec`` the options describe (raises ConfigError / ValueError on bad values)."""
     from dpsm_ray.sweep.spec import SweepSpec
 
-    values = {**defaults["config"], **{k: v for k, v in vars(args).items() if k in CONFIG_OPTIONS}}
+    # base_fields: training settings a --config file sets beyond the options (a sweep.json's base)
+    values = {**defaults["config"], **getattr(args, "base_fields", {}), **{k: v for k, v in vars(args).items() if k in CONFIG_OPTIONS}}
     values.update(seed=args.seed, download=args.download)
     values["gpus_per_worker"] = packed_gpus_per_worker(values, "gpus_per_worker" in vars(args), args.trials_per_gpu)
     base = TrainConfig.from_dict(values)
@@ -146,7 +149,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
 def main(name: str, description: str, defaults: dict, argv: list[str] | None = None) -> int:
     """Parse, validate, run the sweep, print the table; exit status 2 on bad input."""
     parser = build_parser(name, description, defaults)
-    args = parser.parse_args(argv)
+    args = parse_with_config(parser, name, CONFIG_OPTIONS, argv)
     try:
         check_storage(vars(args))
         spec = spec_from_args(name, args, defaults)

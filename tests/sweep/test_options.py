@@ -1,6 +1,8 @@
-"""What a sweep script refuses before torch and Ray load: storage the service cannot use."""
+"""What a sweep script refuses before torch and Ray load (storage the service cannot use), and its --config files."""
 
+import json
 import os
+import runpy
 import subprocess
 import sys
 import time
@@ -8,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dpsm_ray.sweep.cli import main
-from dpsm_ray.sweep.options import storage_problem
+from dpsm_ray.sweep.cli import CONFIG_OPTIONS, build_parser, main, spec_from_args
+from dpsm_ray.sweep.options import parse_with_config, storage_problem
+from dpsm_ray.sweep.spec import sweep_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = {"trials": 1, "final_seeds": 1, "config": {"dataset": "digits", "workers": 0, "cpus_per_worker": 1}}
@@ -61,3 +64,54 @@ def test_an_abbreviated_option_is_refused_once_parsed_before_ray_starts(tmp_path
     err = capsys.readouterr().err
     assert "--results-dir s3://x: s3:// is not storage" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+# --- config files ---------------------------------------------------------------------------
+
+DIGITS = runpy.run_path(str(ROOT / "sweeps" / "digits.py"))["DEFAULTS"]
+
+
+def parsed_spec(argv: list[str]):
+    parser = build_parser("digits", "", DIGITS)
+    return spec_from_args("digits", parse_with_config(parser, "digits", CONFIG_OPTIONS, argv), DIGITS)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--methods", "ce,dpsm", "--trials", "3", "--seed", "7", "--range", "lambda=0.05:2", "--range", "lr=0.001:0.1:linear", "--epochs", "4",
+     "--scheduler", "asha", "--grace-period", "2", "--preset", "official", "--coverage-slack", "0.03", "--sampler", "random", "--alpha", "0.05"],
+    ["--grid", "paper", "--methods", "dpsm", "--fix", "milestones=25+40", "--subset", "lr=0.01,0.1", "--grid-budget", "3", "--final-seeds", "1"],
+])
+def test_the_sweep_json_a_sweep_writes_gives_back_the_same_sweep(argv, tmp_path):
+    spec = parsed_spec(["--results-dir", str(tmp_path / "a"), *argv])
+    written = tmp_path / "a" / "sweep.json"
+    written.parent.mkdir()
+    written.write_text(json.dumps(sweep_file(spec, tmp_path / "a")))  # what the sweep writes, versions and all
+    again = parsed_spec(["--config", str(written), "--results-dir", str(tmp_path / "b")])
+    assert again == spec and again.describe() == spec.describe()
+
+
+def test_a_yaml_config_takes_options_by_their_names_and_the_command_line_overrides_it(tmp_path):
+    config = tmp_path / "sweep.yaml"
+    config.write_text("trials: 5\nfinal-seeds: 1\nmethods: [ce, cut]\nrange: [lr=0.01:0.2]\nepochs: 3\nworker_logs: true\n")
+    spec = parsed_spec(["--config", str(config), "--trials", "2"])
+    assert (spec.trials, spec.final_seeds, spec.methods, spec.base.epochs, spec.worker_logs) == (2, 1, ("ce", "cut"), 3, True)
+    assert dict(spec.ranges)["lr"].high == 0.2
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"trails": 3}', "unknown key 'trails'; did you mean 'trials'?"),
+    ('{"base": {"lrr": 0.1}}', "unknown key 'base.lrr'; did you mean 'base.lr'?"),
+    ('{"name": "cifar100"}', "describes a sweep named 'cifar100'"),
+    ('{"trials": 2.5}', "trials: 2.5 is not a valid int"),
+    ('{"sampler": "grid"}', "sampler: 'grid' is not one of tpe, random"),
+    ('[1, 2]', "expected a mapping"),
+])
+def test_a_bad_config_file_exits_2_with_one_line_naming_the_key(text, message, tmp_path, capsys, no_ray_start):
+    config = tmp_path / "c.json"
+    config.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        main("digits", "test", DIGITS, ["--config", str(config), "--results-dir", str(tmp_path / "r")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "r").exists()
