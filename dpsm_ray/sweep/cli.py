@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from dpsm_ray.objectives import PAPER_METHODS
-from dpsm_ray.sweep.options import check_storage, parse_with_config
+from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_config
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
@@ -102,6 +102,8 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a Ray instance embedded in this process)")
     add("--resource-timeout", type=float, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS", help="on a Ray cluster: how long to wait for the CPUs/GPUs one trial asks for before giving up (an embedded Ray fails at once; default: %(default)s)")
     add("--trial-retries", type=int, default=2, metavar="N", help="restarts of a trial from its last checkpoint after its process dies (a lost node); a trial that raises is retried too (default: %(default)s)")
+    add("--tracking", metavar="mlflow[=URI]", help="log every trial as an MLflow run, one experiment per sweep (pip install -e '.[mlflow]'); "
+        "URI: the tracking server, default $MLFLOW_TRACKING_URI, else sqlite:///RESULTS/mlflow.db (docs/tracking.md)")
     add("--worker-logs", action="store_true", help="show the trials' own output (epoch lines, Ray's) here; by default it stays in Ray's session logs and one line per trial is printed")
     add("--download", action="store_true", help="download the dataset into --data-root if it is missing")
     add("--preset", choices=PRESET_NAMES, help="official: each method's objective settings as its official code has them (DPSM's T 1, lambda 0.05, "
@@ -142,7 +144,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
         grid_subsets=tuple(subsets.items()), grid_budget=args.grid_budget, sampler=args.sampler, scheduler=args.scheduler, grace_period=args.grace_period,
         reduction_factor=args.reduction_factor, optuna_storage=args.optuna_storage, concurrency=args.concurrency, seed=args.seed,
         trial_resources=tuple((k, v) for k, v in resources.items() if v), preset=args.preset, address=args.address,
-        resource_timeout=args.resource_timeout, trial_retries=args.trial_retries, worker_logs=args.worker_logs,
+        resource_timeout=args.resource_timeout, trial_retries=args.trial_retries, worker_logs=args.worker_logs, tracking=args.tracking,
     )
 
 
@@ -152,6 +154,7 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
     args = parse_with_config(parser, name, CONFIG_OPTIONS, argv)
     try:
         check_storage(vars(args))
+        parse_tracking(args.tracking)
         spec = spec_from_args(name, args, defaults)
     except ConfigError as error:
         parser.exit(2, f"{parser.prog}: error: --{error.field.replace('_', '-')}={error.value!r} is invalid: {error.allowed}\n")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 OPTUNA_STORAGE_ENV = "DPSM_RAY_OPTUNA_STORAGE"  # as dpsm_ray.sweep.spec (not imported: it loads torch)
 STORAGE_OPTIONS = ("results_dir", "data_root", "optuna_storage")
+TRACKERS = ("mlflow",)
 URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # SQLAlchemy's own dialects; third-party ones (cockroachdb, ...) register an entry point
 SQL_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
@@ -93,6 +94,21 @@ def refuse_unusable_storage(prog: str, argv: list[str]) -> None:
     except ValueError as error:
         sys.stderr.write(f"{prog}: error: {error}\n")
         sys.exit(2)
+
+
+def parse_tracking(text: str | None) -> tuple[str, str | None] | None:
+    """``mlflow`` or ``mlflow=URI`` -> ("mlflow", URI or None); ValueError naming the option
+    (and the install command when MLflow is missing)."""
+    if text is None:
+        return None
+    tracker, equals, uri = text.partition("=")
+    if tracker not in TRACKERS or (equals and not uri):
+        raise ValueError(f"--tracking {text!r}: expected mlflow or mlflow=URI (e.g. mlflow=http://127.0.0.1:5000)")
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        raise ValueError("--tracking mlflow needs MLflow, which is not installed: pip install -e '.[mlflow]'")
+    return tracker, uri or None
 
 
 # --- config files --------------------------------------------------------------------------

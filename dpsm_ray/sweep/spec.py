@@ -60,6 +60,7 @@ class SweepSpec:
     trial_retries: int = field(default=2, compare=False)  # restarts of a trial from its last checkpoint after a crash (a lost node)
     worker_logs: bool = field(default=False, compare=False)  # forward trials' own output (epoch lines, Tune's) to this terminal
     optuna_storage: str | None = field(default=None, compare=False)  # SQLAlchemy URL; default: sqlite in the results directory
+    tracking: str | None = field(default=None, compare=False)  # "mlflow" or "mlflow=URI": each trial an MLflow run (dpsm_ray.sweep.tracking)
 
     def __post_init__(self) -> None:
         for method in self.methods:

@@ -78,9 +78,10 @@ def run_trial(params: dict) -> None:
     trainer_for(config, run_dir, callbacks=[TuneReportCallback()], extra=extra).fit()
 
 
-def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int, retries: int, log) -> None:
+def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int, retries: int, log, callbacks=()) -> None:
     """Run the trials of ``stage`` that the ledger does not hold; raises ``StageInterrupted``
-    when Tune stopped first and ``StageOutOfSpace`` when the disk filled up."""
+    when Tune stopped first and ``StageOutOfSpace`` when the disk filled up.  ``callbacks``: more
+    Tune callbacks (an experiment tracker's)."""
     ledger = Ledger(results)
     ended = ledger.records(stage.name)
     for index, record in ended.items():  # a driver killed between a record and its tell
@@ -107,7 +108,7 @@ def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int,
         param_space=params,
         tune_config=tune_config,
         run_config=tune.RunConfig(
-            name=stage.name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder], stop=stopper,
+            name=stage.name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder, *callbacks], stop=stopper,
             # a trial whose process died (a lost node, an OOM kill) restarts from its last
             # checkpoint, on whichever node has room
             failure_config=tune.FailureConfig(max_failures=retries),

@@ -1,5 +1,6 @@
-"""A sweep beside the tools its user already has open: its sweep.json given back as --config, and
-its Optuna studies in optuna-dashboard (the real program, served on 127.0.0.1 by the test).
+"""A sweep beside the tools its user already has open: MLflow (a real ``mlflow server`` on
+127.0.0.1 with a SQLite backend, started and stopped here), optuna-dashboard (served likewise, read
+through its own JSON API), and its sweep.json given back as --config.
 
 One tiny digits sweep (DPSM only: two Optuna trials, one final seed, 2 epochs, trials in their own
 processes) is shared by the module; every trial costs Ray several seconds on 2 cores.
@@ -8,7 +9,9 @@ processes) is shared by the module; every trial costs Ray several seconds on 2 c
 import contextlib
 import json
 import math
+import os
 import runpy
+import signal
 import socket
 import subprocess
 import sys
@@ -29,13 +32,24 @@ TINY = ["--methods", "dpsm", "--trials", "2", "--final-seeds", "1", "--base-epoc
 # under each results directory
 UNREPEATABLE = ["trial_id", "wall_seconds", "epoch_seconds", "config_json"]
 PATHS = ("cache_dir", "init_checkpoint")
-SERVER_START_S = 120  # a server's start on 2 busy cores
+SERVER_START_S = 240  # mlflow server took 55 s to start on 2 busy cores (its SQLite migrations)
 
 
 @pytest.fixture(scope="module")
-def sweep(ray_session, tmp_path_factory):
+def mlflow_server(tmp_path_factory):
+    """``mlflow server`` on 127.0.0.1: runs in a SQLite file, artifacts served from a local folder."""
+    home = tmp_path_factory.mktemp("mlflow")
+    uri = f"http://127.0.0.1:{free_port()}"
+    command = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+               "--artifacts-destination", str(home / "artifacts"), "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1], "--workers", "1"]
+    with served(command, f"{uri}/health", home / "server.log"):
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def sweep(ray_session, mlflow_server, tmp_path_factory):
     results = tmp_path_factory.mktemp("tools") / "digits"
-    assert main("digits", "digits", DIGITS, ["--results-dir", str(results), *TINY]) == 0
+    assert main("digits", "digits", DIGITS, ["--results-dir", str(results), *TINY, "--tracking", f"mlflow={mlflow_server}"]) == 0
     return results
 
 
@@ -49,7 +63,38 @@ def rows(results: Path, name: str) -> tuple[pd.DataFrame, list[dict]]:
     return frame.drop(columns=[c for c in UNREPEATABLE if c in frame]), configs
 
 
+def test_each_trial_is_an_mlflow_run_with_its_configuration_epochs_evaluations_and_predictor(sweep, mlflow_server):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name(str(sweep))  # one experiment per sweep, named after its results directory
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    trials = pd.read_parquet(sweep / "trials.parquet")
+    epochs = pd.read_parquet(sweep / "epochs.parquet")
+    evals = pd.read_parquet(sweep / "evals.parquet")
+    assert len(runs) == len(trials) == 4  # 2 search trials, the final DPSM model and the base model
+    for run in runs:
+        tags = run.data.tags
+        row = trials[trials.trial_id == tags["tune_trial_id"]].iloc[0]
+        assert tags["stage"] == ("final" if row.stage == "final" else "search-dpsm") and int(tags["trial_index"]) == row.trial_index
+        assert run.info.status == "FINISHED" and tags["parquet_run_id"] == row.run_id
+        config = json.loads(row.config_json)
+        assert run.data.params["method"] == row.method and math.isclose(float(run.data.params["lr"]), config["lr"])
+        history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "val_coverage")}
+        expected = epochs[epochs.trial_id == row.trial_id].set_index("epoch").val_coverage.to_dict()
+        assert history.keys() == expected.keys() and all(math.isclose(history[e], expected[e]) for e in expected)
+        assert len(expected) == (0 if row.method == "base" else 2)
+        if tags["stage"] == "final":
+            for score, part in evals[evals.trial_id == row.trial_id].groupby("score"):
+                assert math.isclose(run.data.metrics[f"test_coverage_{score}"], part.coverage.mean())
+                assert math.isclose(run.data.metrics[f"test_set_size_{score}"], part.set_size.mean())
+            assert {"predictor/predictor.json", "predictor/weights.pt"} <= {a.path for a in client.list_artifacts(run.info.run_id, "predictor")}
+        else:
+            assert not any(name.startswith("test_") for name in run.data.metrics)  # the search never sees test data
+
+
 def test_the_sweep_json_given_back_as_config_reproduces_the_sweep_s_rows(sweep, tmp_path):
+    """Reproduced without --tracking: tracking is not part of what a sweep computes."""
     again = tmp_path / "again"
     assert main("digits", "digits", DIGITS, ["--config", str(sweep / "sweep.json"), "--results-dir", str(again)]) == 0
     for name in ("trials", "epochs", "evals"):
@@ -75,7 +120,8 @@ def served(command: list[str], ready_url: str, log: Path):
     """Run a server program until the block ends (it is stopped, then killed if it lingers);
     entered once ``ready_url`` answers."""
     with open(log, "wb") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        # a session of its own: mlflow server runs uvicorn and a job runner as its children
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + SERVER_START_S
             while True:
@@ -90,12 +136,14 @@ def served(command: list[str], ready_url: str, log: Path):
                     time.sleep(0.5)
             yield
         finally:
-            server.terminate()
+            os.killpg(server.pid, signal.SIGTERM)
             try:
-                server.wait(timeout=20)
+                server.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+                pass
+            with contextlib.suppress(ProcessLookupError):  # children that outlived it
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
 
 
 def test_optuna_dashboard_shows_each_trial_s_coverage_constraint_and_its_parquet_keys(sweep, tmp_path):
