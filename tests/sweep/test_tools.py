@@ -1,6 +1,7 @@
 """A sweep beside the tools its user already has open: MLflow (a real ``mlflow server`` on
-127.0.0.1 with a SQLite backend, started and stopped here), optuna-dashboard (served likewise, read
-through its own JSON API), and its sweep.json given back as --config.
+127.0.0.1 with a SQLite backend, started and stopped here), TensorBoard's reader on the event files
+Tune writes, optuna-dashboard (served like MLflow, read through its own JSON API), and its
+sweep.json given back as --config (docs/tracking.md).
 
 One tiny digits sweep (DPSM only: two Optuna trials, one final seed, 2 epochs, trials in their own
 processes) is shared by the module; every trial costs Ray several seconds on 2 cores.
@@ -10,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import runpy
 import signal
 import socket
@@ -138,7 +140,7 @@ def served(command: list[str], ready_url: str, log: Path):
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             try:
-                server.wait(timeout=30)
+                server.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
             with contextlib.suppress(ProcessLookupError):  # children that outlived it
@@ -168,3 +170,26 @@ def test_optuna_dashboard_shows_each_trial_s_coverage_constraint_and_its_parquet
         attributes = {a["key"]: a["value"] for a in trial["user_attrs"]}
         assert attributes["run_id"] == row.run_id and attributes["tune_trial_id"] == row.trial_id
         assert math.isclose(float(attributes["val_coverage"]), row.val_coverage) and math.isclose(float(attributes["val_set_size"]), row.val_set_size)
+
+
+def documented_tensorboard_tags() -> list[str]:
+    text = (ROOT / "docs" / "tracking.md").read_text()
+    section = text.split("## TensorBoard", 1)[1].split("\n## ", 1)[0]
+    return sorted(set(re.findall(r"`(ray/tune/[a-z_]+)`", section)))
+
+
+def test_the_tensorboard_tags_the_docs_name_are_in_each_trained_trial_s_event_files(sweep):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = documented_tensorboard_tags()
+    assert len(tags) >= 8 and "ray/tune/val_coverage" in tags
+    epochs = pd.read_parquet(sweep / "epochs.parquet")
+    trained = pd.read_parquet(sweep / "trials.parquet").query("method != 'base'")
+    for trial_id in trained.trial_id:
+        (trial_dir,) = (sweep / "tune").glob(f"*/trial_*_{trial_id}")
+        events = EventAccumulator(str(trial_dir))
+        events.Reload()
+        assert set(tags) <= set(events.Tags()["scalars"]), f"{trial_dir}: {sorted(set(tags) - set(events.Tags()['scalars']))}"
+        logged = {event.step: event.value for event in events.Scalars("ray/tune/val_coverage")}
+        rows = epochs[epochs.trial_id == trial_id]
+        assert len(rows) == 2 and all(math.isclose(logged[row.epoch], row.val_coverage, rel_tol=1e-6) for row in rows.itertuples())
