@@ -86,7 +86,7 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--final-seeds", type=int, default=defaults["final_seeds"], help="seeds the best configuration of each method is re-trained with (default: %(default)s)")
     add("--coverage-slack", type=float, default=defaults.get("coverage_slack", 0.0), help="a trial is feasible if validation coverage >= 1 - alpha - slack (default: %(default)s)")
     add("--range", action="append", default=[], metavar="KNOB=LOW:HIGH", help=f"search range of a knob ({', '.join(DEFAULT_RANGES)}), log-uniform; repeatable")
-    add("--grid", choices=["paper"], help="run the paper's exhaustive grid (SPEC section 4) instead of Optuna")
+    add("--grid", choices=["paper"], help="run the paper's exhaustive grid (its appendix D) instead of Optuna")
     add("--fix", action="append", default=[], metavar="AXIS=VALUE", help=f"paper grid: fix an axis ({', '.join(PAPER_GRID)}); repeatable")
     add("--subset", action="append", default=[], metavar="AXIS=V1,V2", help="paper grid: keep only these values of an axis; repeatable")
     add("--grid-budget", type=int, metavar="N", help="paper grid: a random N of its configurations, chosen by --seed (default: all)")
