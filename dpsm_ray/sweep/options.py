@@ -88,7 +88,8 @@ def refuse_unusable_storage(prog: str, argv: list[str]) -> None:
         config = option_values(argv, ("config",)).get("config")
         if config is not None:
             data = read_config_file(config)
-            values.update({k: v for k, v in {**data.get("base", {}), **data}.items() if k in STORAGE_OPTIONS and isinstance(v, str) and "***" not in v})
+            base = data.get("base") if isinstance(data.get("base"), dict) else {}
+            values.update({k: v for k, v in {**base, **data}.items() if k in STORAGE_OPTIONS and isinstance(v, str) and "***" not in v})
         values.update(option_values(argv))
         check_storage(values)
     except ValueError as error:

@@ -43,6 +43,15 @@ def test_the_optuna_storage_from_the_environment_is_checked_too(tmp_path):
     assert run.returncode == 2 and "--optuna-storage s3://bucket/optuna: s3://" in run.stderr
 
 
+def test_storage_named_in_a_config_file_is_refused_before_torch_loads(tmp_path):
+    config = tmp_path / "sweep.yaml"
+    config.write_text("base:\n  data_root: gs://bucket/data\n")
+    run = subprocess.run([sys.executable, str(ROOT / "sweeps" / "digits.py"), "--config", str(config)], cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--data-root gs://bucket/data: gs://" in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.yaml"]
+
+
 @pytest.mark.parametrize("option, value", [
     ("optuna_storage", "sqlite:////abs/optuna.db"), ("optuna_storage", "postgresql+psycopg://u@head/optuna"), ("optuna_storage", "mysql://u@h/db"),
     ("results_dir", "/mnt/nfs/results/digits"), ("results_dir", "results/digits"), ("data_root", "C:\\data"), ("data_root", None),
