@@ -113,16 +113,22 @@ def finite(value) -> bool:
 
 def log_predictors(tracking: str | None, results: Path, index: dict, log=print) -> None:
     """Attach each exported predictor (``export_sweep``'s index) to the MLflow run of the final
-    trial that trained it (the latest such run: a resumed sweep may have opened several)."""
+    trial that trained it (the latest such run: a resumed sweep may have opened several).  The
+    sweep's results are written by now: a tracking server that fails here costs a warning only."""
     if tracking is None:
         return
-    client = MlflowClient(tracking_uri(tracking, results))
-    experiment = client.get_experiment_by_name(experiment_name(results))
-    if experiment is None:
+    uri = tracking_uri(tracking, results)
+    try:
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name(experiment_name(results))
+        if experiment is None:
+            return
+        for entry in index["predictors"]:
+            runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.stage = 'final' and tags.parquet_run_id = '{entry['run_id']}'",
+                                      order_by=["attributes.start_time DESC"], max_results=1)
+            if runs:
+                client.log_artifacts(runs[0].info.run_id, str(results / entry["directory"]), artifact_path="predictor")
+    except Exception as error:  # MLflow's own errors, and the network's
+        log(f"warning: MLflow at {uri}: the predictors were not logged ({str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__})")
         return
-    for entry in index["predictors"]:
-        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.stage = 'final' and tags.parquet_run_id = '{entry['run_id']}'",
-                                  order_by=["attributes.start_time DESC"], max_results=1)
-        if runs:
-            client.log_artifacts(runs[0].info.run_id, str(results / entry["directory"]), artifact_path="predictor")
-    log(f"MLflow: the sweep's runs and predictors are in experiment {experiment.name!r} at {tracking_uri(tracking, results)}")
+    log(f"MLflow: the sweep's runs and predictors are in experiment {experiment.name!r} at {uri}")
