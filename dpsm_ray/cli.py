@@ -235,11 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=cmd_train, parser=train)
     report = commands.add_parser(
         "report",
-        help="print the paper-style tables of a sweep or run and write report.md and figures",
-        description="Read DIR/evals.parquet, epochs.parquet and classes.parquet (a sweep's --results-dir or a run's --out); print the "
-        "set-size table (mean ± std per method and score, DPSM against the best baseline) and all metrics; write "
-        "DIR/report.md and DIR/figures/*.png (coverage and set-size box plots, losses and their gaps, |q - Q_n|, "
-        "training against validation set size, class-conditional coverage).",
+        help="print the paper-style tables of a sweep or run and write report.md, report.tex and figures",
+        description="Read DIR's Parquet files (a sweep's --results-dir or a run's --out); print the set-size table (mean ± std per "
+        "method and score; DPSM against the best baseline and the CE base model as a per-seed paired change with a 95% interval) "
+        "and all metrics; write DIR/report.md, DIR/report.tex (booktabs) with the chosen configurations, the sweep's settings and "
+        "versions, and DIR/figures/*.png and *.pdf (coverage and set-size box plots, losses and their gaps, |q - Q_n|, training "
+        "against validation set size, class-conditional coverage; each Optuna search's history and parameter importance).",
     )
     report.add_argument("directory", metavar="DIR", help="a sweep's results directory or a training run's --out directory")
     report.set_defaults(handler=cmd_report, parser=report)

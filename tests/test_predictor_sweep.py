@@ -105,7 +105,7 @@ def test_the_index_and_the_report_name_each_method_s_choice(sweep):
             assert entry["val_set_size"] == row.val_set_size and entry["val_coverage"] == row.val_coverage
     report = (results / "report.md").read_text()
     assert "## Predictors" in report and "`predictors/dpsm-seed0`" in report and "`predictors/ce-seed0`" in report
-    assert any(f"] predictor of dpsm: {results / PREDICTORS / 'dpsm-seed0'}" in line for line in lines)
+    assert any("] predictors chosen per method: " in line and "dpsm-seed0" in line and str(results / PREDICTORS) in line for line in lines)
 
 
 def test_a_resumed_sweep_keeps_its_predictors_and_rebuilds_a_missing_one(sweep, tmp_path):

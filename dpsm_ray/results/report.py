@@ -200,9 +200,10 @@ def run_context(results: Path, trials: pd.DataFrame, alpha: float) -> Context:
     return Context(alpha, q_init=values("q_init"), conformal_weight=weights)
 
 
-def write_report(results_dir: str | os.PathLike, log=print) -> str:
+def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = False) -> str:
     """Print the tables, write ``report.md``, ``report.tex`` and ``figures/*.png`` / ``*.pdf``;
-    returns the text printed."""
+    returns the text printed.  ``brief`` (the end of a sweep): the headline tables only, the rest
+    in report.md, and the predictors in one line."""
     results = Path(results_dir)
     for name in verify_manifest(results):
         log(f"warning: {results / name} has no checksum in {results / MANIFEST} (written by an earlier version); it is read unchecked")
@@ -221,8 +222,7 @@ def write_report(results_dir: str | os.PathLike, log=print) -> str:
         f"Average prediction set size at alpha = {alpha:g} (mean ± std over models and calibration/test re-splits)",
         render_columns(size), *([f"note: {footnote}"] if footnote else []), "",
         *([f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""] if found else []),
-        "All metrics",
-        render_columns(details),
+        *(["All metrics: in report.md"] if brief else ["All metrics", render_columns(details)]),
     ])
     log(text)
 
@@ -256,7 +256,7 @@ def write_report(results_dir: str | os.PathLike, log=print) -> str:
     md += ["## Versions", "", markdown(versions), "", "The versions sweep.json recorded when the sweep started (\"not recorded\": an older sweep, or a "
            "single run), and the ones installed when this report was written, which drew the tables and figures.", ""]
     tex.append(latex_table(versions, "Package versions: those that ran the sweep, and those installed when this report was written.", "versions", align="lll"))
-    md += predictors_section(results, log)
+    md += predictors_section(results, log, brief)
 
     figures = write_figures(results, evals, epochs, classes, run_context(results, trials, alpha))
     search, search_note = search_figures(results, sweep)
@@ -299,7 +299,7 @@ def latex_document(name: str, parts: list[str], search_note: str) -> str:
     return "\n".join([*head, *(p + "\n" for p in parts), latex_text(search_note), "", r"\end{document}", ""])
 
 
-def predictors_section(results: Path, log) -> list[str]:
+def predictors_section(results: Path, log, brief: bool = False) -> list[str]:
     """report.md's lines on the sweep's predictors (``dpsm_ray.export``): the one chosen per
     method, with its validation and test figures; none for a sweep without predictors."""
     from dpsm_ray.export import read_index
@@ -314,7 +314,11 @@ def predictors_section(results: Path, log) -> list[str]:
         validation = ["n/a" if entry[key] is None else f"{entry[key]:.3f}" for key in ("val_set_size", "val_coverage")]  # none for a base model
         rows.append([f"`{entry['directory']}`", METHOD_NAMES.get(method, method), str(entry["seed"]), *validation,
                      f"{hps['coverage']:.3f}", f"{hps['set_size']:.2f}"])
-        log(f"predictor of {method}: {results / entry['directory']} (dpsm-ray export {results} --method {method} --out DIR)")
+        if not brief:
+            log(f"predictor of {method}: {results / entry['directory']} (dpsm-ray export {results} --method {method} --out DIR)")
+    if brief and index["chosen"]:
+        log(f"predictors chosen per method: {', '.join(index['chosen'][m] for m in ordered(list(index['chosen']), METHOD_ORDER))} under "
+            f"{results / 'predictors'} (dpsm-ray export {results} --method METHOD --out DIR)")
     return [
         "## Predictors", "",
         f"Every final model is a conformal predictor under `predictors/` (docs/predictor.md), calibrated on the calibration split and "

@@ -3,17 +3,23 @@ paper's protocol (base model, search on validation, final re-training on seeds),
 
     from dpsm_ray.sweep import SweepSpec, run_sweep
     run_sweep(SweepSpec(name="digits", base=TrainConfig(dataset="digits", init="base")), "results/digits")
+
+The names load on first use, so that ``dpsm_ray.sweep.options`` can refuse a bad command line
+before torch and Ray are imported (seconds on a busy machine).
 """
 
-from dpsm_ray.sweep.spec import SweepError, SweepInterrupted, SweepSpec
+_NAMES = {
+    "SweepOutOfSpace": "dpsm_ray.sweep.protocol", "run_sweep": "dpsm_ray.sweep.protocol",
+    "SweepError": "dpsm_ray.sweep.spec", "SweepInterrupted": "dpsm_ray.sweep.spec", "SweepSpec": "dpsm_ray.sweep.spec",
+}
 
 
 def __getattr__(name: str):
-    # the protocol imports torch and Ray: only when a sweep is run (the command line validates without)
-    if name in ("SweepOutOfSpace", "run_sweep"):
-        from dpsm_ray.sweep import protocol
+    if name in _NAMES:
+        import importlib
 
-        return getattr(protocol, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(_NAMES[name]), name)
+    raise AttributeError(f"module 'dpsm_ray.sweep' has no attribute {name!r}")
+
 
 __all__ = ["SweepError", "SweepInterrupted", "SweepOutOfSpace", "SweepSpec", "run_sweep"]

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from dpsm_ray.catalog import PAPER_METHODS, default_model, version_line
+from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_config
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
@@ -75,6 +76,8 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     parser = argparse.ArgumentParser(prog=f"sweeps/{name}.py", description=description)
     add = parser.add_argument
     add("--version", action="version", version=version_line("dpsm_ray"))
+    add("--config", metavar="FILE", help="a .yaml or .json file of options (named as here, e.g. trials: 8); options given here override it; "
+        "a sweep's RESULTS/sweep.json is one: --config RESULTS/sweep.json --results-dir NEW runs that sweep again")
     add("--results-dir", default=f"results/{name}", help="directory of this sweep's Parquet files, report and Tune state (default: %(default)s); on a multi-node cluster it must be on shared storage")
     add("--trials", type=int, default=defaults["trials"], help="Optuna trials per method (default: %(default)s)")
     add("--resume", action="store_true", help="continue the interrupted sweep in --results-dir without redoing finished trials")
@@ -83,7 +86,7 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--final-seeds", type=int, default=defaults["final_seeds"], help="seeds the best configuration of each method is re-trained with (default: %(default)s)")
     add("--coverage-slack", type=float, default=defaults.get("coverage_slack", 0.0), help="a trial is feasible if validation coverage >= 1 - alpha - slack (default: %(default)s)")
     add("--range", action="append", default=[], metavar="KNOB=LOW:HIGH", help=f"search range of a knob ({', '.join(DEFAULT_RANGES)}), log-uniform; repeatable")
-    add("--grid", choices=["paper"], help="run the paper's exhaustive grid (SPEC section 4) instead of Optuna")
+    add("--grid", choices=["paper"], help="run the paper's exhaustive grid (its appendix D) instead of Optuna")
     add("--fix", action="append", default=[], metavar="AXIS=VALUE", help=f"paper grid: fix an axis ({', '.join(PAPER_GRID)}); repeatable")
     add("--subset", action="append", default=[], metavar="AXIS=V1,V2", help="paper grid: keep only these values of an axis; repeatable")
     add("--grid-budget", type=int, metavar="N", help="paper grid: a random N of its configurations, chosen by --seed (default: all)")
@@ -99,6 +102,8 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a Ray instance embedded in this process)")
     add("--resource-timeout", type=float, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS", help="on a Ray cluster: how long to wait for the CPUs/GPUs one trial asks for before giving up (an embedded Ray fails at once; default: %(default)s)")
     add("--trial-retries", type=int, default=2, metavar="N", help="restarts of a trial from its last checkpoint after its process dies (a lost node); a trial that raises is retried too (default: %(default)s)")
+    add("--tracking", metavar="mlflow[=URI]", help="log every trial as an MLflow run, one experiment per sweep (pip install -e '.[mlflow]'); "
+        "URI: the tracking server, default $MLFLOW_TRACKING_URI, else sqlite:///RESULTS/mlflow.db (docs/tracking.md)")
     add("--worker-logs", action="store_true", help="show the trials' own output (epoch lines, Ray's) here; by default it stays in Ray's session logs and one line per trial is printed")
     add("--download", action="store_true", help="download the dataset into --data-root if it is missing")
     add("--preset", choices=PRESET_NAMES, help="official: each method's objective settings as its official code has them (DPSM's T 1, lambda 0.05, "
@@ -115,7 +120,8 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
     """The ``SweepSpec`` the options describe (raises ConfigError / ValueError on bad values)."""
     from dpsm_ray.sweep.spec import SweepSpec
 
-    values = {**defaults["config"], **{k: v for k, v in vars(args).items() if k in CONFIG_OPTIONS}}
+    # base_fields: training settings a --config file sets beyond the options (a sweep.json's base)
+    values = {**defaults["config"], **getattr(args, "base_fields", {}), **{k: v for k, v in vars(args).items() if k in CONFIG_OPTIONS}}
     values.update(seed=args.seed, download=args.download)
     values["gpus_per_worker"] = packed_gpus_per_worker(values, "gpus_per_worker" in vars(args), args.trials_per_gpu)
     base = TrainConfig.from_dict(values)
@@ -138,7 +144,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
         grid_subsets=tuple(subsets.items()), grid_budget=args.grid_budget, sampler=args.sampler, scheduler=args.scheduler, grace_period=args.grace_period,
         reduction_factor=args.reduction_factor, optuna_storage=args.optuna_storage, concurrency=args.concurrency, seed=args.seed,
         trial_resources=tuple((k, v) for k, v in resources.items() if v), preset=args.preset, address=args.address,
-        resource_timeout=args.resource_timeout, trial_retries=args.trial_retries, worker_logs=args.worker_logs,
+        resource_timeout=args.resource_timeout, trial_retries=args.trial_retries, worker_logs=args.worker_logs, tracking=args.tracking,
     )
 
 
@@ -147,7 +153,7 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
     had finished before: its report is printed again), 2 on bad input, 3 when it stopped before
     the end and ``--resume`` continues it -- Ctrl-C included, wherever it lands."""
     parser = build_parser(name, description, defaults)
-    args = parser.parse_args(argv)
+    args = parse_with_config(parser, name, CONFIG_OPTIONS, argv)
     try:
         return run(name, parser, args, defaults)
     except KeyboardInterrupt:  # Ctrl-C between Tune experiments, while Ray starts or stops (Tune handles it during one)
@@ -156,6 +162,8 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
 
 def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, defaults: dict) -> int:
     try:
+        check_storage(vars(args))
+        parse_tracking(args.tracking)
         spec = spec_from_args(name, args, defaults)
     except ConfigError as error:
         parser.exit(2, f"{parser.prog}: error: --{error.field.replace('_', '-')}={error.value!r} is invalid: {error.allowed}\n")

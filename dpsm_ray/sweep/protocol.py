@@ -108,8 +108,12 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     log.replan(planned_final, final.total)
     run(spec, results, final, log)
     write_results(spec, results)
-    export_sweep(results, log=log)
-    write_report(results, log=log)
+    index = export_sweep(results, log=log)
+    if spec.tracking:
+        from dpsm_ray.sweep.tracking import log_predictors
+
+        log_predictors(spec.tracking, results, index, log=log)
+    write_report(results, log=log, brief=True)
     write_json(results / FINISHED_FILE, {"finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "trials": log.total})
     return results
 
@@ -117,8 +121,14 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
 def run(spec: SweepSpec, results: Path, stage, log) -> None:
     from dpsm_ray.sweep.stage import StageInterrupted, StageOutOfSpace, run_stage
 
+    callbacks = []
+    if spec.tracking:
+        from dpsm_ray.sweep.tracking import tracking_callbacks
+
+        callbacks = tracking_callbacks(spec.tracking, results, stage.name)
     try:
-        run_stage(stage, results, resources=dict(spec.trial_resources), concurrency=spec.concurrency, retries=spec.trial_retries, log=log)
+        run_stage(stage, results, resources=dict(spec.trial_resources), concurrency=spec.concurrency, retries=spec.trial_retries, log=log,
+                  callbacks=callbacks)
     except StageInterrupted as error:
         raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
     except StageOutOfSpace as error:

@@ -33,6 +33,12 @@ OBJECTIVE = "val_set_size"
 CONSTRAINED = "val_coverage"
 # TPE samples at random for its first trials (Optuna's default is 10; searches here are short)
 STARTUP_TRIALS = 4
+# A trial's constraint values, as the system attribute that Optuna's samplers write for a
+# constraints_func (optuna.study._constrained_optimization._CONSTRAINTS_KEY: a list, read by Optuna 5
+# as ``trial.constraints == {"0": value}``) and the only one optuna-dashboard shows (0.21,
+# _serializer.py: ``trial_system_attrs.get("constraints", [])``); the ``constraints:<name>`` keys
+# of ``trial.set_constraint`` are invisible to it.  One value: floor - val_coverage, feasible <= 0.
+CONSTRAINTS_KEY = "constraints"
 
 
 class MethodStudy:
@@ -76,7 +82,8 @@ class MethodStudy:
 
     def tell(self, number: int, *, status: str, value: float | None, coverage: float | None, floor: float, attributes: dict) -> None:
         """Record how trial ``number`` ended: complete (with its value and the coverage
-        constraint, feasible when ``floor - coverage <= 0``), pruned (stopped early) or failed.
+        constraint, feasible when ``floor - coverage <= 0``), pruned (stopped early) or failed;
+        ``attributes`` become its user attributes (the join keys to the Parquet rows).
         A trial the study already holds as finished is left as it is."""
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
         if self.storage.get_trial(trial_id).state.is_finished():
@@ -84,8 +91,8 @@ class MethodStudy:
         trial = optuna.Trial(self.study, trial_id)
         for key, attribute in attributes.items():
             trial.set_user_attr(key, attribute)
-        if status != "failed" and coverage is not None and math.isfinite(coverage) and "coverage" not in trial.constraints:
-            trial.set_constraint("coverage", floor - coverage)
+        if status != "failed" and coverage is not None and math.isfinite(coverage) and not self.storage.get_trial(trial_id).constraints:
+            self.storage.set_trial_system_attr(trial_id, CONSTRAINTS_KEY, [floor - coverage])
         if status == "ok" and value is not None and math.isfinite(value):
             self.study.tell(number, value, skip_if_finished=True)
         else:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsm_ray.catalog import METHODS, PAPER_METHODS
+from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV
 from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, paper_grid
 from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
@@ -63,6 +64,7 @@ class SweepSpec:
     trial_retries: int = field(default=2, compare=False)  # restarts of a trial from its last checkpoint after a crash (a lost node)
     worker_logs: bool = field(default=False, compare=False)  # forward trials' own output (epoch lines, Tune's) to this terminal
     optuna_storage: str | None = field(default=None, compare=False)  # SQLAlchemy URL; default: sqlite in the results directory
+    tracking: str | None = field(default=None, compare=False)  # "mlflow" or "mlflow=URI": each trial an MLflow run (dpsm_ray.sweep.tracking)
 
     def __post_init__(self) -> None:
         for method in self.methods:
@@ -173,7 +175,6 @@ FINISHED_FILE = "finished.json"  # written last, once the report is: the sweep h
 # sweep.json's "ledger" key: the sweep keeps run records under runs/ (dpsm_ray.sweep.ledger); a
 # sweep without it was written by an earlier version, whose state lived in Tune's pickles
 LEDGER_FORMAT = 1
-OPTUNA_STORAGE_ENV = "DPSM_RAY_OPTUNA_STORAGE"
 # Settings a resumed sweep may change: they do not change what any trial computes.
 RESUMABLE_CHANGES = ("init_checkpoint", "download")
 

@@ -79,10 +79,11 @@ def run_trial(params: dict) -> None:
     trainer_for(config, run_dir, callbacks=[TuneReportCallback()], extra=extra).fit()
 
 
-def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int, retries: int, log) -> None:
+def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int, retries: int, log, callbacks=()) -> None:
     """Run the trials of ``stage`` that the ledger does not hold; raises ``StageInterrupted``
     when Tune stopped first and ``StageOutOfSpace`` when the disk filled up.  ``log``: the
-    sweep's ``Progress`` (a plain function gets one of its own, counting this stage alone)."""
+    sweep's ``Progress`` (a plain function gets one of its own, counting this stage alone);
+    ``callbacks``: more Tune callbacks (an experiment tracker's)."""
     if not isinstance(log, Progress):
         log = Progress(log)
         log.plan(stage.total)
@@ -113,7 +114,7 @@ def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int,
         param_space=params,
         tune_config=tune_config,
         run_config=tune.RunConfig(
-            name=stage.name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder], stop=stopper,
+            name=stage.name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder, *callbacks], stop=stopper,
             # a trial whose process died (a lost node, an OOM kill) restarts from its last
             # checkpoint, on whichever node has room
             failure_config=tune.FailureConfig(max_failures=retries),

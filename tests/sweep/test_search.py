@@ -83,7 +83,8 @@ def test_telling_is_idempotent_and_records_the_constraint_and_the_join_keys(tmp_
     s.tell(number, status="ok", value=9.9, coverage=0.99, floor=0.88, attributes={"run_id": "zzz"})  # a resumed driver tells again
     frozen = s.study.trials[0]
     assert frozen.state == optuna.trial.TrialState.COMPLETE and frozen.value == 1.2
-    assert math.isclose(frozen.constraints["coverage"], 0.02) and frozen.user_attrs == {"run_id": "abc", "tune_trial_id": "t1"}
+    assert math.isclose(frozen.constraints["0"], 0.02) and frozen.user_attrs == {"run_id": "abc", "tune_trial_id": "t1"}
+    assert frozen.system_attrs["constraints"] == [frozen.constraints["0"]]  # the list optuna-dashboard shows
     stopped, _ = s.propose({0})
     s.tell(stopped, status="stopped", value=1.5, coverage=0.9, floor=0.88, attributes={})
     failed, _ = s.propose({0, 1})

@@ -141,8 +141,8 @@ def test_each_method_s_optuna_study_is_in_a_database_with_its_trials_values_and_
             assert math.isclose(params["lr"], row.lr)
             assert optuna_trial.state.name == "COMPLETE"
             assert math.isclose(optuna_trial.value, row.val_set_size)
-            assert math.isclose(optuna_trial.constraints["coverage"], spec.coverage_floor - row.val_coverage)
-            assert (optuna_trial.constraints["coverage"] <= 0) == row.feasible
+            assert math.isclose(optuna_trial.constraints["0"], spec.coverage_floor - row.val_coverage)
+            assert (optuna_trial.constraints["0"] <= 0) == row.feasible
 
 
 def test_progress_lines_are_stamped_and_count_every_trial_of_every_stage(finished_sweep):
