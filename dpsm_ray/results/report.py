@@ -221,7 +221,7 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     text = "\n".join([
         f"Average prediction set size at alpha = {alpha:g} (mean ± std over models and calibration/test re-splits)",
         render_columns(size), *([f"note: {footnote}"] if footnote else []), "",
-        *([f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""] if found else []),
+        *([f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""] if found and not brief else []),
         *(["All metrics: in report.md"] if brief else ["All metrics", render_columns(details)]),
     ])
     log(text)

@@ -93,10 +93,10 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
         write_json(results / SWEEP_FILE, settings)
     planned_final = len(spec.methods) * spec.final_seeds + (spec.final_seeds if spec.base.init == "base" else 0)
     log.plan(sum(search_size(spec, method) for method in spec.methods) + (0 if search_only else planned_final))
+    base = with_base_model(spec.base, spec.base.seed, results, log)
     if not spec.grid:
         log(f"search: {spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}, minimising the validation set size "
             f"(validation coverage >= {spec.coverage_floor:g} as a constraint){asha_text(spec)}")
-    base = with_base_model(spec.base, spec.base.seed, results, log)
     for method in spec.methods:
         run(spec, results, search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log), log)
         write_results(spec, results)
