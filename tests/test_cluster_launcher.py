@@ -35,6 +35,7 @@ pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD, WORKER = "127.0.0.1", "127.0.0.2"
+EPOCHS = 80  # of each trial of the node-loss sweep
 TOOLS = {"sshd": shutil.which("sshd") or "/usr/sbin/sshd", "ssh-keygen": shutil.which("ssh-keygen"), "rsync": shutil.which("rsync"), "nc": shutil.which("nc")}
 MISSING = [name for name, path in TOOLS.items() if not path or not Path(path).exists()]
 if MISSING:
@@ -227,8 +228,10 @@ def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(mac
         # 2. a worker node lost mid-sweep: its trial restarts from its checkpoint elsewhere, and
         # every trial is recorded once
         results = machines.home / "results" / "faults"
-        # trials long enough (12 epochs, ~10 s) for the poll below to catch one running on the worker
-        faulty = submit.split(" -- ")[0] + f" -- --results-dir {results} --methods ce,cut --trials 3 --final-seeds 1 --concurrency 4 --epochs 12"
+        # trials long enough for the poll below to catch one running on the worker: with 12 epochs
+        # (~0.1 s each once a trial has started) a quiet machine finished every trial between two
+        # polls; EPOCHS gives each trial seconds of epochs
+        faulty = submit.split(" -- ")[0] + f" -- --results-dir {results} --methods ce,cut --trials 3 --final-seeds 1 --concurrency 4 --epochs {EPOCHS}"
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
         sweep = subprocess.Popen(shlex.split(faulty), cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         killed = []
@@ -248,9 +251,9 @@ def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(mac
         final = trials[trials.stage == "final"]
         assert search.groupby("method").size().to_dict() == {"ce": 3, "cut": 3} and sorted(final.method) == ["base", "ce", "cut"]
         trained = trials[trials.method != "base"]  # the base model is evaluated as it is: 0 epochs
-        assert trials.trial_id.is_unique and trials.status.eq("ok").all() and trained.epochs_completed.eq(12).all()
+        assert trials.trial_id.is_unique and trials.status.eq("ok").all() and trained.epochs_completed.eq(EPOCHS).all()
         epochs = pd.read_parquet(results / "epochs.parquet")
-        assert not epochs.duplicated(["trial_id", "epoch"]).any() and len(epochs) == 12 * len(trained)
+        assert not epochs.duplicated(["trial_id", "epoch"]).any() and len(epochs) == EPOCHS * len(trained)
     finally:
         ray_cli(down, checkout, timeout=600)
     deadline = time.monotonic() + 60
