@@ -40,6 +40,16 @@ def database_dialects() -> set[str]:
     return set(SQL_DIALECTS) | {entry.name.split(".")[0] for entry in entry_points(group="sqlalchemy.dialects")}
 
 
+def masked(url: str) -> str:
+    """A database URL as it may be shown or stored: its password replaced by ***."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL at all: show its scheme only, never what may be a password
+        return f"{url.partition('://')[0]}://..." if "://" in url else "(not a URL)"
+
+
 def storage_problem(option: str, value: str | None) -> str | None:
     """Why ``value`` of ``--results-dir``, ``--data-root`` or ``--optuna-storage`` is storage the
     service cannot use (one line naming the option, the value and the supported routes), or None."""
@@ -49,9 +59,8 @@ def storage_problem(option: str, value: str | None) -> str | None:
     scheme = match.group(1).lower()
     if option == "optuna_storage" and scheme.split("+")[0] in database_dialects():
         return None
-    shown = re.sub(r"(://[^:/@\s]*):[^@\s]*@", r"\1:***@", value)  # never echo a password
     flag = "--" + option.replace("_", "-")
-    return f"{flag} {shown}: {scheme}:// is not storage this service can use; {ROUTES}"
+    return f"{flag} {masked(value)}: {scheme}:// is not storage this service can use; {ROUTES}"
 
 
 def check_storage(values: dict) -> None:

@@ -165,7 +165,7 @@ def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: di
     asha = (spec.grace_period, spec.reduction_factor) if spec.scheduler == "asha" else None
     if spec.grid:
         axes = spec.grid_axes(method)
-        points = grid_points(axes, spec.grid_budget, derive_seed(spec.seed, "grid", method))
+        points = method_grid_points(spec, method)
         budget = f", a seeded random {len(points)} of them" if len(points) < grid_size(axes) else ""
         log(f"{name}: the paper grid has {grid_size(axes)} configurations ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())}){budget}{asha_text(spec)}")
         knobs = tuple(k for k, v in axes.items() if len(v) > 1)
@@ -189,9 +189,12 @@ def asha_text(spec: SweepSpec) -> str:
 
 def search_size(spec: SweepSpec, method: str) -> int:
     """Trials in ``method``'s search: the Optuna budget, or the grid's (possibly budgeted) points."""
-    if not spec.grid:
-        return spec.trials
-    return len(grid_points(spec.grid_axes(method), spec.grid_budget, derive_seed(spec.seed, "grid", method)))
+    return len(method_grid_points(spec, method)) if spec.grid else spec.trials
+
+
+def method_grid_points(spec: SweepSpec, method: str) -> list[dict]:
+    """The points of ``method``'s paper grid the sweep runs (all, or ``--grid-budget`` of them chosen by the seed)."""
+    return grid_points(spec.grid_axes(method), spec.grid_budget, derive_seed(spec.seed, "grid", method))
 
 
 def grid_points(axes: dict[str, tuple], budget: int | None, seed: int) -> list[dict]:

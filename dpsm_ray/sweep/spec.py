@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsm_ray.catalog import METHODS, PAPER_METHODS
-from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV
+from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV, masked
 from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, paper_grid
 from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
@@ -177,16 +177,6 @@ FINISHED_FILE = "finished.json"  # written last, once the report is: the sweep h
 LEDGER_FORMAT = 1
 # Settings a resumed sweep may change: they do not change what any trial computes.
 RESUMABLE_CHANGES = ("init_checkpoint", "download")
-
-
-def masked(url: str) -> str:
-    """A database URL as it may be shown or stored: its password replaced by ***."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL at all: show its scheme only, never what may be a password
-        return f"{url.partition('://')[0]}://..." if "://" in url else "(not a URL)"
 
 
 def check_storage_url(url: str) -> None:
