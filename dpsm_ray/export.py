@@ -38,7 +38,11 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
     from dpsm_ray.models import build_model, default_model
     from dpsm_ray.train.env import LocalEnv
     from dpsm_ray.train.loop import load_data, predict
+    from dpsm_ray.train.step import resolve_precision
 
+    device = pick_device(device)
+    # precision auto: what it stands for on this device (the same on every device until a GPU run measures the fast path)
+    precision = resolve_precision(config.precision, device)
     data = data if data is not None else load_data(config, torch.device("cpu"))
     if data.input_spec is None:
         raise ValueError(f"dataset {data.name} does not describe its inputs (DataSplits.input_spec): it cannot become a predictor")
@@ -47,13 +51,13 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
     model.load_state_dict(model_state)
     predictor = Predictor.create(
         model, architecture=architecture, input_spec=data.input_spec, num_classes=data.num_classes, alpha=config.alpha,
-        class_names=data.class_names, uniform_seed=config.seed, precision=config.precision, method=config.method, seed=config.seed,
-        run_id=config.config_hash(), training_config=config.to_dict(), provenance=provenance, device=pick_device(device),
+        class_names=data.class_names, uniform_seed=config.seed, precision=precision, method=config.method, seed=config.seed,
+        run_id=config.config_hash(), training_config=config.to_dict(), provenance=provenance, device=device,
     )
     env = LocalEnv(predictor.device, log=lambda line: None)
 
     def probabilities(split) -> torch.Tensor:  # as final_evaluation computes them
-        return predict(predictor.model, split, torch.arange(len(split)), data.num_classes, env, config.precision).double().softmax(dim=1).cpu()
+        return predict(predictor.model, split, torch.arange(len(split)), data.num_classes, env, precision).double().softmax(dim=1).cpu()
 
     split_seed = f"split seed {config.data_seed()}"
     calibrated = predictor.calibrated(probabilities(data.cal), data.cal.labels, config.alpha, example_ids=data.cal.ids,

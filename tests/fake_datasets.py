@@ -33,14 +33,15 @@ def cifar_labels(count: int) -> np.ndarray:
     return (np.arange(count) % CIFAR_CLASSES_USED) * 5
 
 
-def write_cifar100(root, seed=0):
+def write_cifar100(root, seed=0, train=CIFAR_TRAIN, test=CIFAR_TEST):
     """``<root>/cifar-100-python/{train,test,meta}``: Python-2-style pickles with bytes keys and
-    ``data`` rows of 3072 bytes (red, green, blue planes).  Returns the images as ``[N, 3, 32, 32]``."""
+    ``data`` rows of 3072 bytes (red, green, blue planes), ``train`` and ``test`` images (the real
+    set's 50000 and 10000 for bench/gpu_check.py).  Returns the images as ``[N, 3, 32, 32]``."""
     folder = root / "cifar-100-python"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(seed)
     images = {}
-    for name, count in (("train", CIFAR_TRAIN), ("test", CIFAR_TEST)):
+    for name, count in (("train", train), ("test", test)):
         data = rng.integers(0, 256, size=(count, 3072), dtype=np.uint8)
         labels = cifar_labels(count)
         entry = {

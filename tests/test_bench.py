@@ -101,3 +101,24 @@ def test_cli_startup_benchmark_runs_and_no_front_door_command_imports_torch_or_r
     assert {r["command"]: r["heavy_imports"] for r in record["results"]} == {command: [] for command in commands}
     assert all(r["median_s"] > 0 for r in record["results"])
     assert [line.split()[0] for line in result.stdout.splitlines()[2:]] == [c.split()[0] for c in commands]
+
+
+@pytest.mark.ray
+def test_gpu_check_dry_runs_every_step_on_cpu(tmp_path):
+    """bench/gpu_check.py --device cpu --quick: what a lent GPU runs, at CPU sizes; its packed
+    sweeps run on a Ray that declares one GPU (bench/gpu_shaped.py)."""
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--quick", "--out", str(out)],
+                            capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert json.loads(result.stdout.splitlines()[-7]) == summary  # the JSON line, then the table (a header and 5 rows)
+    assert all(summary[step]["ok"] for step in ("environment", "gpu_tests", "train", "throughput", "packed"))
+    variants = summary["train"]["variants"]
+    assert variants["graph_bf16_channels_last"] == {"skipped": "the captured graph needs CUDA"}
+    # auto is eager fp32 on a CPU: the same losses as the plain run
+    assert variants["auto"]["ce_loss"] == variants["eager_fp32"]["ce_loss"] and variants["auto"]["images_per_s"] > 0
+    for packs, sweep in summary["packed"]["sweeps"].items():
+        assert sweep["trials_ok"] == sweep["trials"] and sweep["gpu_ids"] == ["0"] and sweep["devices"] == ["cpu"], (packs, sweep)
+    # what comes back from the device tool: at most 8 files, no folders
+    assert len(list(out.iterdir())) <= 8 and all(path.is_file() for path in out.iterdir())

@@ -69,6 +69,13 @@ def test_cifar100_resnet110_dpsm_runs_end_to_end_on_a_generated_copy(tmp_path, c
     assert len(every_id) == len(set(every_id))
 
 
+def test_train_accepts_auto_step_and_precision_on_a_cpu(tmp_path, capsys):
+    code = main(["train", "--dataset", "digits", "--method", "ce", "--epochs", "1", "--eval-splits", "2", "--step", "auto", "--precision", "auto",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0
+    assert "--step auto --precision auto on cpu: eager fp32" in capsys.readouterr().err
+
+
 def test_a_missing_dataset_names_the_path_and_the_download_flag(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--dataset", "cifar100", "--data-root", str(tmp_path)])

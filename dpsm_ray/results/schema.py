@@ -79,6 +79,8 @@ TRIALS = {
     **RUN_KEY,
     "trial_index": pa.int64(),  # position in its stage, in the order the searcher proposed it (seed-fixed, unlike trial_id)
     "node_ip": pa.string(),  # the Ray node the trial's own process last ran on
+    "device": pa.string(),  # the torch device it trained on: cpu, cuda:0, ... (rank 0's for a DDP trial)
+    "gpu_ids": pa.string(),  # the GPU ids Ray assigned to its process, comma-separated (null without a GPU share)
     "status": pa.string(),  # ok | stopped (early, by ASHA) | failed
     "error": pa.string(),  # last line of the error for failed trials
     "feasible": pa.bool_(),  # val_coverage >= 1 - alpha - slack

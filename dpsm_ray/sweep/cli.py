@@ -23,7 +23,7 @@ from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 CONFIG_OPTIONS = {
     "dataset": str, "alpha": float, "epochs": int, "batch_size": int, "model": str, "data_root": str, "train_subset": int,
     "base_epochs": int, "pretrained_path": str, "workers": int, "gpus_per_worker": float, "cpus_per_worker": float,
-    "data_workers": int, "sort_temperature": float, "precision": str, "step": str, "channels_last": bool,
+    "data_workers": int, "device": str, "sort_temperature": float, "precision": str, "step": str, "channels_last": bool,
     "init": str, "q_init": str, "conftr_split": str, "cut_score": str, "lr_schedule": str, "ce_batch": str, "dpsm_split": str,
 }
 

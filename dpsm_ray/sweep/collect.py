@@ -40,6 +40,8 @@ def collect(spec, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]
             **key,
             "trial_index": index,
             "node_ip": record["node_ip"],
+            "device": record.get("device"),  # records before these two columns lack them
+            "gpu_ids": record.get("gpu_ids"),
             "status": record["status"],
             "error": record["error"],
             "feasible": feasible(metrics.get("val_coverage"), spec.coverage_floor) if record["status"] != "failed" else None,

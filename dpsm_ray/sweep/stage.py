@@ -27,9 +27,8 @@ from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StudySearcher
 from dpsm_ray.train.config import TrainConfig
-from dpsm_ray.train.env import pick_device
 from dpsm_ray.train.loop import train
-from dpsm_ray.train.ray_train import FINISHED, RESUMED, TuneTrialEnv, trainer_for
+from dpsm_ray.train.ray_train import FINISHED, RESUMED, TuneTrialEnv, trainer_for, trial_device
 
 
 class StageInterrupted(RuntimeError):
@@ -71,7 +70,7 @@ def run_trial(params: dict) -> None:
         # a study's trials find (or, the first of a seed, train and cache) their base model themselves
         config = resolve_base_model(config, log=lambda line: None)
     if config.workers == 0:
-        env = TuneTrialEnv(pick_device(config.device), run_dir, extra)
+        env = TuneTrialEnv(trial_device(config.device), run_dir, extra)
         env.finish(train(config, env))
         return
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -157,6 +156,17 @@ def disk_full_line(error: BaseException) -> str:
     return (lines[-1] if lines else "no space left on the results directory's device").removeprefix("dpsm_ray.files.DiskFullError: ")
 
 
+def local_error_text(trial) -> str:
+    """The trial's error file where Tune wrote it before calling back: ``trial.get_error`` reads
+    it from the storage path, where it lands only at the next sync (seen: a trial failing before
+    its first report)."""
+    path = Path(trial.local_path) / "error.txt" if trial.local_path else None
+    try:
+        return path.read_text() if path is not None else ""
+    except OSError:
+        return ""
+
+
 class LedgerCallback(tune.Callback):
     """Records each trial of a stage when it ends (``record.json``), then tells the Optuna study;
     logs one line per trial (its wall time from launch, the sweep's counter and estimate), and an
@@ -230,7 +240,8 @@ class LedgerCallback(tune.Callback):
                 self.out_of_space = disk_full_line(error)
             self.stopper.halt()
             return
-        lines = str(error).strip().splitlines() if error is not None else []
+        text = str(error) if error is not None else local_error_text(trial)
+        lines = text.strip().splitlines()
         message = lines[-1][:500] if lines else "error"
         self.record(trial, "failed", message, trial.last_result or {})
         self.wall_seconds(trial)
@@ -249,6 +260,8 @@ class LedgerCallback(tune.Callback):
             "epochs_completed": len(epochs) if status == "failed" else int(result.get("epoch", len(epochs))),
             "error": error,
             "node_ip": result.get("node_ip"),
+            "device": result.get("device"),
+            "gpu_ids": result.get("gpu_ids"),
             "wall_seconds": result.get("time_total_s"),
             "metrics": {name: metrics.get(name) for name in ("val_coverage", "val_set_size", "val_accuracy")},
             "overrides": trial.config["point"]["overrides"],

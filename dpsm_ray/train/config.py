@@ -47,6 +47,9 @@ METHOD_FIELDS = {
     "conftr_split": ("conftr",), "cut_score": ("cut",), "ce_batch": ("cut", "dpsm"), "size_target": ("conftr_published",), "ce_weight": ("conftr_published",),
 }
 STEPS = ("eager", "graph")
+# ``auto`` (step and precision): the fastest path measured on the run's device, resolved by
+# ``dpsm_ray.train.step.resolve_step`` / ``resolve_precision`` where the run trains.
+AUTO = "auto"
 # Fields that do not change what a run computes: left out of the config hash.
 OPERATIONAL_FIELDS = frozenset(
     {"data_root", "download", "data_workers", "device", "checkpoint_every", "max_failures", "debug_sync_checks", "gpus_per_worker", "cpus_per_worker", "init_checkpoint", "cache_dir", "evaluate_test",
@@ -117,9 +120,10 @@ class TrainConfig:
     cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each Ray Train worker (fractions allowed)")
     device: str = option("auto", "device for --workers 0: auto, cpu, cuda")
     data_workers: int = option(4, "DataLoader processes for file-based datasets")
-    precision: str = option("fp32", "fp32, or bf16 (autocast of the model's forward; losses and quantiles stay in fp32)")
+    precision: str = option("fp32", "fp32, bf16 (autocast of the model's forward; losses and quantiles stay in fp32), or auto (the measured fast path of the run's device: fp32 on a CPU)")
     channels_last: bool = option(False, "keep image batches and conv weights in channels_last memory format")
-    step: str = option("eager", "training step: eager, or graph (the whole step -- forward, loss, backward, SGD, DPSM's q -- captured in one CUDA graph; needs CUDA and one worker)")
+    step: str = option("eager", "training step: eager, graph (the whole step -- forward, loss, backward, SGD, DPSM's q -- captured in one CUDA graph; needs CUDA and one worker), "
+                                "or auto (the measured fast path of the run's device: eager on a CPU)")
     checkpoint_every: int = option(1, "checkpoint every N epochs (and always after the last)")
     max_failures: int = option(0, "restarts of a failed worker group from its last checkpoint")
     debug_sync_checks: bool = option(False, "assert every step that q and the parameters are identical on all workers")
@@ -250,8 +254,8 @@ def validate(config: TrainConfig) -> None:
     need(number("cpus_per_worker") > 0, "cpus_per_worker", "must be > 0")
     need(config.device in ("auto", "cpu", "cuda") or config.device.startswith("cuda:"), "device", "must be auto, cpu, cuda or cuda:N")
     need(integer("data_workers") >= 0, "data_workers", "must be an integer >= 0")
-    need(config.precision in PRECISIONS, "precision", f"must be one of {', '.join(PRECISIONS)}")
-    need(config.step in STEPS, "step", f"must be one of {', '.join(STEPS)}")
+    need(config.precision in (*PRECISIONS, AUTO), "precision", f"must be one of {', '.join(PRECISIONS)}, {AUTO}")
+    need(config.step in (*STEPS, AUTO), "step", f"must be one of {', '.join(STEPS)}, {AUTO}")
     need(config.step != "graph" or config.workers <= 1, "step", "graph captures one process's step: it needs workers 0 or 1")
     need(config.step != "graph" or config.device != "cpu", "step", "graph needs a CUDA device; device is cpu")
     need(integer("checkpoint_every") >= 1, "checkpoint_every", "must be an integer >= 1")

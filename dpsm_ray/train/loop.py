@@ -32,7 +32,7 @@ from dpsm_ray.objectives import ConfTr, DPSM, Objective, build_objective, hps_sc
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine
-from dpsm_ray.train.step import autocast, build_step
+from dpsm_ray.train.step import auto_line, autocast, build_step
 
 EVAL_BATCH = 512
 # Per-epoch columns of epochs.parquet, in order (docs/results.md).
@@ -147,6 +147,8 @@ def label_scores_of(model: nn.Module, split: Split, positions: torch.Tensor, num
 def train(config: TrainConfig, env) -> RunResult:
     """Train one model with ``config.method`` and evaluate it; see the module docstring."""
     torch.manual_seed(derive_seed(config.seed, "init"))
+    if (line := auto_line(config.step, config.precision, env.device)) is not None:
+        env.log(line)
     data = load_data(config, env.device)
     train_size = len(data.train)
     if config.batch_size > 2 * (train_size // 2):

@@ -24,7 +24,7 @@ import torch
 
 from dpsm_ray.files import read_checked_json, write_checked_json
 from dpsm_ray.train.config import TrainConfig
-from dpsm_ray.train.env import LocalEnv, ProcessGroupEnv, load_checkpoint, save_checkpoint
+from dpsm_ray.train.env import LocalEnv, ProcessGroupEnv, load_checkpoint, pick_device, save_checkpoint
 from dpsm_ray.train.loop import RunResult, train
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, check_before_start, check_capacity, ensure_ray, run_demand
 
@@ -38,6 +38,50 @@ FINISHED = "run_finished"
 # Marks the report a resumed run sends of its last finished epoch before training on, so that a
 # scheduler judges it where an uninterrupted run was judged (see RunDirReporting.load_state).
 RESUMED = "resumed"
+
+
+class GpuUnavailable(RuntimeError):
+    """A process that holds a share of a GPU but cannot see a CUDA device."""
+
+
+def assigned_gpus() -> list[str]:
+    """The GPU ids Ray gave this process (empty for a CPU-only trial or worker)."""
+    import ray
+
+    return [str(gpu) for gpu in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+
+
+def trial_device(name: str) -> torch.device:
+    """The device of a process Ray started for a trial or a Train worker, from ``--device``.
+
+    With a GPU share, ``auto`` and ``cuda`` mean the GPU Ray assigned (its position in
+    ``CUDA_VISIBLE_DEVICES``); when torch sees no CUDA device the process stops with
+    ``GpuUnavailable`` naming the node and ``CUDA_VISIBLE_DEVICES`` instead of training on the CPU,
+    30-100x slower and without a word.  ``cpu`` trains on the CPU whatever the share: how
+    GPU-shaped resources run on CPU machines, on purpose.  Without a share, ``auto`` is the CPU
+    (Ray leaves CUDA_VISIBLE_DEVICES alone in a process without GPUs: it sees every GPU of its node,
+    which belong to other trials)."""
+    gpus = assigned_gpus()
+    if not gpus and name == "auto":
+        return torch.device("cpu")  # a GPU Ray did not give this process is another trial's
+    if name == "cpu" or not gpus:
+        return pick_device(name)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not torch.cuda.is_available():
+        import ray
+
+        raise GpuUnavailable(f"node {ray.util.get_node_ip_address()}: this trial holds GPU {','.join(gpus)} (CUDA_VISIBLE_DEVICES={visible!r}) but torch "
+                             "sees no CUDA device (driver, CUDA build of torch, or container GPU access); it stops rather than train on the CPU "
+                             "(--device cpu runs on the CPU on purpose)")
+    if name.startswith("cuda:"):
+        return torch.device(name)
+    ids = visible.split(",") if visible else []
+    return torch.device("cuda", ids.index(gpus[0]) if gpus[0] in ids else 0)
+
+
+def placement(device: torch.device) -> dict:
+    """What a trial reports of where it trained (trials.parquet's ``device`` and ``gpu_ids``)."""
+    return {"device": str(device), "gpu_ids": ",".join(assigned_gpus()) or None}
 
 
 class RunDirReporting:
@@ -86,12 +130,12 @@ class RunDirReporting:
 class RayTrainEnv(RunDirReporting, ProcessGroupEnv):
     """A Ray Train worker (DDP over the worker group)."""
 
-    def __init__(self, run_dir: str | os.PathLike, extra: dict | None = None, inject_failure: dict | None = None) -> None:
+    def __init__(self, device: torch.device, run_dir: str | os.PathLike, extra: dict | None = None, inject_failure: dict | None = None) -> None:
         import ray.train
-        import ray.train.torch
 
-        super().__init__(ray.train.torch.get_device(), Path(run_dir) / CHECKPOINT_FILE)
-        self.run_dir, self.extra, self.inject_failure = Path(run_dir), extra or {}, inject_failure
+        super().__init__(device, Path(run_dir) / CHECKPOINT_FILE)
+        self.run_dir, self.inject_failure = Path(run_dir), inject_failure
+        self.extra = {**(extra or {}), **placement(device)}
         self._report_fn = ray.train.report
 
 
@@ -102,7 +146,7 @@ class TuneTrialEnv(RunDirReporting, LocalEnv):
         from ray import tune
 
         super().__init__(device, Path(run_dir) / CHECKPOINT_FILE)
-        self.run_dir, self.extra = Path(run_dir), extra or {}
+        self.run_dir, self.extra = Path(run_dir), {**(extra or {}), **placement(device)}
         self._report_fn = tune.report
 
 
@@ -112,14 +156,14 @@ def train_fn_per_worker(loop_config: dict) -> None:
     # Ray Train logs every report at INFO through a root-level logger; keep warnings and errors
     logging.getLogger().setLevel(logging.WARNING)
     config = TrainConfig.from_dict(loop_config["config"])
-    env = RayTrainEnv(loop_config["run_dir"], loop_config.get("extra"), loop_config.get("inject_failure"))
+    env = RayTrainEnv(trial_device(config.device), loop_config["run_dir"], loop_config.get("extra"), loop_config.get("inject_failure"))
     env.finish(train(config, env))
 
 
 def trainer_for(config: TrainConfig, run_dir: str | os.PathLike, callbacks=(), extra: dict | None = None, inject_failure: dict | None = None):
     """A ``TorchTrainer`` of ``config.workers`` workers writing into ``run_dir``."""
     import ray.train
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     resources = {"CPU": config.cpus_per_worker}
     if config.gpus_per_worker > 0:
@@ -132,6 +176,8 @@ def trainer_for(config: TrainConfig, run_dir: str | os.PathLike, callbacks=(), e
             "inject_failure": inject_failure,
         },
         scaling_config=ray.train.ScalingConfig(num_workers=config.workers, use_gpu=config.gpus_per_worker > 0, resources_per_worker=resources),
+        # nccl when the workers hold GPUs (Ray's default), gloo when they train on the CPU on purpose
+        torch_config=TorchConfig(backend="gloo" if config.device == "cpu" else None),
         run_config=ray.train.RunConfig(
             name=RAY_TRAIN_DIR,
             storage_path=str(run_dir),

@@ -25,10 +25,36 @@ from dpsm_ray.objectives import Objective
 
 WARMUP_STEPS = 3  # eager replays on a side stream before capture (cuDNN / allocator set-up)
 
+# What ``--step auto`` / ``--precision auto`` run, by device type.  The CUDA entries are the plain
+# path until a GPU run of bench/gpu_check.py has measured the fast one (graph, bf16; issue 27):
+# ``AUTO_UNMEASURED`` names the device types whose entry is that placeholder, and the run says so.
+AUTO_STEP = {"cpu": "eager", "cuda": "eager"}
+AUTO_PRECISION = {"cpu": "fp32", "cuda": "fp32"}
+AUTO_UNMEASURED = ("cuda",)
+
+
+def resolve_step(kind: str, device: torch.device) -> str:
+    return AUTO_STEP.get(device.type, "eager") if kind == "auto" else kind
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    return AUTO_PRECISION.get(device.type, "fp32") if precision == "auto" else precision
+
+
+def auto_line(step: str, precision: str, device: torch.device) -> str | None:
+    """The log line of a run that asked for ``auto``: what it runs, and why (None otherwise)."""
+    asked = [f"--{name} auto" for name, value in (("step", step), ("precision", precision)) if value == "auto"]
+    if not asked:
+        return None
+    line = f"{' '.join(asked)} on {device.type}: {resolve_step(step, device)} {resolve_precision(precision, device)}"
+    if device.type in AUTO_UNMEASURED:
+        line += " (the plain path: no GPU run has measured the fast one yet; --step graph --precision bf16 opts in)"
+    return line
+
 
 def autocast(device: torch.device, precision: str, *, cache_enabled: bool = True):
-    """bf16 autocast of the forward pass, or nothing for fp32."""
-    if precision == "fp32":
+    """bf16 autocast of the forward pass, or nothing for fp32 (``auto``: what it stands for on ``device``)."""
+    if resolve_precision(precision, device) == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache_enabled)
 
@@ -165,6 +191,7 @@ class GraphStep:
 
 def build_step(model, objective, optimizer, example, *, kind: str, precision: str, channels_last: bool):
     """The step a run's ``step`` option names (``example`` is its first batch, on the device)."""
+    kind, precision = resolve_step(kind, example[0].device), resolve_precision(precision, example[0].device)
     if kind == "graph":
         if example[0].device.type != "cuda":
             from dpsm_ray.train.config import ConfigError

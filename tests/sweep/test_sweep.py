@@ -62,6 +62,8 @@ def test_trials_parquet(finished_sweep):
     # each seed's CE base model is evaluated as it is, beside the fine-tuned methods: the paper's CE column
     assert sorted(zip(final.method, final.seed)) == [("base", 0), ("base", 1), ("ce", 0), ("ce", 1), ("dpsm", 0), ("dpsm", 1)]
     assert (trials.status == "ok").all() and trials.error.isna().all()
+    # where each trained: the CPU, holding no GPU (tests/test_gpu_shaped.py: with GPU shares)
+    assert (trials.device == "cpu").all() and trials.gpu_ids.isna().all()
     trained, base = trials[trials.method != "base"], trials[trials.method == "base"]
     assert (trained.feasible == (trained.val_coverage >= spec.coverage_floor)).all()
     assert (trained.epochs_completed == 3).all() and (base.epochs_completed == 0).all() and (trials.wall_seconds > 0).all()

@@ -203,3 +203,31 @@ def run_resnet(step_kind, method, data, options=None, **kwargs):
             step = EagerStep(model, objective, optimizer, **kwargs) if step_kind == "eager" else GraphStep(model, objective, optimizer, batch, **kwargs)
         trace.append({name: float(value) for name, value in step(*batch).items()})
     return model, objective, optimizer, trace
+
+
+def test_auto_is_the_plain_path_on_a_cpu_and_says_what_it_runs_on_cuda():
+    from dpsm_ray.train.step import auto_line, resolve_precision, resolve_step
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device name: no GPU is touched
+    assert (resolve_step("auto", cpu), resolve_precision("auto", cpu)) == ("eager", "fp32")
+    assert (resolve_step("graph", cpu), resolve_precision("bf16", cpu)) == ("graph", "bf16")  # what was asked for stays
+    assert auto_line("auto", "auto", cpu) == "--step auto --precision auto on cpu: eager fp32"
+    assert auto_line("eager", "fp32", cpu) is None
+    # until a GPU run measures the fast path, CUDA gets the plain one, and the log says so
+    assert (resolve_step("auto", cuda), resolve_precision("auto", cuda)) == ("eager", "fp32")
+    assert "no GPU run has measured the fast one yet" in auto_line("auto", "fp32", cuda)
+
+
+def test_auto_step_and_precision_train_exactly_like_eager_fp32_on_a_cpu():
+    from dpsm_ray.train import LocalEnv, train
+
+    runs = {}
+    for step_kind, precision in (("eager", "fp32"), ("auto", "auto")):
+        lines = []
+        config = TrainConfig(dataset="digits", method="dpsm", epochs=2, batch_size=64, eval_splits=2, val_splits=2, step=step_kind, precision=precision)
+        runs[step_kind] = (train(config, LocalEnv(torch.device("cpu"), log=lines.append)), lines)
+    (plain, plain_lines), (auto, auto_lines) = runs["eager"], runs["auto"]
+    assert auto_lines[0] == "--step auto --precision auto on cpu: eager fp32" and not any("auto" in line for line in plain_lines)
+    for name, tensor in plain.model_state.items():
+        assert torch.equal(tensor, auto.model_state[name]), name
+    assert [row["set_size"] for row in auto.evals] == [row["set_size"] for row in plain.evals]

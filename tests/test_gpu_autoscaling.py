@@ -1,0 +1,137 @@
+"""cluster/gpu.yaml's shape at cluster scale, simulated on this CPU machine: Ray's fake multi-node
+provider (the autoscaler's ``fake_multinode``, which Ray's own tests use) starts "nodes" as
+processes here with declared resources.  Node types as in cluster/gpu.yaml -- a head that trains
+nothing and GPU workers with ``min_workers: 0`` -- scaled to 2 cores.  A packed sweep on it must
+make the autoscaler add GPU nodes, run every trial once, and the idle nodes must go away.
+
+The head starts with ``ray start`` and so becomes the machine's "started cluster" (every plain
+driver would join it): ``cluster``-marked, run before any other Ray test.  It is stopped by ending
+its own processes only (``ray stop`` would end every Ray instance of this user).
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = pytest.mark.cluster
+ROOT = Path(__file__).resolve().parents[1]
+PORT = 6379  # the fake provider's nodes join the head at this machine's address, port 6379
+FAKE_HEAD_TYPE = "ray.head.default"  # the fake provider's name for the head (cluster/gpu.yaml: head)
+WORKER_CPUS, MAX_GPU_NODES = 2, 2
+IDLE_TIMEOUT_MINUTES = 0.25  # cluster/gpu.yaml: 10
+
+
+def fake_cluster_config(gpu_yaml: dict) -> dict:
+    """cluster/gpu.yaml's node types (names, GPUs per worker, min_workers) on the fake provider."""
+    worker = "gpu_worker"
+    gpus = gpu_yaml["available_node_types"][worker]["resources"]["GPU"]
+    return {
+        "cluster_name": "gpu-shaped",
+        "max_workers": MAX_GPU_NODES,
+        "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True, "disable_launch_config_check": True},
+        "available_node_types": {
+            FAKE_HEAD_TYPE: {"resources": {"CPU": 1, "GPU": 0}, "node_config": {}, "max_workers": 0},
+            worker: {"resources": {"CPU": WORKER_CPUS, "GPU": gpus}, "node_config": {},
+                     "min_workers": gpu_yaml["available_node_types"][worker]["min_workers"], "max_workers": MAX_GPU_NODES},
+        },
+        "head_node_type": FAKE_HEAD_TYPE,
+        "auth": {}, "upscaling_speed": 1.0, "idle_timeout_minutes": IDLE_TIMEOUT_MINUTES, "docker": {},
+        "initialization_commands": [], "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
+        "head_start_ray_commands": [], "worker_start_ray_commands": [], "file_mounts": {}, "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False, "rsync_exclude": [], "rsync_filter": [],
+    }
+
+
+def session_processes(session: str) -> list[int]:
+    """Pids of the processes whose command line names the Ray session ``session``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and session.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def end_session(session: str, timeout_s: float = 30) -> None:
+    for pid in session_processes(session):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while session_processes(session) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def fake_gpu_cluster(tmp_path):
+    gpu_yaml = yaml.safe_load((ROOT / "cluster" / "gpu.yaml").read_text())
+    assert gpu_yaml["available_node_types"]["gpu_worker"]["min_workers"] == 0  # the shape this test scales
+    config = tmp_path / "fake.yaml"
+    config.write_text(yaml.safe_dump(fake_cluster_config(gpu_yaml)))
+    # token authentication, as cluster/gpu.yaml has it (the README's `ray get-auth-token --generate`)
+    env = dict(os.environ, RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_enable_autoscaler_v2="0", RAY_AUTH_MODE="token")
+    env.pop("RAY_ADDRESS", None)
+    ray = str(Path(sys.executable).parent / "ray")
+    subprocess.run([ray, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=120)
+    before = Path("/tmp/ray/session_latest").resolve() if Path("/tmp/ray/session_latest").exists() else None
+    subprocess.run([ray, "start", "--head", f"--port={PORT}", "--num-cpus=1", "--num-gpus=0", f"--autoscaling-config={config}",
+                    "--dashboard-host=127.0.0.1", "--disable-usage-stats"], env=env, check=True, capture_output=True, timeout=300)
+    session = Path("/tmp/ray/session_latest").resolve().name
+    assert before is None or before.name != session
+    current = Path("/tmp/ray/ray_current_cluster")
+    try:
+        yield current.read_text().strip(), env  # this machine's address: where the fake nodes join
+    finally:
+        end_session(session)
+        if current.exists() and str(PORT) in current.read_text():
+            current.unlink()  # what `ray stop` removes: the next plain driver must not join a cluster that is gone
+
+
+def gpu_nodes(address: str, env: dict) -> int:
+    probe = "import ray; ray.init(address=%r, logging_level='ERROR'); print(sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('GPU')))" % address
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else -1
+
+
+def test_a_packed_sweep_makes_the_autoscaler_add_gpu_nodes_and_idle_ones_go_away(fake_gpu_cluster, tmp_path):
+    address, env = fake_gpu_cluster
+    assert gpu_nodes(address, env) == 0  # min_workers 0: no GPU node until a sweep asks
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(gpu_nodes(address, env))
+            stop.wait(3)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    results = tmp_path / "results"
+    # 4 trials of half a GPU and one CPU each, 4 at once: two GPU nodes' worth
+    sweep = subprocess.run(
+        [sys.executable, str(ROOT / "sweeps" / "cifar100.py"), "--address", address, "--results-dir", str(results), "--dataset", "synthetic",
+         "--model", "mlp", "--init", "scratch", "--methods", "ce", "--trials", "4", "--concurrency", "4", "--final-seeds", "1",
+         "--trials-per-gpu", "2", "--device", "cpu", "--cpus-per-worker", "1", "--epochs", "30", "--batch-size", "64", "--resource-timeout", "300"],
+        env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    stop.set()
+    watcher.join()
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    assert max(seen) == MAX_GPU_NODES, f"GPU nodes seen during the sweep: {seen}"
+    trials = pd.read_parquet(results / "trials.parquet")
+    search = trials[trials.stage == "search"]
+    # every trial once: four search trials and the final one, each ended ok
+    assert len(search) == 4 and sorted(search.trial_index) == [0, 1, 2, 3] and len(trials) == 5 and (trials.status == "ok").all()
+    assert set(search.gpu_ids) == {"0"} and (trials.device == "cpu").all()  # each node has one GPU, id 0
+    deadline = time.monotonic() + 60 * IDLE_TIMEOUT_MINUTES + 120
+    while (left := gpu_nodes(address, env)) != 0 and time.monotonic() < deadline:
+        time.sleep(5)
+    assert left == 0, "idle GPU nodes were not removed"
