@@ -118,7 +118,8 @@ class TrainConfig:
     workers: int = option(0, "Ray Train data-parallel workers; 0 trains in this process")
     gpus_per_worker: float = option(0.0, "GPUs per Ray Train worker (fractions pack workers on a GPU)")
     cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each Ray Train worker (fractions allowed)")
-    device: str = option("auto", "device for --workers 0: auto, cpu, cuda")
+    device: str = option("auto", "auto (a GPU when there is one; under Ray the GPU it assigned, and a trial holding a GPU share that sees no CUDA "
+                                 "device fails instead of training on the CPU), cpu (also GPU-shaped trials, on purpose), cuda, cuda:N")
     data_workers: int = option(4, "DataLoader processes for file-based datasets")
     precision: str = option("fp32", "fp32, bf16 (autocast of the model's forward; losses and quantiles stay in fp32), or auto (the measured fast path of the run's device: fp32 on a CPU)")
     channels_last: bool = option(False, "keep image batches and conv weights in channels_last memory format")
