@@ -11,6 +11,7 @@ its own processes only (``ray stop`` would end every Ray instance of this user).
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,9 +99,12 @@ def fake_gpu_cluster(tmp_path):
 
 
 def gpu_nodes(address: str, env: dict) -> int:
-    probe = "import ray; ray.init(address=%r, logging_level='ERROR'); print(sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('GPU')))" % address
+    """Alive nodes with GPUs, by a driver of its own (-1 if it could not ask)."""
+    probe = ("import ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False); "
+             "print('GPU_NODES', sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('GPU')))" % address)
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else -1
+    found = re.findall(r"^GPU_NODES (\d+)$", done.stdout, re.M)  # the autoscaler's event lines come through stdout too
+    return int(found[-1]) if found else -1
 
 
 def test_a_packed_sweep_makes_the_autoscaler_add_gpu_nodes_and_idle_ones_go_away(fake_gpu_cluster, tmp_path):
@@ -125,6 +129,8 @@ def test_a_packed_sweep_makes_the_autoscaler_add_gpu_nodes_and_idle_ones_go_away
     stop.set()
     watcher.join()
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    # no GPU in the cluster when the sweep starts: it says what it waits for while the autoscaler adds one
+    assert re.search(r"waiting up to 300s for the Ray cluster to provide 1 CPU and 0\.5 GPUs", sweep.stdout + sweep.stderr), sweep.stderr[-3000:]
     assert max(seen) == MAX_GPU_NODES, f"GPU nodes seen during the sweep: {seen}"
     trials = pd.read_parquet(results / "trials.parquet")
     search = trials[trials.stage == "search"]

@@ -193,6 +193,8 @@ def test_every_sweep_script_documents_the_common_options(script):
     ({"dataset": "digits", "gpus_per_worker": 0, "workers": 1}, [], 0.0),  # CPU trials: nothing to pack
     ({"dataset": "cifar100", "model": "resnet110", "gpus_per_worker": 1, "workers": 0}, [], 0.25),  # in-process trials (the GPU scripts' default)
     ({"dataset": "caltech101", "model": "resnet50", "gpus_per_worker": 1, "workers": 0}, [], 1.0),
+    ({"dataset": "cifar100", "model": "densenet100", "gpus_per_worker": 1, "workers": 0}, [], 0.25),  # DenseNet-BC-100: 32x32, packed
+    ({"dataset": "caltech101", "model": "densenet121", "gpus_per_worker": 1, "workers": 0}, [], 1.0),  # ImageNet-size: a GPU each
 ])
 def test_gpu_trials_are_packed_by_model_size_unless_overridden(defaults, argv, expected, tmp_path):
     script = {"trials": 2, "final_seeds": 1, "config": {"batch_size": 64, **defaults}}
