@@ -89,6 +89,12 @@ def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
     if card.name not in BUILT_IN_NAMES and shared:
         # a field every method reads would leave every other method's config hash
         raise ValueError(f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}); got {', '.join(shared)}")
+    if BUILT_IN_NAMES:
+        from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID
+
+        unknown = [k for k in card.knobs if k not in DEFAULT_RANGES] + [a for a in card.grid_axes if a not in PAPER_GRID]
+        if unknown:
+            raise ValueError(f"method {card.name}: knobs must be among {', '.join(DEFAULT_RANGES)} and grid axes among {', '.join(PAPER_GRID)}; got {', '.join(unknown)}")
     if card.name in _CARDS and not replace and _CARDS[card.name] != card:
         raise ValueError(f"method {card.name!r} is registered already (pass replace=True to change it)")
     _CARDS[card.name] = card

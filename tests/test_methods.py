@@ -87,6 +87,8 @@ def test_an_outside_method_joins_validation_hashing_the_search_space_and_the_obj
 def test_registration_refuses_a_field_every_method_reads_and_a_second_card_of_one_name(outside_method):
     with pytest.raises(ValueError, match="method-specific"):
         register_method(MethodCard("lr_only", "LR", HalfWeight, fields=("lr",)))
+    with pytest.raises(ValueError, match="knobs must be among"):
+        register_method(MethodCard("typo", "Typo", HalfWeight, knobs=("lamda",)))
     with pytest.raises(ValueError, match="registered already"):
         register_method(MethodCard("half_weight", "Other", HalfWeight))
     with pytest.raises(ValueError, match="built in"):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dpsm_ray.methods import reads
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
 from dpsm_ray.results.store import run_key, write_parquet
 from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.pick import feasible
-from dpsm_ray.methods import reads
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.loop import EPOCH_COLUMNS
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from dpsm_ray.catalog import PAPER_METHODS
 from dpsm_ray.methods import method_names
 from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV, masked
-from dpsm_ray.sweep.space import Range, method_knobs, field_name, paper_grid
+from dpsm_ray.sweep.space import Range, field_name, method_knobs, paper_grid
 from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, run_demand
