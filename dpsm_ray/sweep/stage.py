@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ray import tune
 
-from dpsm_ray.methods import outside_cards, register_method
 from dpsm_ray.files import is_disk_full
+from dpsm_ray.methods import outside_cards, register_method
 from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StudySearcher
