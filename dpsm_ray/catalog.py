@@ -11,6 +11,9 @@ import math
 import sys
 from fractions import Fraction
 
+from dpsm_ray.methods import BASE_MODEL as BASE_MODEL  # re-exported
+from dpsm_ray.methods import BUILT_IN
+
 
 def dataset_options(spec: str, defaults: dict[str, float], floats: tuple[str, ...] = ("noise",)) -> dict[str, float]:
     """``family`` or ``family:key=value,...`` -> ``defaults`` updated by the named options; the
@@ -31,11 +34,9 @@ def dataset_options(spec: str, defaults: dict[str, float], floats: tuple[str, ..
 
 
 # -- methods and their options ---------------------------------------------------------------
-METHODS = ("ce", "conftr", "conftr_published", "cut", "dpsm")
-PAPER_METHODS = ("ce", "conftr", "cut", "dpsm")  # the paper's table: what a sweep runs by default
-# "base": the CE base model itself, evaluated without further training (the paper's table's CE
-# column, docs/method.md); a run of it trains 0 epochs from --init base
-BASE_MODEL = "base"
+# the built-in methods (dpsm_ray/methods.py's cards; ``method_names()`` adds registered ones)
+METHODS = tuple(sorted(BUILT_IN))
+PAPER_METHODS = tuple(name for name in METHODS if BUILT_IN[name].paper)  # the paper's table: what a sweep runs by default
 CE_BATCHES = ("full", "half")
 CONFTR_SPLITS = ("halves", "batch")
 CUT_SCORES = ("hps", "aps")

@@ -2,6 +2,7 @@
 on a batch B1 and B2, returning the loss and its diagnostics."""
 
 from dpsm_ray.catalog import BASE_MODEL, CE_BATCHES, METHODS, PAPER_METHODS
+from dpsm_ray.methods import method_card, method_fields
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, hps_scores
 from dpsm_ray.objectives.ce import CrossEntropy
 from dpsm_ray.objectives.conftr import CONFTR_SPLITS, ConfTr, ConfTrPublished
@@ -9,37 +10,15 @@ from dpsm_ray.objectives.cut import CUT, CUT_SCORES, ks_to_uniform
 from dpsm_ray.objectives.dpsm import DPSM, Q_INITS, SPLITS
 
 
-def build_objective(
-    method: str,
-    *,
-    alpha: float,
-    conformal_weight: float,
-    sigmoid_temperature: float,
-    sort_temperature: float,
-    quantile_lr: float,
-    q_init: str = "dataset",
-    conftr_split: str = "halves",
-    cut_score: str = "hps",
-    ce_batch: str = "full",
-    dpsm_split: str = "halves",
-    size_target: float = 0.0,
-    ce_weight: float = 0.0,
-    seed: int = 0,
-    collective=None,
-) -> Objective:
-    """``seed`` is the run seed: DPSM's random q_0 and CUT's APS uniforms derive from it."""
-    common = {"alpha": alpha, "conformal_weight": conformal_weight, "collective": collective}
-    if method in ("ce", BASE_MODEL):
-        return CrossEntropy(**common)
-    if method == "conftr":
-        return ConfTr(sigmoid_temperature=sigmoid_temperature, sort_temperature=sort_temperature, split=conftr_split, **common)
-    if method == "conftr_published":
-        return ConfTrPublished(sigmoid_temperature=sigmoid_temperature, sort_temperature=sort_temperature, size_target=size_target, ce_weight=ce_weight, **common)
-    if method == "cut":
-        return CUT(sort_temperature=sort_temperature, score=cut_score, seed=seed, ce_batch=ce_batch, **common)
-    if method == "dpsm":
-        return DPSM(sigmoid_temperature=sigmoid_temperature, quantile_lr=quantile_lr, q_init=q_init, seed=seed, ce_batch=ce_batch, split=dpsm_split, **common)
-    raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+def build_objective(method: str, *, seed: int = 0, collective=None, **values) -> Objective:
+    """The objective of ``method`` (its card in ``dpsm_ray.methods``) from config field values
+    (``alpha``, ``conformal_weight``, ``quantile_lr`` ...); a field the method does not read is
+    ignored, one left out takes the objective's default.  ``seed`` is the run seed: DPSM's random
+    q_0 and CUT's APS uniforms derive from it."""
+    unknown = set(values) - method_fields() - {"alpha", "conformal_weight"}
+    if unknown:
+        raise TypeError(f"build_objective: no method reads {', '.join(sorted(unknown))}")
+    return method_card("ce" if method == BASE_MODEL else method).build(values, seed=seed, collective=collective)
 
 
 __all__ = [

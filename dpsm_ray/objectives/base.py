@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,11 @@ class Objective:
     # where B1 and B2 come from: "halves" -- the fixed halves D1 and D2 of the training split
     # (Algorithm 1) -- or "batch" -- each batch of the whole training split cut in two at random
     batch_split = "halves"
+    # What the training loop asks of a method instead of its class: whether it trains with a
+    # quantile of the conformity scores (its epochs log q against Q_n), and its step size gamma
+    # for a learned one (epochs.parquet's quantile_lr; NaN where there is none).
+    uses_quantile = False
+    quantile_lr = math.nan
 
     def __init__(self, *, alpha: float, conformal_weight: float, collective=None) -> None:
         self.alpha = alpha
@@ -51,6 +57,21 @@ class Objective:
 
     def prepare(self, device: torch.device) -> None:
         """Put any state on ``device`` before the first step (a captured step needs it there)."""
+
+    def learned_quantile(self) -> float | None:
+        """The quantile the method learns as state (DPSM's q), or None: an epoch then reports the
+        mean of the steps' ``quantile`` stats."""
+        return None
+
+    def training_quantiles(self, d1_scores: torch.Tensor, train_scores: torch.Tensor, batch_size: int, generator: torch.Generator) -> torch.Tensor | None:
+        """The quantile(s) the method trains with at the current model, on the HPS scores of D1
+        and of the whole training split (epochs.parquet's q diagnostics); None where it has none
+        on that scale.  ``generator`` draws any random batches."""
+        return None
+
+    def start_line(self, d1_scores: torch.Tensor) -> str | None:
+        """What the log says once the state is initialised (DPSM: q_0 against Q_n); None: nothing."""
+        return None
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The state a step changes in place on the device (DPSM's q, CUT's step counter): what a

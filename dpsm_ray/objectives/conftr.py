@@ -46,6 +46,8 @@ def batch_quantile(calibration_scores: torch.Tensor, alpha: float, sort_temperat
 
 
 class ConfTr(Objective):
+    uses_quantile = True
+
     def __init__(self, *, sigmoid_temperature: float, sort_temperature: float, split: str = "halves", **kwargs) -> None:
         super().__init__(**kwargs)
         self.split = self.batch_split = check_choice("split", split, CONFTR_SPLITS)
@@ -54,6 +56,15 @@ class ConfTr(Objective):
 
     def batch_quantile(self, calibration_scores):
         return batch_quantile(calibration_scores, self.alpha, self.sort_temperature)
+
+    def training_quantiles(self, d1_scores, train_scores, batch_size, generator):
+        """Batch quantiles of the calibration pool (D1 for the halves split, else the whole
+        training split) cut into random batches of the run's calibration size."""
+        pool = d1_scores if self.split == "halves" else train_scores
+        half = batch_size // 2
+        order = torch.randperm(pool.numel(), generator=generator).to(pool.device)
+        usable = (pool.numel() // half) * half
+        return self.batch_quantile(pool[order[:usable]].reshape(-1, half)).detach()
 
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
         ce = step_cross_entropy("half" if self.split == "halves" else "full", logits1, labels1, logits2, labels2)

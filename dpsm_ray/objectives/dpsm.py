@@ -25,6 +25,8 @@ from dpsm_ray.seeding import generator
 
 
 class DPSM(Objective):
+    uses_quantile = True
+
     def __init__(self, *, sigmoid_temperature: float, quantile_lr: float, q_init: str = "dataset", seed: int = 0, ce_batch: str = "full",
                  split: str = "halves", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -49,6 +51,16 @@ class DPSM(Objective):
             self.q = torch.zeros((), dtype=scores.dtype, device=scores.device)
         else:
             self.q = torch.rand((), generator=generator(self.seed, "q_init"), dtype=torch.float64).to(scores.device, scores.dtype)
+
+    def learned_quantile(self) -> float | None:
+        return float(self.q)
+
+    def training_quantiles(self, d1_scores, train_scores, batch_size, generator):
+        return self.q.detach().double().reshape(1)
+
+    def start_line(self, d1_scores: torch.Tensor) -> str | None:
+        return (f"q_0 {float(self.q):.4f} ({self.q_init})  Q_n {float(empirical_quantile(d1_scores, 1 - self.alpha)):.4f}"
+                f"  gamma {self.quantile_lr:.4g} per step")
 
     def prepare(self, device: torch.device) -> None:
         if self.q is not None and self.q.device != device:

@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from dpsm_ray.files import atomic_write
-from dpsm_ray.results.tables import FIGURE_NAMES, METHOD_ORDER, SCORE_ORDER, ordered
+from dpsm_ray.methods import BUILT_IN, method_card, method_names
+from dpsm_ray.results.tables import SCORE_ORDER, figure_name, method_order, ordered
 
 FORMATS = ("png", "pdf")
 # a panel whose series' typical values differ by more than this factor gets a log y-axis
@@ -39,14 +40,8 @@ class Style:
     marker: str
 
 
-STYLES = {
-    "base": Style("tab:gray", "x"),
-    "ce": Style("tab:blue", "o"),
-    "cut": Style("tab:green", "s"),
-    "conftr": Style("tab:orange", "^"),
-    "conftr_published": Style("tab:brown", "v"),
-    "dpsm": Style("tab:red", "D"),
-}
+STYLES = {"base": Style("tab:gray", "x"), **{card.name: Style(card.colour, card.marker) for card in BUILT_IN.values()}}  # the cards'
+
 # methods without a fixed style (a new objective): colours and markers no fixed one uses
 FALLBACK_COLORS = ("tab:purple", "tab:pink", "tab:olive", "tab:cyan")
 FALLBACK_MARKERS = ("P", "*", "h", "X")
@@ -57,12 +52,14 @@ def method_style(method: str) -> Style:
     hash of its name, the same in every figure and every run (Python's ``hash`` is salted)."""
     if method in STYLES:
         return STYLES[method]
+    if method in method_names() and method_card(method).colour and method_card(method).marker:
+        return Style(method_card(method).colour, method_card(method).marker)
     digest = int(hashlib.sha256(method.encode()).hexdigest(), 16)
     return Style(FALLBACK_COLORS[digest % len(FALLBACK_COLORS)], FALLBACK_MARKERS[(digest // len(FALLBACK_COLORS)) % len(FALLBACK_MARKERS)])
 
 
 def name_of(method: str) -> str:
-    return FIGURE_NAMES.get(method, method)
+    return figure_name(method)
 
 
 def y_scale(series: list) -> str:
@@ -196,7 +193,7 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
     from matplotlib.lines import Line2D
 
     alpha = context.alpha
-    methods = ordered(evals["method"], METHOD_ORDER)
+    methods = ordered(evals["method"], method_order())
     scores = ordered(evals["score"], SCORE_ORDER)
     counts = counts_text(evals, methods)
 
@@ -227,7 +224,7 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
     if not epochs.empty:
         columns = [c for c in EPOCH_CURVES if c in epochs.columns]
         mean = epochs.groupby(["method", "epoch"], sort=True)[columns].mean().reset_index()
-        curve_methods = ordered(mean["method"], METHOD_ORDER)
+        curve_methods = ordered(mean["method"], method_order())
         runs = epochs.groupby("method").run_id.nunique()
         runs_text = ", ".join(f"{name_of(m)} {runs[m]}" for m in curve_methods)
         quantile_methods = [m for m in curve_methods if m in ("conftr", "dpsm")]
@@ -325,7 +322,7 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
     if not classes.empty:
         # one value per final model and class: its mean over the re-splits
         per_class = classes.groupby(["method", "score", "run_id", "label"])[["coverage", "set_size"]].mean().reset_index()
-        class_methods = ordered(per_class["method"], METHOD_ORDER)
+        class_methods = ordered(per_class["method"], method_order())
         class_scores = ordered(per_class["score"], SCORE_ORDER)
         fig, axes = plt.subplots(2, len(class_scores), figsize=(4 * len(class_scores), 7.5), squeeze=False, sharey="row", layout="constrained")
         for row, (metric, label) in enumerate((("coverage", "class-conditional test coverage"), ("set_size", "class-wise " + SIZE_LABEL))):
@@ -381,7 +378,7 @@ def draw_search(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
         copy = Path(scratch) / "optuna.db"
         shutil.copyfile(results / "optuna.db", copy)
         storage = f"sqlite:///{copy}"
-        for method in ordered(list(sweep.get("studies", {})), METHOD_ORDER):
+        for method in ordered(list(sweep.get("studies", {})), method_order()):
             try:
                 study = optuna.load_study(study_name=sweep["studies"][method], storage=storage)
             except KeyError:  # a study the sweep had not created yet when it was interrupted

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpsm_ray.results.tables import METHOD_NAMES, METHOD_ORDER, ordered
+from dpsm_ray.methods import method_names, reads
+from dpsm_ray.results.tables import method_name, method_order, ordered
 
 # The configuration fields the chosen-configuration table shows, with the paper's symbols; a
-# method that does not read a field (train/config.py's METHOD_FIELDS) shows "—" there.
+# method that does not read a field (its card's fields, dpsm_ray/methods.py) shows "—" there.
 PARAMETERS = {
     "conformal_weight": "λ (conformal_weight)",
     "lr": "η (lr)",
@@ -59,14 +60,14 @@ def value_text(value) -> str:
 def searched_fields(sweep: dict | None, method: str) -> list[str]:
     """The TrainConfig fields the sweep searched for ``method`` (its grid axes with more than one
     value, or its Optuna knobs)."""
-    from dpsm_ray.sweep.space import METHOD_KNOBS, field_name, paper_grid
+    from dpsm_ray.sweep.space import field_name, method_knobs, paper_grid
 
-    if sweep is None or method not in METHOD_KNOBS:
+    if sweep is None or method not in method_names():
         return []
     if sweep.get("grid"):
         axes = paper_grid(method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])})
         return [field_name(axis) for axis, values in axes.items() if len(values) > 1]
-    return [field_name(knob) for knob in METHOD_KNOBS[method]]
+    return [field_name(knob) for knob in method_knobs(method)]
 
 
 def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[list[list[str]], list[str]] | None:
@@ -74,19 +75,17 @@ def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[lis
     models trained with (one per method: only the seed differs between them); the search's pick
     in **bold**.  Also the notes under the table (the pick's trial, the base model's recipe).
     None without final-stage rows."""
-    from dpsm_ray.train.config import METHOD_FIELDS
-
     if trials.empty or "stage" not in trials or not (trials.stage == "final").any():
         return None
     final = trials[trials.stage == "final"]
-    configs = {m: json.loads(final[final.method == m].sort_values("seed").iloc[0].config_json) for m in ordered(final.method, METHOD_ORDER)}
+    configs = {m: json.loads(final[final.method == m].sort_values("seed").iloc[0].config_json) for m in ordered(final.method, method_order())}
     trained = [m for m in configs if m != "base"]
-    rows = [["parameter", *(METHOD_NAMES.get(m, m) for m in trained)]]
+    rows = [["parameter", *(method_name(m) for m in trained)]]
     for field, label in PARAMETERS.items():
         cells = []
         for method in trained:
             value = configs[method].get(field)
-            if method not in METHOD_FIELDS.get(field, (method,)):
+            if not reads(method, field):
                 cells.append(UNUSED)
             elif field == "quantile_lr" and value is None:
                 cells.append("default (2 / steps per epoch)")
@@ -99,7 +98,7 @@ def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[lis
     for method in trained:
         pick = picked_trial(search[search.method == method], configs[method], searched_fields(sweep, method))
         if pick is not None:
-            notes.append(f"{METHOD_NAMES.get(method, method)}: search trial {int(pick.trial_index)} (validation set size {pick.val_set_size:.3f}, "
+            notes.append(f"{method_name(method)}: search trial {int(pick.trial_index)} (validation set size {pick.val_set_size:.3f}, "
                          f"coverage {pick.val_coverage:.3f})")
     if "base" in configs:
         base = configs["base"]
@@ -127,7 +126,7 @@ def same(a, b) -> bool:
 
 def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
     """The settings of sweep.json that decide the results, one row each."""
-    from dpsm_ray.sweep.space import DEFAULT_RANGES, METHOD_KNOBS, paper_grid
+    from dpsm_ray.sweep.space import DEFAULT_RANGES, method_knobs, paper_grid
 
     base = sweep["base"]
     models = sorted(set(evals.model)) if "model" in evals else []
@@ -138,7 +137,7 @@ def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
             ["sweep", str(sweep.get("name"))],
             ["dataset", str(base["dataset"])],
             ["model", f"{model} ({', '.join(models)})" if model == "auto" and models else str(model)],
-            ["methods", ", ".join(METHOD_NAMES.get(m, m) for m in sweep.get("methods", []))],
+            ["methods", ", ".join(method_name(m) for m in sweep.get("methods", []))],
             ["alpha", f"{alpha:g}"],
             ["feasible (the constraint)", f"validation coverage ≥ 1 − α − slack = {1 - alpha - slack:g} (slack {slack:g})"]]
     if sweep.get("grid"):
@@ -157,8 +156,8 @@ def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
             axes = paper_grid(method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])})
             space = "; ".join(f"{axis} {{{', '.join(value_text(v) for v in values)}}}" for axis, values in axes.items())
         else:
-            space = "; ".join(f"{knob} ∈ [{ranges[knob].low:g}, {ranges[knob].high:g}]{' log' if ranges[knob].log else ''}" for knob in METHOD_KNOBS.get(method, ()))
-        rows.append([f"search space: {METHOD_NAMES.get(method, method)}", space])
+            space = "; ".join(f"{knob} ∈ [{ranges[knob].low:g}, {ranges[knob].high:g}]{' log' if ranges[knob].log else ''}" for knob in (method_knobs(method) if method in method_names() else ()))
+        rows.append([f"search space: {method_name(method)}", space])
     first_seed = sweep.get("seed", 0)
     rows += [["final seeds", f"{seeds} (seeds {first_seed}–{first_seed + seeds - 1}), each re-training every method's chosen configuration"],
              ["sweep seed", f"{first_seed} (data split, base model, sampler)"],

@@ -18,11 +18,12 @@ from pathlib import Path
 import pandas as pd
 
 from dpsm_ray.files import CorruptFileError, write_text
+from dpsm_ray.methods import reads
 from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
 from dpsm_ray.results.provenance import chosen_configurations, read_sweep, sweep_settings, versions_table
 from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.store import MANIFEST, verify_manifest
-from dpsm_ray.results.tables import METHOD_NAMES, METHOD_ORDER, SCORE_ORDER, cell, latex_table, latex_text, markdown, ordered, render_columns
+from dpsm_ray.results.tables import SCORE_ORDER, method_name, method_order, cell, latex_table, latex_text, markdown, ordered, render_columns
 
 # the metrics two scores must agree on, on every evaluation, to be called identical
 AGREEING = ("coverage", "set_size", "covgap", "sscv", "wsc")
@@ -49,7 +50,7 @@ def comparisons(evals: pd.DataFrame, metric: str = "set_size") -> list[dict]:
     """DPSM's per-seed paired change of ``metric`` against, per score, the best baseline trained
     by the same protocol (the lowest mean; the base model excluded) and, where it was evaluated,
     the CE base model (the paper's comparison: SPEC section 7)."""
-    methods = ordered(evals["method"], METHOD_ORDER)
+    methods = ordered(evals["method"], method_order())
     if "dpsm" not in methods:
         return []
     baselines = [m for m in methods if m not in ("dpsm", "base")]
@@ -80,11 +81,11 @@ def interval_cell(change: dict, short: bool = True) -> str:
 def paper_table(evals: pd.DataFrame, metric: str = "set_size", digits: int = 2) -> list[list[str]]:
     """Rows: methods; columns: scores; then DPSM's per-seed paired change against the best baseline
     and against the CE base model (``comparisons``), mean [95% t interval]."""
-    methods = ordered(evals["method"], METHOD_ORDER)
+    methods = ordered(evals["method"], method_order())
     scores = ordered(evals["score"], SCORE_ORDER)
     rows = [["method", *(s.upper() for s in scores)]]
     for method in methods:
-        rows.append([METHOD_NAMES.get(method, method)] + [cell(evals[(evals.method == method) & (evals.score == s)][metric], digits) for s in scores])
+        rows.append([method_name(method)] + [cell(evals[(evals.method == method) & (evals.score == s)][metric], digits) for s in scores])
     found = comparisons(evals, metric)
     for label in ("best baseline", "the CE base model"):
         part = {c["score"]: c for c in found if c["label"] == label}
@@ -97,7 +98,7 @@ def comparison_table(found: list[dict]) -> list[list[str]]:
     rows = [["DPSM against", "score", "per-seed change (%)", "mean", f"{T_LEVEL:.0%} t interval", "n (seeds)", "significant?"]]
     for change in sorted(found, key=lambda c: c["label"] != "best baseline"):  # stable: scores stay in order
         interval = "none (1 seed)" if change["seeds"] < 2 else f"[{change['low']:+.2f}, {change['high']:+.2f}]"
-        against = "the CE base model" if change["against"] == "base" else f"{METHOD_NAMES.get(change['against'], change['against'])} (best baseline)"
+        against = "the CE base model" if change["against"] == "base" else f"{method_name(change['against'])} (best baseline)"
         rows.append([against, change["score"].upper(),
                      ", ".join(f"{v:+.2f}" for v in change["per_seed"]), f"{change['mean']:+.2f}%", interval, str(change["seeds"]),
                      "yes" if change["significant"] else NOT_SIGNIFICANT])
@@ -114,11 +115,11 @@ def comparison_caption(found: list[dict]) -> str:
 
 def details_table(evals: pd.DataFrame) -> list[list[str]]:
     rows = [["method", "score", "coverage", "set size", "CovGap %", "SSCV", "WSC", "accuracy", "models"]]
-    for method in ordered(evals["method"], METHOD_ORDER):
+    for method in ordered(evals["method"], method_order()):
         for score in ordered(evals["score"], SCORE_ORDER):
             part = evals[(evals.method == method) & (evals.score == score)]
             rows.append([
-                METHOD_NAMES.get(method, method), score.upper(), cell(part.coverage, 3), cell(part.set_size, 2), cell(part.covgap, 2),
+                method_name(method), score.upper(), cell(part.coverage, 3), cell(part.set_size, 2), cell(part.covgap, 2),
                 cell(part.sscv, 3), cell(part.wsc, 3), cell(part.accuracy, 3), str(part.run_id.nunique()),
             ])
     return rows
@@ -155,7 +156,7 @@ def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: p
     if not pairs:
         return None
     evaluations = evals[evals.score == pairs[0][0]][["run_id", "split"]].drop_duplicates()
-    methods = ", ".join(METHOD_NAMES.get(m, m) for m in ordered(evals.method, METHOD_ORDER))
+    methods = ", ".join(method_name(m) for m in ordered(evals.method, method_order()))
     seen = "coverage, set size, CovGap, SSCV and WSC" + (", and every class's coverage and set size (classes.parquet)" if not classes.empty else "")
     notes = []
     for first, second in pairs:
@@ -180,14 +181,12 @@ def run_context(results: Path, trials: pd.DataFrame, alpha: float) -> Context:
     """What the figures' captions take from trials.parquet's final rows, or from a single run's
     config.json."""
     if trials.empty or "stage" not in trials:
-        from dpsm_ray.train.config import METHOD_FIELDS
-
         try:
             config = json.loads((results / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return Context(alpha)
         method = config.get("method")
-        used = {field: [str(config.get(field))] for field in ("q_init", "conformal_weight") if method in METHOD_FIELDS[field]}
+        used = {field: [str(config.get(field))] for field in ("q_init", "conformal_weight") if reads(method, field)}
         return Context(alpha, q_init={method: used["q_init"]} if "q_init" in used else None,
                        conformal_weight={method: used["conformal_weight"][0]} if "conformal_weight" in used else None)
     final = trials[trials.stage == "final"]
@@ -308,16 +307,16 @@ def predictors_section(results: Path, log, brief: bool = False) -> list[str]:
     if index is None:
         return []
     rows = [["predictor", "method", "seed", "val set size", "val coverage", "test coverage (HPS)", "test set size (HPS)"]]
-    for method in ordered(list(index["chosen"]), METHOD_ORDER):
+    for method in ordered(list(index["chosen"]), method_order()):
         entry = next(e for e in index["predictors"] if e["name"] == index["chosen"][method])
         hps = entry["test"]["scores"]["hps"]
         validation = ["n/a" if entry[key] is None else f"{entry[key]:.3f}" for key in ("val_set_size", "val_coverage")]  # none for a base model
-        rows.append([f"`{entry['directory']}`", METHOD_NAMES.get(method, method), str(entry["seed"]), *validation,
+        rows.append([f"`{entry['directory']}`", method_name(method), str(entry["seed"]), *validation,
                      f"{hps['coverage']:.3f}", f"{hps['set_size']:.2f}"])
         if not brief:
             log(f"predictor of {method}: {results / entry['directory']} (dpsm-ray export {results} --method {method} --out DIR)")
     if brief and index["chosen"]:
-        log(f"predictors chosen per method: {', '.join(index['chosen'][m] for m in ordered(list(index['chosen']), METHOD_ORDER))} under "
+        log(f"predictors chosen per method: {', '.join(index['chosen'][m] for m in ordered(list(index['chosen']), method_order()))} under "
             f"{results / 'predictors'} (dpsm-ray export {results} --method METHOD --out DIR)")
     return [
         "## Predictors", "",

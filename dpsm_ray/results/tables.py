@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dpsm_ray.methods import BASE_MODEL, cards
+
 METRICS = ("coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
 
 
@@ -40,12 +42,26 @@ def render_columns(lines: list[list[str]]) -> str:
 
 # --- the report's tables ------------------------------------------------------------------------
 
-METHOD_ORDER = ("base", "ce", "cut", "conftr", "conftr_published", "dpsm")
-METHOD_NAMES = {
-    "base": "CE (base model, as in the paper's table)", "ce": "CE", "cut": "CUT", "conftr": "ConfTr", "conftr_published": "ConfTr (published)",
-    "dpsm": "DPSM",
-}
-FIGURE_NAMES = {**METHOD_NAMES, "base": "CE base", "conftr_published": "ConfTr (pub.)"}  # tick labels and legends
+BASE_TITLES = ("CE (base model, as in the paper's table)", "CE base")  # the table's, the figures'
+
+
+def method_order() -> tuple[str, ...]:
+    """The report's order of methods: the CE base model, then the cards (dpsm_ray/methods.py)."""
+    return (BASE_MODEL, *(card.name for card in cards()))
+
+
+def method_name(method: str) -> str:
+    """A method's title in the tables (its card's); an unknown method its own name."""
+    if method == BASE_MODEL:
+        return BASE_TITLES[0]
+    return next((card.title for card in cards() if card.name == method), method)
+
+
+def figure_name(method: str) -> str:
+    """A method's tick label and legend entry: its card's short title, or its title."""
+    if method == BASE_MODEL:
+        return BASE_TITLES[1]
+    return next((card.short_title or card.title for card in cards() if card.name == method), method)
 SCORE_ORDER = ("hps", "aps", "raps")
 
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dpsm_ray.methods import reads
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
 from dpsm_ray.results.store import run_key, write_parquet
 from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.pick import feasible
-from dpsm_ray.train.config import METHOD_FIELDS, TrainConfig
+from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.loop import EPOCH_COLUMNS
 
 # The files a sweep writes (docs/results.md) and the TrainConfig fields each trials.parquet row spells
-# out: null where the row's method does not read the field (METHOD_FIELDS: CE's lambda and T).
+# out: null where the row's method does not read the field (its card's fields: CE's lambda and T).
 FILES = {"trials": TRIALS, "epochs": EPOCHS, "evals": EVALS, "classes": CLASSES}
 TRIAL_CONFIG_COLUMNS = (
     "alpha", "conformal_weight", "lr", "quantile_lr", "sigmoid_temperature", "sort_temperature", "batch_size", "epochs", "lr_decay",
@@ -62,7 +63,7 @@ def collect(spec, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]
 def config_columns(config: TrainConfig) -> dict:
     """trials.parquet's TRIAL_CONFIG_COLUMNS of ``config``: a field its method does not read is
     null (a value there was never used, and a reader would take it for one)."""
-    return {column: getattr(config, column) if config.method in METHOD_FIELDS.get(column, (config.method,)) else None
+    return {column: getattr(config, column) if reads(config.method, column) else None
             for column in TRIAL_CONFIG_COLUMNS}
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dpsm_ray.methods import method_card
+
 KNOB_FIELDS = {
     "lambda": "conformal_weight",
     "lr": "lr",
@@ -44,14 +46,11 @@ DEFAULT_RANGES = {
     "temperature": Range(0.01, 1.0),  # not in the paper grid; the official code fixes 1.0
 }
 
-METHOD_KNOBS = {
-    "ce": ("lr",),
-    "cut": ("lambda", "lr"),
-    "conftr": ("lambda", "lr", "temperature"),
-    # its size weight sits inside a logarithm, where it only shifts the loss: not a knob
-    "conftr_published": ("lr", "temperature"),
-    "dpsm": ("lambda", "lr", "gamma", "temperature"),
-}
+
+def method_knobs(method: str) -> tuple[str, ...]:
+    """What a search varies for ``method``: its card's knobs (dpsm_ray/methods.py)."""
+    return method_card(method).knobs
+
 
 # The paper's grid: shared axes, then each method's own.
 PAPER_GRID = {
@@ -63,13 +62,7 @@ PAPER_GRID = {
     "lambda": (0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
     "gamma": (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5),
 }
-GRID_METHOD_AXES = {
-    "ce": ("batch_size", "epochs", "lr", "milestones", "lr_decay"),
-    "cut": ("batch_size", "epochs", "lr", "milestones", "lr_decay", "lambda"),
-    "conftr": ("batch_size", "epochs", "lr", "milestones", "lr_decay", "lambda"),
-    "conftr_published": ("batch_size", "epochs", "lr", "milestones", "lr_decay"),
-    "dpsm": ("batch_size", "epochs", "lr", "milestones", "lr_decay", "lambda", "gamma"),
-}
+# each method's axes: its card's ``grid_axes``
 
 
 def field_name(knob: str) -> str:
@@ -95,7 +88,7 @@ def parse_range(text: str) -> tuple[str, Range]:
 def search_space(method: str, ranges: dict[str, Range] | None = None) -> dict:
     """Tune search space (config field -> sampler) for ``method``'s knobs."""
     ranges = {**DEFAULT_RANGES, **(ranges or {})}
-    return {field_name(knob): ranges[knob].to_tune() for knob in METHOD_KNOBS[method]}
+    return {field_name(knob): ranges[knob].to_tune() for knob in method_knobs(method)}
 
 
 def paper_grid(method: str, fixed: dict[str, object] | None = None, subsets: dict[str, tuple] | None = None) -> dict[str, tuple]:
@@ -106,7 +99,7 @@ def paper_grid(method: str, fixed: dict[str, object] | None = None, subsets: dic
         if axis not in PAPER_GRID:
             raise ValueError(f"grid axis must be one of {', '.join(PAPER_GRID)}; got {axis!r}")
     axes = {}
-    for axis in GRID_METHOD_AXES[method]:
+    for axis in method_card(method).grid_axes:
         values = (fixed[axis],) if axis in fixed else tuple(subsets.get(axis, PAPER_GRID[axis]))
         axes[field_name(axis)] = values
     return axes

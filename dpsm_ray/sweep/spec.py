@@ -9,9 +9,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsm_ray.catalog import METHODS, PAPER_METHODS
+from dpsm_ray.catalog import PAPER_METHODS
+from dpsm_ray.methods import method_names
 from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV, masked
-from dpsm_ray.sweep.space import METHOD_KNOBS, Range, field_name, paper_grid
+from dpsm_ray.sweep.space import Range, field_name, method_knobs, paper_grid
 from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, run_demand
@@ -68,8 +69,8 @@ class SweepSpec:
 
     def __post_init__(self) -> None:
         for method in self.methods:
-            if method not in METHODS:
-                raise ConfigError("methods", method, f"must be among {', '.join(METHODS)}")
+            if method not in method_names():
+                raise ConfigError("methods", method, f"must be among {', '.join(method_names())}")
         if not self.methods:
             raise ConfigError("methods", self.methods, "must name at least one method")
         if len(set(self.methods)) < len(self.methods):
@@ -146,7 +147,7 @@ class SweepSpec:
             first = {name: values[0] for name, values in axes.items()}
             return [{**first, name: value} for name, values in axes.items() for value in values]
         ranges = {**DEFAULT_RANGES, **dict(self.ranges)}
-        return [{field_name(knob): getattr(ranges[knob], bound)} for knob in METHOD_KNOBS[method] for bound in ("low", "high")]
+        return [{field_name(knob): getattr(ranges[knob], bound)} for knob in method_knobs(method) for bound in ("low", "high")]
 
     def option_setting(self, field: str, value) -> tuple[str, str]:
         """The option (and its text) that made a trial's ``field`` take ``value``, for errors."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from ray import tune
 
 from dpsm_ray.files import is_disk_full
+from dpsm_ray.methods import outside_cards, register_method
 from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StudySearcher
@@ -58,8 +59,11 @@ def trial_config(params: dict) -> TrainConfig:
     return TrainConfig.from_dict({**params["base"], **params["point"]["overrides"]})
 
 
-def run_trial(params: dict) -> None:
-    """The Tune trainable.  Errors propagate: Tune retries the trial, then reports the error."""
+def run_trial(params: dict, methods=()) -> None:
+    """The Tune trainable.  Errors propagate: Tune retries the trial, then reports the error.
+    ``methods``: the cards registered outside the package in the driver, registered here too."""
+    for card in methods:
+        register_method(card, replace=True)
     config = trial_config(params)
     index = params["point"]["index"]
     run_dir = Ledger(Path(params["results"])).run_dir(params["stage"], index)
@@ -108,8 +112,11 @@ def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int,
     else:
         params["point"] = tune.grid_search([{"index": i, "overrides": point} for i, point in enumerate(stage.points) if i not in ended])
         tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=concurrency, trial_dirname_creator=trial_dirname)
+    # methods registered outside the package travel with the trainable (the trial's process has
+    # only the built-in cards); without any, the trainable is the plain function
+    trainable = tune.with_parameters(run_trial, methods=outside_cards()) if outside_cards() else run_trial
     tuner = tune.Tuner(
-        tune.with_resources(run_trial, resources),
+        tune.with_resources(trainable, resources),
         param_space=params,
         tune_config=tune_config,
         run_config=tune.RunConfig(

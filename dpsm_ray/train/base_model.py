@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+from dpsm_ray.methods import method_fields
 from dpsm_ray.models import default_model
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.ray_train import CHECKPOINT_FILE, EPOCHS_FILE, RAY_TRAIN_DIR, RESULT_FILE
@@ -33,9 +34,10 @@ BASE_RECIPES = {
 }
 SMALL_RECIPE = {"batch_size": 64, "epochs": 30, "lr": 0.05, "milestones": ()}
 # Knobs that only matter when fine-tuning: reset so that, e.g., every alpha shares one base model.
+# Every method's options (the cards' fields) are among them: a CE run reads none of them, so they
+# leave its cache key as they are, but a reset base config cannot differ by one left over.
 FINE_TUNING_DEFAULTS = {
-    name: TrainConfig.__dataclass_fields__[name].default
-    for name in ("alpha", "conformal_weight", "sigmoid_temperature", "sort_temperature", "quantile_lr", "q_init", "conftr_split", "cut_score", "val_splits", "eval_splits", "eval_scores")
+    name: TrainConfig.__dataclass_fields__[name].default for name in ("alpha", *sorted(method_fields()), "val_splits", "eval_splits", "eval_scores")
 }
 
 

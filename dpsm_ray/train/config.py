@@ -17,6 +17,7 @@ from dpsm_ray.catalog import (
     BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, MODELS, PRETRAINABLE, Q_INITS, SCORE_KINDS, SPLITS, check_dataset,
     default_model, min_calibration_size, split_sizes,
 )
+from dpsm_ray.methods import method_names, reads
 
 
 class ConfigError(ValueError):
@@ -39,13 +40,6 @@ LR_SCHEDULES = ("step", "exp")
 # up), whatever the number of steps.  Chosen by |q - Q_n| from scratch and fine-tuning
 # (docs/method.md): from scratch Q_n falls from ~0.9 to ~0.01 within five epochs.
 QUANTILE_LR_PER_EPOCH = 2.0
-# Options only some methods read: left out of the other methods' config hash, so fixing them for a
-# whole sweep does not split the runs of methods they do not change.
-METHOD_FIELDS = {
-    "conformal_weight": ("conftr", "conftr_published", "cut", "dpsm"), "sigmoid_temperature": ("conftr", "conftr_published", "dpsm"),
-    "sort_temperature": ("conftr", "conftr_published", "cut"), "quantile_lr": ("dpsm",), "q_init": ("dpsm",), "dpsm_split": ("dpsm",),
-    "conftr_split": ("conftr",), "cut_score": ("cut",), "ce_batch": ("cut", "dpsm"), "size_target": ("conftr_published",), "ce_weight": ("conftr_published",),
-}
 STEPS = ("eager", "graph")
 # ``auto`` (step and precision): the fastest path measured on the run's device, resolved by
 # ``dpsm_ray.train.step.resolve_step`` / ``resolve_precision`` where the run trains.
@@ -173,7 +167,9 @@ class TrainConfig:
         relevant = {k: v for k, v in self.to_dict().items() if k not in OPERATIONAL_FIELDS}
         if self.init == "scratch":  # the base recipe only matters when starting from the base model
             relevant = {k: v for k, v in relevant.items() if not k.startswith("base_")}
-        relevant = {k: v for k, v in relevant.items() if self.method in METHOD_FIELDS.get(k, (self.method,))}
+        # options only some methods read (their cards' fields) are left out of the other methods'
+        # hash, so fixing them for a whole sweep does not split the runs of methods they do not change
+        relevant = {k: v for k, v in relevant.items() if reads(self.method, k)}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
@@ -209,7 +205,7 @@ def validate(config: TrainConfig) -> None:
     need(config.model in ("auto", *MODELS), "model", f"must be one of auto, {', '.join(MODELS)}")
     need(config.pretrained_path is None or config.model in PRETRAINABLE or (config.model == "auto" and default_model(config.dataset) in PRETRAINABLE),
          "pretrained_path", f"only applies to the models {', '.join(PRETRAINABLE)}")
-    need(config.method in (*METHODS, BASE_MODEL), "method", f"must be one of {', '.join(METHODS)}, or {BASE_MODEL}")
+    need(config.method in (*method_names(), BASE_MODEL), "method", f"must be one of {', '.join(method_names())}, or {BASE_MODEL}")
     need(config.init in ("scratch", "base"), "init", "must be one of scratch, base")
     need(config.base_epochs is None or (isinstance(config.base_epochs, int) and config.base_epochs >= 1), "base_epochs", "must be an integer >= 1")
     need(config.base_lr is None or (isinstance(config.base_lr, (int, float)) and config.base_lr > 0), "base_lr", "must be > 0")

@@ -27,8 +27,9 @@ from torch import nn
 
 from dpsm_ray.conformal import empirical_quantile, evaluate, evaluate_classes, label_scores, pinball_loss, prediction_sets, set_size, soft_set_size
 from dpsm_ray.data import DataSplits, Split, load_splits, stratified_partition
+from dpsm_ray.methods import method_fields
 from dpsm_ray.models import build_model, default_model
-from dpsm_ray.objectives import ConfTr, DPSM, Objective, build_objective, hps_scores
+from dpsm_ray.objectives import Objective, build_objective, hps_scores
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine
@@ -167,23 +168,9 @@ def train(config: TrainConfig, env) -> RunResult:
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)  # only 4-d (conv) weights change
     model = env.prepare_model(model)
-    objective = build_objective(
-        config.method,
-        alpha=config.alpha,
-        conformal_weight=config.conformal_weight,
-        sigmoid_temperature=config.sigmoid_temperature,
-        sort_temperature=config.sort_temperature,
-        quantile_lr=config.resolved_quantile_lr(train_size),
-        q_init=config.q_init,
-        conftr_split=config.conftr_split,
-        cut_score=config.cut_score,
-        ce_batch=config.ce_batch,
-        dpsm_split=config.dpsm_split,
-        size_target=config.size_target,
-        ce_weight=config.ce_weight,
-        seed=config.seed,
-        collective=env.collective,
-    )
+    fields = {name: getattr(config, name) for name in ("alpha", *method_fields())}
+    fields["quantile_lr"] = config.resolved_quantile_lr(train_size)  # gamma per step
+    objective = build_objective(config.method, seed=config.seed, collective=env.collective, **fields)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, nesterov=config.nesterov)
     scheduler = lr_scheduler(optimizer, config)
     d1, d2 = halves(train_size, config.seed)
@@ -207,9 +194,9 @@ def train(config: TrainConfig, env) -> RunResult:
         q_pool = d1 if objective.batch_split == "halves" else torch.arange(train_size)
         d1_scores = label_scores_of(model, data.train, q_pool, data.num_classes, env, config.precision)
         objective.initialize(d1_scores)
-        if isinstance(objective, DPSM):
-            env.log(f"[dpsm] q_0 {float(objective.q):.4f} ({config.q_init})  Q_n {float(empirical_quantile(d1_scores, 1 - config.alpha)):.4f}"
-                    f"  gamma {objective.quantile_lr:.4g} per step, {config.steps_per_epoch(train_size)} steps per epoch")
+        start = objective.start_line(d1_scores)
+        if start is not None:
+            env.log(f"[{config.method}] {start}, {config.steps_per_epoch(train_size)} steps per epoch")
         start_epoch = 0
 
     step = None  # built from the first batch (a captured step needs its shapes)
@@ -219,7 +206,7 @@ def train(config: TrainConfig, env) -> RunResult:
         stats, step = train_epoch(model, objective, optimizer, data.train, d1, d2, epoch, config, env, step)
         sync_buffers(model, env.collective)
         scheduler.step()
-        row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr if isinstance(objective, DPSM) else math.nan, **stats}
+        row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr, **stats}
         row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
         row.update(validation_metrics(model, data.val, data.num_classes, config, env))
         row["epoch_seconds"] = time.perf_counter() - started
@@ -237,7 +224,7 @@ def train(config: TrainConfig, env) -> RunResult:
                 "rng": global_rng_state(env.device),
                 "epochs": result.epochs,
             }
-        env.log(progress_line(row, config))
+        env.log(progress_line(row, config, objective.uses_quantile))
         env.report(row, checkpoint, result.epochs)
 
     if config.evaluate_test:
@@ -314,7 +301,7 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
         "ce_loss": means["ce"],
         "conformal_loss": means["conformal"],
         "lower_loss": means["pinball"],
-        "q": means["quantile"] if not isinstance(objective, DPSM) else float(objective.q),
+        "q": means["quantile"] if objective.learned_quantile() is None else objective.learned_quantile(),
     }, step
 
 
@@ -375,19 +362,10 @@ def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, con
 
 
 def learned_quantiles(objective: Objective, d1_scores: torch.Tensor, train_scores: torch.Tensor, config: TrainConfig) -> torch.Tensor | None:
-    """The quantile(s) a method trains with, at the current model: DPSM's q; ConfTr's batch
-    quantiles of its calibration pool (D1 for the halves split, else ``train_scores``) cut into
-    random batches of the run's calibration size; None for CE, CUT and ConfTr as published (whose
-    tau lives on the -log p scale, not on the HPS scores these diagnostics use)."""
-    if isinstance(objective, DPSM):
-        return objective.q.detach().double().reshape(1)
-    if not isinstance(objective, ConfTr):
-        return None
-    pool = d1_scores if objective.split == "halves" else train_scores
-    half = config.batch_size // 2
-    order = torch.randperm(pool.numel(), generator=generator(config.seed, "q_error")).to(pool.device)
-    usable = (pool.numel() // half) * half
-    return objective.batch_quantile(pool[order[:usable]].reshape(-1, half)).detach()
+    """The quantile(s) a method trains with, at the current model (``Objective.training_quantiles``):
+    DPSM's q; ConfTr's batch quantiles; None for CE, CUT and ConfTr as published (whose tau lives
+    on the -log p scale, not on the HPS scores these diagnostics use)."""
+    return objective.training_quantiles(d1_scores, train_scores, config.batch_size, generator(config.seed, "q_error"))
 
 
 def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig, env) -> dict:
@@ -428,9 +406,9 @@ def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> tuple
     return evaluate(probs, labels, config.alpha, **protocol), evaluate_classes(probs, labels, config.alpha, **protocol)
 
 
-def progress_line(row: dict, config: TrainConfig) -> EpochLine:
+def progress_line(row: dict, config: TrainConfig, uses_quantile: bool) -> EpochLine:
     quantile = ""
-    if config.method in ("dpsm", "conftr"):
+    if uses_quantile:
         quantile = f"  q {row['q']:.4f}  Q_n {row['q_dataset']:.4f}  |q-Q_n| {row['q_error']:.4f}"
     text = (
         f"[{config.method}] epoch {row['epoch']:>3}/{config.epochs}  upper {row['upper_loss']:.4f}"

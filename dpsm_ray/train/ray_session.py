@@ -112,9 +112,9 @@ def free_local_port() -> int:
 def started_cluster_address() -> str | None:
     """The address of a cluster started on this machine with ``ray start`` (recorded by Ray in
     its temp directory; ``ray stop`` removes it), or None."""
-    from ray._private.services import find_bootstrap_address  # what a plain ray.init() reads
+    from dpsm_ray.train.ray_private import bootstrap_address  # what a plain ray.init() reads
 
-    return find_bootstrap_address(None)
+    return bootstrap_address()
 
 
 def embedded_ray_settings() -> None:
@@ -126,7 +126,9 @@ def embedded_ray_settings() -> None:
     import logging
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    from dpsm_ray.train.ray_private import AUTHENTICATION_LOGGER
+
+    logging.getLogger(AUTHENTICATION_LOGGER).setLevel(logging.ERROR)
 
 
 # --- capacity -------------------------------------------------------------------------------
@@ -200,9 +202,9 @@ def check_before_start(demand: Demand, address: str | None = None) -> None:
     if current_session() is not None or address or os.environ.get("RAY_ADDRESS") or started_cluster_address():
         return
     import torch
-    from ray._private.utils import get_num_cpus  # how ray.init counts this machine's CPUs (cgroup quotas included)
+    from dpsm_ray.train.ray_private import ray_cpu_count
 
-    embedded_fits(demand, {"CPU": float(get_num_cpus()), "GPU": float(torch.cuda.device_count())})
+    embedded_fits(demand, {"CPU": float(ray_cpu_count()), "GPU": float(torch.cuda.device_count())})
 
 
 def check_capacity(demand: Demand, *, timeout_s: float = DEFAULT_RESOURCE_TIMEOUT_S, log: Callable[[str], None] | None = None) -> None:

@@ -1,0 +1,175 @@
+"""One card per training method: everything the rest of the package needs to know about it.
+
+Config validation and hashing, the trials' columns, the search space, the paper grid, the report's
+order, names and colours, and the base-model cache key all read the cards; the training loop asks
+the objective itself (``dpsm_ray.objectives.base.Objective``) what it learns.  Adding a method is
+its objective, its card and its tests (docs/extending.md); a method defined outside the package
+joins through ``register_method``.
+
+Known without importing torch or Ray (the CLI validates ``--methods`` before either loads): an
+in-package card names its objective as ``"module:Class"``, imported when a run builds it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# What every method's grid varies (the paper's grid, appendix D); a method adds its own axes.
+SHARED_GRID_AXES = ("batch_size", "epochs", "lr", "milestones", "lr_decay")
+# What every objective's constructor takes whatever its card says.
+COMMON_ARGUMENTS = ("alpha", "conformal_weight", "collective")
+# "base": the CE base model itself, evaluated without further training (the paper's table's CE
+# column, docs/method.md); a run of it trains 0 epochs from --init base.  Not a card: it builds CE.
+BASE_MODEL = "base"
+
+
+@dataclass(frozen=True)
+class MethodCard:
+    """A training method.
+
+    ``fields``: the ``TrainConfig`` fields the method reads besides the ones every run reads (the
+    others are left out of its config hash and are null in its trials.parquet rows); each is
+    passed to the objective's constructor under its own name, or under ``arguments[field]``.
+    ``knobs``: what a search varies (names of ``dpsm_ray.sweep.space.DEFAULT_RANGES``).
+    ``grid_axes``: its axes of the paper's grid (``dpsm_ray.sweep.space.PAPER_GRID``).
+    ``paper``: in the paper's table, so a sweep runs it unless told otherwise.
+    ``colour`` / ``marker``: its matplotlib style in every figure (None: one drawn from its name).
+    """
+
+    name: str
+    title: str
+    objective: Any  # the Objective subclass (or a callable returning one), or "module:Class"
+    fields: tuple[str, ...] = ()
+    arguments: Mapping[str, str] = field(default_factory=dict)
+    knobs: tuple[str, ...] = ("lr",)
+    grid_axes: tuple[str, ...] = SHARED_GRID_AXES
+    paper: bool = False
+    short_title: str | None = None  # tick labels and legends; the title when None
+    colour: str | None = None
+    marker: str | None = None
+
+    def objective_class(self):
+        if not isinstance(self.objective, str):
+            return self.objective
+        module, _, name = self.objective.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def reads(self, field_name: str) -> bool:
+        return field_name in self.fields
+
+    def build(self, values: Mapping[str, Any], *, seed: int = 0, collective=None):
+        """The objective for a run whose config fields are ``values`` (``alpha``,
+        ``conformal_weight`` and the card's ``fields``); ``seed`` goes to a constructor that
+        takes one (DPSM's random q_0, CUT's APS uniforms)."""
+        cls = self.objective_class()
+        kwargs = {"alpha": values["alpha"], "conformal_weight": values["conformal_weight"], "collective": collective}
+        # a field left out of ``values`` takes the constructor's default
+        kwargs.update({self.arguments.get(name, name): values[name] for name in self.fields if name not in COMMON_ARGUMENTS and name in values})
+        if "seed" in inspect.signature(cls).parameters:
+            kwargs["seed"] = seed
+        return cls(**kwargs)
+
+
+_CARDS: dict[str, MethodCard] = {}  # in the report's order
+BUILT_IN_NAMES: tuple[str, ...] = ()  # set once the built-in cards are registered
+
+
+def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
+    """Make ``card``'s method known to config validation, sweeps and reports in this process.
+
+    A sweep sends the cards registered outside the package to its Tune trials (a trial that is a
+    Ray Train run with ``workers >= 1`` needs the method importable on its workers).  The card's
+    knobs and grid axes must exist in ``dpsm_ray.sweep.space``."""
+    if not card.name.isidentifier() or card.name == BASE_MODEL:
+        raise ValueError(f"method name must be an identifier other than {BASE_MODEL!r}; got {card.name!r}")
+    shared = sorted(set(card.fields) - method_fields()) if BUILT_IN_NAMES else []
+    if card.name not in BUILT_IN_NAMES and shared:
+        # a field every method reads would leave every other method's config hash
+        raise ValueError(f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}); got {', '.join(shared)}")
+    if BUILT_IN_NAMES:
+        from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID
+
+        unknown = [k for k in card.knobs if k not in DEFAULT_RANGES] + [a for a in card.grid_axes if a not in PAPER_GRID]
+        if unknown:
+            raise ValueError(f"method {card.name}: knobs must be among {', '.join(DEFAULT_RANGES)} and grid axes among {', '.join(PAPER_GRID)}; got {', '.join(unknown)}")
+    if card.name in _CARDS and not replace and _CARDS[card.name] != card:
+        raise ValueError(f"method {card.name!r} is registered already (pass replace=True to change it)")
+    _CARDS[card.name] = card
+    return card
+
+
+def unregister_method(name: str) -> None:
+    if name in BUILT_IN_NAMES:
+        raise ValueError(f"method {name!r} is built in")
+    _CARDS.pop(name, None)
+
+
+def method_card(name: str) -> MethodCard:
+    if name not in _CARDS:
+        raise ValueError(f"method must be one of {', '.join(method_names())}; got {name!r}")
+    return _CARDS[name]
+
+
+def method_names() -> tuple[str, ...]:
+    """Every registered method, sorted by name (what errors and ``--help`` list)."""
+    return tuple(sorted(_CARDS))
+
+
+def cards() -> tuple[MethodCard, ...]:
+    """Every card, in the report's order (the built-in ones, then others as registered)."""
+    return tuple(_CARDS.values())
+
+
+def outside_cards() -> tuple[MethodCard, ...]:
+    """The cards registered from outside the package: what a sweep ships to its trials."""
+    return tuple(card for name, card in _CARDS.items() if name not in BUILT_IN_NAMES)
+
+
+def reads(method: str, field_name: str) -> bool:
+    """Whether a run of ``method`` reads the config field ``field_name``: a field no card lists
+    is read by every method; a method-specific one only by the methods whose card lists it (the
+    CE base model, ``base``, by none)."""
+    if field_name not in method_fields():
+        return True
+    return method in _CARDS and _CARDS[method].reads(field_name)
+
+
+def method_fields() -> frozenset[str]:
+    """The config fields some method reads and another does not."""
+    return frozenset(name for card in _CARDS.values() for name in card.fields)
+
+
+# -- the built-in methods, in the report's order ---------------------------------------------------
+_BUILT_IN_CARDS = (
+    MethodCard(
+        "ce", "CE", "dpsm_ray.objectives.ce:CrossEntropy", paper=True, colour="tab:blue", marker="o",
+    ),
+    MethodCard(
+        "cut", "CUT", "dpsm_ray.objectives.cut:CUT",
+        fields=("conformal_weight", "sort_temperature", "cut_score", "ce_batch"), arguments={"cut_score": "score"},
+        knobs=("lambda", "lr"), grid_axes=(*SHARED_GRID_AXES, "lambda"), paper=True, colour="tab:green", marker="s",
+    ),
+    MethodCard(
+        "conftr", "ConfTr", "dpsm_ray.objectives.conftr:ConfTr",
+        fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "conftr_split"), arguments={"conftr_split": "split"},
+        knobs=("lambda", "lr", "temperature"), grid_axes=(*SHARED_GRID_AXES, "lambda"), paper=True, colour="tab:orange", marker="^",
+    ),
+    MethodCard(
+        "conftr_published", "ConfTr (published)", "dpsm_ray.objectives.conftr:ConfTrPublished",
+        fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "size_target", "ce_weight"),
+        # its size weight sits inside a logarithm, where it only shifts the loss: not a knob
+        knobs=("lr", "temperature"), short_title="ConfTr (pub.)", colour="tab:brown", marker="v",
+    ),
+    MethodCard(
+        "dpsm", "DPSM", "dpsm_ray.objectives.dpsm:DPSM",
+        fields=("conformal_weight", "sigmoid_temperature", "quantile_lr", "q_init", "dpsm_split", "ce_batch"), arguments={"dpsm_split": "split"},
+        knobs=("lambda", "lr", "gamma", "temperature"), grid_axes=(*SHARED_GRID_AXES, "lambda", "gamma"), paper=True, colour="tab:red", marker="D",
+    ),
+)
+for _card in _BUILT_IN_CARDS:
+    register_method(_card)
+BUILT_IN = {card.name: card for card in _BUILT_IN_CARDS}
+BUILT_IN_NAMES = tuple(BUILT_IN)
