@@ -14,8 +14,65 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+# Search knobs and the paper's grid (SPEC section 4, paper appendix D): the cards name theirs among
+# these; dpsm_ray/sweep/space.py builds searches from them.
+KNOB_FIELDS = {
+    "lambda": "conformal_weight",
+    "lr": "lr",
+    "gamma": "quantile_lr",
+    "temperature": "sigmoid_temperature",
+}
+
+
+@dataclass(frozen=True)
+class Range:
+    """A log-uniform (or uniform) interval [low, high]."""
+
+    low: float
+    high: float
+    log: bool = True
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
+            raise ValueError(f"range must have finite low < high; got [{self.low}, {self.high}]")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log-uniform range needs low > 0; got [{self.low}, {self.high}]")
+
+    def to_tune(self):
+        from ray import tune
+
+        return tune.loguniform(self.low, self.high) if self.log else tune.uniform(self.low, self.high)
+
+
+DEFAULT_RANGES = {
+    "lambda": Range(0.01, 5.0),  # paper grid {0.01, 0.05, 0.1, 0.5, 1, 5}
+    "lr": Range(0.001, 0.1),  # paper grid {0.001, 0.005, 0.01, 0.05, 0.1}
+    "gamma": Range(1e-4, 0.5),  # paper grid {1e-4, ..., 0.5}
+    "temperature": Range(0.01, 1.0),  # not in the paper grid; the official code fixes 1.0
+}
+
+
+# The paper's grid: shared axes, then each method's own.
+PAPER_GRID = {
+    "batch_size": (64, 128),
+    "epochs": (30, 40, 60),
+    "lr": (0.001, 0.005, 0.01, 0.05, 0.1),
+    "milestones": ((3,), (25,), (25, 40)),
+    "lr_decay": (0.1, 0.97),
+    "lambda": (0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+    "gamma": (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5),
+}
+# each method's axes: its card's ``grid_axes``
+
+
+def field_name(knob: str) -> str:
+    """The ``TrainConfig`` field of a knob or grid axis (``lambda`` -> ``conformal_weight``)."""
+    return KNOB_FIELDS.get(knob, knob)
+
 
 # What every method's grid varies (the paper's grid, appendix D); a method adds its own axes.
 SHARED_GRID_AXES = ("batch_size", "epochs", "lr", "milestones", "lr_decay")
@@ -33,8 +90,8 @@ class MethodCard:
     ``fields``: the ``TrainConfig`` fields the method reads besides the ones every run reads (the
     others are left out of its config hash and are null in its trials.parquet rows); each is
     passed to the objective's constructor under its own name, or under ``arguments[field]``.
-    ``knobs``: what a search varies (names of ``dpsm_ray.sweep.space.DEFAULT_RANGES``).
-    ``grid_axes``: its axes of the paper's grid (``dpsm_ray.sweep.space.PAPER_GRID``).
+    ``knobs``: what a search varies (names of ``DEFAULT_RANGES`` above).
+    ``grid_axes``: its axes of the paper's grid (``PAPER_GRID`` above).
     ``paper``: in the paper's table, so a sweep runs it unless told otherwise.
     ``colour`` / ``marker``: its matplotlib style in every figure (None: one drawn from its name).
     """
@@ -82,19 +139,16 @@ def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
 
     A sweep sends the cards registered outside the package to its Tune trials (a trial that is a
     Ray Train run with ``workers >= 1`` needs the method importable on its workers).  The card's
-    knobs and grid axes must exist in ``dpsm_ray.sweep.space``."""
+    knobs and grid axes must be among ``DEFAULT_RANGES`` and ``PAPER_GRID``."""
     if not card.name.isidentifier() or card.name == BASE_MODEL:
         raise ValueError(f"method name must be an identifier other than {BASE_MODEL!r}; got {card.name!r}")
     shared = sorted(set(card.fields) - method_fields()) if BUILT_IN_NAMES else []
     if card.name not in BUILT_IN_NAMES and shared:
         # a field every method reads would leave every other method's config hash
         raise ValueError(f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}); got {', '.join(shared)}")
-    if BUILT_IN_NAMES:
-        from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID
-
-        unknown = [k for k in card.knobs if k not in DEFAULT_RANGES] + [a for a in card.grid_axes if a not in PAPER_GRID]
-        if unknown:
-            raise ValueError(f"method {card.name}: knobs must be among {', '.join(DEFAULT_RANGES)} and grid axes among {', '.join(PAPER_GRID)}; got {', '.join(unknown)}")
+    unknown = [k for k in card.knobs if k not in DEFAULT_RANGES] + [a for a in card.grid_axes if a not in PAPER_GRID]
+    if unknown:
+        raise ValueError(f"method {card.name}: knobs must be among {', '.join(DEFAULT_RANGES)} and grid axes among {', '.join(PAPER_GRID)}; got {', '.join(unknown)}")
     if card.name in _CARDS and not replace and _CARDS[card.name] != card:
         raise ValueError(f"method {card.name!r} is registered already (pass replace=True to change it)")
     _CARDS[card.name] = card
