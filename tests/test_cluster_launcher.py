@@ -13,7 +13,6 @@ machine's Python on PATH, as a user's machine would have it.
 """
 
 import getpass
-import json
 import os
 import re
 import shlex
@@ -158,14 +157,18 @@ def worker_node_pids() -> list[int]:
     return pids
 
 
-def trial_rows(results: Path) -> list[dict]:
-    """The last reported row of every trial of a sweep's Tune experiments, as written so far."""
-    rows = []
-    for path in results.glob("tune/*/trial_*/result.json"):
-        lines = path.read_text().splitlines()
-        if lines:
-            rows.append({**json.loads(lines[-1]), "path": str(path.parent)})
-    return rows
+def trials_on_worker() -> list[int]:
+    """Processes that the worker node's raylet runs a task or actor in (Ray titles a busy worker
+    ``ray::<task or actor>``, an idle one ``ray::IDLE``; the node's own agents are
+    ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, Ray's internal actors ``ray::_...``).
+    Read from the processes themselves: Tune's result.json under the results directory is a copy
+    synced every so often, which a trial of a few seconds can start and finish between two syncs
+    (seen: every trial of the sweep below missed on a quiet machine)."""
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True).stdout.splitlines()[1:]
+    rows = [line.split(None, 2) for line in ps if len(line.split(None, 2)) == 3]
+    raylets = {int(pid) for pid, _, args in rows if "raylet" in args and re.search(rf"node.ip.address[= ]{re.escape(WORKER)}\b", args)}
+    return [int(pid) for pid, ppid, args in rows
+            if int(ppid) in raylets and args.startswith("ray::") and not re.match(r"ray::(IDLE\b|DashboardAgent\b|RuntimeEnvAgent\b|_)", args)]
 
 
 def assert_strangers_are_refused(tmp_path: Path) -> None:
@@ -234,12 +237,14 @@ def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(mac
         faulty = submit.split(" -- ")[0] + f" -- --results-dir {results} --methods ce,cut --trials 3 --final-seeds 1 --concurrency 4 --epochs {EPOCHS}"
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
         sweep = subprocess.Popen(shlex.split(faulty), cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        killed = []
+        killed, seen = [], {}
         deadline = time.monotonic() + 900
         while not killed and sweep.poll() is None and time.monotonic() < deadline:
-            running_there = [r for r in trial_rows(results) if r.get("node_ip") == WORKER and not r.get("run_finished") and r.get("epoch", 0) >= 1]
-            if running_there:
-                killed = worker_node_pids()
+            now = time.monotonic()
+            seen = {pid: seen.get(pid, now) for pid in trials_on_worker()}  # when each was first seen busy
+            training = [pid for pid, since in seen.items() if now - since >= 5]  # past its start-up (~3-5 s here), into its epochs
+            if training:
+                killed = training + worker_node_pids()
                 for pid in killed:
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.2)
