@@ -210,9 +210,9 @@ def packed(args, out: Path) -> dict:
 
 
 def write_summary(path: Path, summary: dict) -> None:
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(summary, indent=1) + "\n")
-    os.replace(temporary, path)
+    from dpsm_ray.files import atomic_write
+
+    atomic_write(path, lambda handle: handle.write(json.dumps(summary, indent=1) + "\n"), binary=False)
 
 
 def main(argv=None) -> int:
