@@ -15,4 +15,6 @@ if ! python3 -c "import ray.tune, optuna" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# the package from this checkout: the machine has no install of it
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 exec python3 bench/gpu_check.py "$@"
