@@ -115,10 +115,11 @@ class TrainConfig:
     device: str = option("auto", "auto (a GPU when there is one; under Ray the GPU it assigned, and a trial holding a GPU share that sees no CUDA "
                                  "device fails instead of training on the CPU), cpu (also GPU-shaped trials, on purpose), cuda, cuda:N")
     data_workers: int = option(4, "DataLoader processes for file-based datasets")
-    precision: str = option("fp32", "fp32, bf16 (autocast of the model's forward; losses and quantiles stay in fp32), or auto (the measured fast path of the run's device: fp32 on a CPU)")
-    channels_last: bool = option(False, "keep image batches and conv weights in channels_last memory format")
-    step: str = option("eager", "training step: eager, graph (the whole step -- forward, loss, backward, SGD, DPSM's q -- captured in one CUDA graph; needs CUDA and one worker), "
-                                "or auto (the measured fast path of the run's device: eager on a CPU)")
+    precision: str = option("auto", "fp32, bf16 (autocast of the model's forward; losses and quantiles stay in fp32), or auto (the measured fast path of the run's device: "
+                                    "bf16 on CUDA, fp32 on a CPU)")
+    channels_last: bool = option(False, "keep image batches and conv weights in channels_last memory format (--step auto turns it on on CUDA)")
+    step: str = option("auto", "training step: eager, graph (the whole step -- forward, loss, backward, SGD, DPSM's q -- captured in one CUDA graph; needs CUDA and one worker), "
+                               "or auto (the measured fast path of the run's device: graph with channels_last on CUDA for one worker, eager otherwise)")
     checkpoint_every: int = option(1, "checkpoint every N epochs (and always after the last)")
     max_failures: int = option(0, "restarts of a failed worker group from its last checkpoint")
     debug_sync_checks: bool = option(False, "assert every step that q and the parameters are identical on all workers")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +34,7 @@ from dpsm_ray.objectives import Objective, build_objective, hps_scores
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine
-from dpsm_ray.train.step import auto_line, autocast, build_step
+from dpsm_ray.train.step import GraphStep, auto_line, autocast, build_step, resolve_channels_last
 
 EVAL_BATCH = 512
 # Per-epoch columns of epochs.parquet, in order (docs/results.md).
@@ -148,7 +149,7 @@ def label_scores_of(model: nn.Module, split: Split, positions: torch.Tensor, num
 def train(config: TrainConfig, env) -> RunResult:
     """Train one model with ``config.method`` and evaluate it; see the module docstring."""
     torch.manual_seed(derive_seed(config.seed, "init"))
-    if (line := auto_line(config.step, config.precision, env.device)) is not None:
+    if (line := auto_line(config.step, config.precision, env.device, config.workers)) is not None:
         env.log(line)
     data = load_data(config, env.device)
     train_size = len(data.train)
@@ -165,7 +166,7 @@ def train(config: TrainConfig, env) -> RunResult:
             raise RuntimeError("init='base' needs the base model's weights: run through run_training, which resolves the cache")
         model.load_state_dict(torch.load(config.init_checkpoint, map_location="cpu", weights_only=True))
     model = model.to(env.device)
-    if config.channels_last:
+    if resolve_channels_last(config.step, config.channels_last, env.device, config.workers):
         model = model.to(memory_format=torch.channels_last)  # only 4-d (conv) weights change
     model = env.prepare_model(model)
     fields = {name: getattr(config, name) for name in ("alpha", *method_fields())}
@@ -205,7 +206,10 @@ def train(config: TrainConfig, env) -> RunResult:
         lr = optimizer.param_groups[0]["lr"]
         stats, step = train_epoch(model, objective, optimizer, data.train, d1, d2, epoch, config, env, step)
         sync_buffers(model, env.collective)
-        scheduler.step()
+        with warnings.catch_warnings():
+            if isinstance(step, GraphStep):  # it updates the weights itself, reading the lr every batch
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
+            scheduler.step()
         row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr, **stats}
         row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
         row.update(validation_metrics(model, data.val, data.num_classes, config, env))
@@ -287,7 +291,8 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
     ):
         batch = [t.to(env.device, non_blocking=True) for t in (x1, y1, x2, y2)]
         if step is None:
-            step = build_step(model, objective, optimizer, batch, kind=config.step, precision=config.precision, channels_last=config.channels_last)
+            step = build_step(model, objective, optimizer, batch, kind=config.step, precision=config.precision,
+                               channels_last=resolve_channels_last(config.step, config.channels_last, env.device, config.workers))
         for name, value in step(*batch).items():
             totals[name] = totals.get(name, 0) + value
         steps += 1

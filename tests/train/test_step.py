@@ -174,19 +174,37 @@ def test_fast_path_options_leave_the_config_hash_to_what_changes_results():
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device: the captured CUDA graph is compared with the eager step")
 @pytest.mark.parametrize("method,options", STEP_VARIANTS)
-def test_captured_step_matches_the_eager_step_on_gpu(method, options):
-    data = batches(8, half=32, shape=(3, 32, 32), device="cuda")
+def test_captured_step_matches_the_eager_step_on_gpu(method, options, deterministic_cuda):
+    # Two steps (the second one uses momentum): training on random labels at lr 0.05 magnifies
+    # rounding quickly, and on an H100 two eager fp32 runs of 8 steps already differ by up to
+    # 1e-1 in a weight with cuDNN's default algorithms (the weights of the captured run are no
+    # farther); with deterministic kernels and no TF32 the graph stays within 1.3e-5 after 2 steps.
+    data = batches(2, half=32, shape=(3, 32, 32), device="cuda")
     eager = run_resnet("eager", method, data, options=options)
     captured = run_resnet("graph", method, data, options=options)
     for a, b in zip(eager[0].state_dict().values(), captured[0].state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     if options.get("cut_score") == "aps":  # the warm-up's draws were put back, the replays counted
         assert int(captured[1].steps) == int(eager[1].steps) == len(data)
-    # bf16 + channels_last + captured graph against plain fp32 eager: within bf16 tolerance
+    # bf16 + channels_last + captured graph against plain fp32 eager, the same 2 steps: within bf16
+    # tolerance (after 8 steps ConfTr's threshold is 5% apart: the magnified rounding above)
     fast = run_resnet("graph", method, data, options=options, precision="bf16", channels_last=True)
     for row_e, row_f in zip(eager[3], fast[3]):
         assert row_f["ce"] == pytest.approx(row_e["ce"], rel=5e-2)
         assert row_f["upper"] == pytest.approx(row_e["upper"], rel=5e-2)
+
+
+@pytest.fixture
+def deterministic_cuda():
+    """cuDNN's deterministic kernels and no TF32 for one test, then the settings as they were."""
+    names = [(torch.backends.cudnn, "deterministic", True), (torch.backends.cudnn, "benchmark", False),
+             (torch.backends.cudnn, "allow_tf32", False), (torch.backends.cuda.matmul, "allow_tf32", False)]
+    saved = [getattr(owner, name) for owner, name, _ in names]
+    for owner, name, value in names:
+        setattr(owner, name, value)
+    yield
+    for (owner, name, _), value in zip(names, saved):
+        setattr(owner, name, value)
 
 
 def run_resnet(step_kind, method, data, options=None, **kwargs):
@@ -206,16 +224,22 @@ def run_resnet(step_kind, method, data, options=None, **kwargs):
 
 
 def test_auto_is_the_plain_path_on_a_cpu_and_says_what_it_runs_on_cuda():
-    from dpsm_ray.train.step import auto_line, resolve_precision, resolve_step
+    from dpsm_ray.train.step import auto_line, resolve_channels_last, resolve_precision, resolve_step
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device name: no GPU is touched
     assert (resolve_step("auto", cpu), resolve_precision("auto", cpu)) == ("eager", "fp32")
     assert (resolve_step("graph", cpu), resolve_precision("bf16", cpu)) == ("graph", "bf16")  # what was asked for stays
-    assert auto_line("auto", "auto", cpu) == "--step auto --precision auto on cpu: eager fp32"
+    assert auto_line("auto", "auto", cpu) is None  # the plain path: nothing to say
     assert auto_line("eager", "fp32", cpu) is None
-    # until a GPU run measures the fast path, CUDA gets the plain one, and the log says so
-    assert (resolve_step("auto", cuda), resolve_precision("auto", cuda)) == ("eager", "fp32")
-    assert "no GPU run has measured the fast one yet" in auto_line("auto", "fp32", cuda)
+    # on CUDA the fast path measured on an H100 (bench/README.md), eager with several workers
+    assert (resolve_step("auto", cuda), resolve_precision("auto", cuda)) == ("graph", "bf16")
+    assert resolve_step("auto", cuda, workers=2) == "eager" and resolve_step("graph", cuda, workers=2) == "graph"
+    assert (resolve_channels_last("auto", False, cuda), resolve_channels_last("eager", False, cuda)) == (True, False)
+    assert resolve_channels_last("auto", False, cpu) is False and resolve_channels_last("eager", True, cpu) is True
+    assert auto_line("auto", "auto", cuda) == "--step auto --precision auto on cuda: graph bf16 channels_last (--step eager --precision fp32 is the plain path)"
+    assert resolve_channels_last("auto", False, cuda, workers=2) is False  # measured with the captured step only
+    assert auto_line("auto", "auto", cuda, workers=2) == "--step auto --precision auto on cuda: eager bf16 (--step eager --precision fp32 is the plain path)"
+    assert auto_line("auto", "fp32", cuda, workers=2) is None
 
 
 def test_auto_step_and_precision_train_exactly_like_eager_fp32_on_a_cpu():
@@ -227,7 +251,7 @@ def test_auto_step_and_precision_train_exactly_like_eager_fp32_on_a_cpu():
         config = TrainConfig(dataset="digits", method="dpsm", epochs=2, batch_size=64, eval_splits=2, val_splits=2, step=step_kind, precision=precision)
         runs[step_kind] = (train(config, LocalEnv(torch.device("cpu"), log=lines.append)), lines)
     (plain, plain_lines), (auto, auto_lines) = runs["eager"], runs["auto"]
-    assert auto_lines[0] == "--step auto --precision auto on cpu: eager fp32" and not any("auto" in line for line in plain_lines)
+    assert not any("--step" in line for line in auto_lines + plain_lines)  # auto is the plain path here: no line
     for name, tensor in plain.model_state.items():
         assert torch.equal(tensor, auto.model_state[name]), name
     assert [row["set_size"] for row in auto.evals] == [row["set_size"] for row in plain.evals]
