@@ -43,6 +43,11 @@ class Objective:
     # for a learned one (epochs.parquet's quantile_lr; NaN where there is none).
     uses_quantile = False
     quantile_lr = math.nan
+    # Whether its call may be captured in a CUDA graph, which ``--step auto`` does on CUDA: no host
+    # synchronisation (``.item()``, a Python branch on a tensor value), state updated in place.
+    # True only for objectives that tests/train/test_step.py has compared captured and eager on a
+    # GPU; ``--step graph`` captures any objective it is asked to.
+    graph_safe = False
 
     def __init__(self, *, alpha: float, conformal_weight: float, collective=None) -> None:
         self.alpha = alpha

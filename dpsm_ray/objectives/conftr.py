@@ -47,6 +47,7 @@ def batch_quantile(calibration_scores: torch.Tensor, alpha: float, sort_temperat
 
 class ConfTr(Objective):
     uses_quantile = True
+    graph_safe = True
 
     def __init__(self, *, sigmoid_temperature: float, sort_temperature: float, split: str = "halves", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -79,6 +80,7 @@ class ConfTrPublished(Objective):
     -log p scale."""
 
     batch_split = "batch"
+    graph_safe = True
 
     def __init__(self, *, sigmoid_temperature: float, sort_temperature: float, size_target: float = 0.0, ce_weight: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)

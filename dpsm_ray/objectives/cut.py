@@ -33,6 +33,8 @@ def ks_to_uniform(values: torch.Tensor, sort_temperature: float) -> torch.Tensor
 
 
 class CUT(Objective):
+    graph_safe = True
+
     def __init__(self, *, sort_temperature: float, score: str = "hps", seed: int = 0, ce_batch: str = "full", **kwargs) -> None:
         super().__init__(**kwargs)
         check_choice("score", score, CUT_SCORES)

@@ -26,6 +26,7 @@ from dpsm_ray.seeding import generator
 
 class DPSM(Objective):
     uses_quantile = True
+    graph_safe = True
 
     def __init__(self, *, sigmoid_temperature: float, quantile_lr: float, q_init: str = "dataset", seed: int = 0, ce_batch: str = "full",
                  split: str = "halves", **kwargs) -> None:

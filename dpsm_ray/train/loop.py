@@ -34,7 +34,7 @@ from dpsm_ray.objectives import Objective, build_objective, hps_scores
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine
-from dpsm_ray.train.step import GraphStep, auto_line, autocast, build_step, resolve_channels_last
+from dpsm_ray.train.step import GraphStep, auto_line, autocast, build_step, graph_capturable, resolve_channels_last
 
 EVAL_BATCH = 512
 # Per-epoch columns of epochs.parquet, in order (docs/results.md).
@@ -149,8 +149,6 @@ def label_scores_of(model: nn.Module, split: Split, positions: torch.Tensor, num
 def train(config: TrainConfig, env) -> RunResult:
     """Train one model with ``config.method`` and evaluate it; see the module docstring."""
     torch.manual_seed(derive_seed(config.seed, "init"))
-    if (line := auto_line(config.step, config.precision, env.device, config.workers)) is not None:
-        env.log(line)
     data = load_data(config, env.device)
     train_size = len(data.train)
     if config.batch_size > 2 * (train_size // 2):
@@ -165,13 +163,16 @@ def train(config: TrainConfig, env) -> RunResult:
         if config.init_checkpoint is None:
             raise RuntimeError("init='base' needs the base model's weights: run through run_training, which resolves the cache")
         model.load_state_dict(torch.load(config.init_checkpoint, map_location="cpu", weights_only=True))
-    model = model.to(env.device)
-    if resolve_channels_last(config.step, config.channels_last, env.device, config.workers):
-        model = model.to(memory_format=torch.channels_last)  # only 4-d (conv) weights change
-    model = env.prepare_model(model)
     fields = {name: getattr(config, name) for name in ("alpha", *method_fields())}
     fields["quantile_lr"] = config.resolved_quantile_lr(train_size)  # gamma per step
     objective = build_objective(config.method, seed=config.seed, collective=env.collective, **fields)
+    graph_ok = graph_capturable(objective, config.nesterov)  # what --step auto may capture
+    if (line := auto_line(config.step, config.precision, env.device, graph_ok)) is not None:
+        env.log(line)
+    model = model.to(env.device)
+    if resolve_channels_last(config.step, config.channels_last, env.device, graph_ok):
+        model = model.to(memory_format=torch.channels_last)  # only 4-d (conv) weights change
+    model = env.prepare_model(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, nesterov=config.nesterov)
     scheduler = lr_scheduler(optimizer, config)
     d1, d2 = halves(train_size, config.seed)
@@ -291,8 +292,9 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
     ):
         batch = [t.to(env.device, non_blocking=True) for t in (x1, y1, x2, y2)]
         if step is None:
-            step = build_step(model, objective, optimizer, batch, kind=config.step, precision=config.precision,
-                               channels_last=resolve_channels_last(config.step, config.channels_last, env.device, config.workers))
+            graph_ok = graph_capturable(objective, config.nesterov)
+            step = build_step(model, objective, optimizer, batch, kind=config.step, precision=config.precision, capturable=graph_ok,
+                              channels_last=resolve_channels_last(config.step, config.channels_last, env.device, graph_ok))
         for name, value in step(*batch).items():
             totals[name] = totals.get(name, 0) + value
         steps += 1

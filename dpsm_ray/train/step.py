@@ -28,36 +28,43 @@ WARMUP_STEPS = 3  # eager replays on a side stream before capture (cuDNN / alloc
 # What ``--step auto`` / ``--precision auto`` (the defaults) run, by device type: on CUDA the
 # captured bf16 channels_last step, measured by bench/gpu_check.py on an H100 (2026-11-24):
 # ResNet-110 + DPSM at batch 128, 5716 images/s against 1725 for eager fp32 (3.3x), the same CE
-# loss and validation set size after 2 epochs (bench/README.md).  A run of several workers gets
-# the eager step (a graph holds one process's step) in bf16, without channels_last (unmeasured
-# with DDP).  ``--step eager --precision fp32`` is the plain path.
+# loss and validation set size after 2 epochs (bench/README.md).  Where the step cannot be
+# captured -- several workers, Nesterov momentum, an objective not marked ``graph_safe`` -- auto is
+# the eager step (in bf16 on CUDA, without channels_last, which was measured with the captured step
+# only).  ``--step eager --precision fp32`` is the plain path.
 AUTO_STEP = {"cpu": "eager", "cuda": "graph"}
 AUTO_PRECISION = {"cpu": "fp32", "cuda": "bf16"}
 
 
-def resolve_step(kind: str, device: torch.device, workers: int = 1) -> str:
+def graph_capturable(objective: Objective, nesterov: bool) -> bool:
+    """Whether ``--step auto`` may capture a run's step: one process, plain SGD with momentum (what
+    GraphStep implements) and an objective marked ``graph_safe``."""
+    return isinstance(objective.collective, LocalCollective) and not nesterov and objective.graph_safe
+
+
+def resolve_step(kind: str, device: torch.device, capturable: bool = True) -> str:
     if kind != "auto":
         return kind
-    return "eager" if workers > 1 else AUTO_STEP.get(device.type, "eager")
+    return AUTO_STEP.get(device.type, "eager") if capturable else "eager"
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
     return AUTO_PRECISION.get(device.type, "fp32") if precision == "auto" else precision
 
 
-def resolve_channels_last(step: str, channels_last: bool, device: torch.device, workers: int = 1) -> bool:
+def resolve_channels_last(step: str, channels_last: bool, device: torch.device, capturable: bool = True) -> bool:
     """``--channels-last``, or ``--step auto`` where it resolves to the captured step (measured so)."""
-    return channels_last or (step == "auto" and resolve_step(step, device, workers) == "graph")
+    return channels_last or (step == "auto" and resolve_step(step, device, capturable) == "graph")
 
 
-def auto_line(step: str, precision: str, device: torch.device, workers: int = 1) -> str | None:
+def auto_line(step: str, precision: str, device: torch.device, capturable: bool = True) -> str | None:
     """The log line of a run that asked for ``auto`` where that is not the plain path (eager
     fp32): what it runs.  None otherwise (a CPU run of the defaults says nothing)."""
     asked = [f"--{name} auto" for name, value in (("step", step), ("precision", precision)) if value == "auto"]
     if not asked:
         return None
-    runs = [resolve_step(step, device, workers), resolve_precision(precision, device)]
-    if step == "auto" and resolve_channels_last(step, False, device, workers):
+    runs = [resolve_step(step, device, capturable), resolve_precision(precision, device)]
+    if resolve_channels_last(step, False, device, capturable):
         runs.append("channels_last")
     if runs == ["eager", "fp32"]:
         return None
@@ -201,11 +208,10 @@ class GraphStep:
         return {name: value.clone() for name, value in self.stats.items()}
 
 
-def build_step(model, objective, optimizer, example, *, kind: str, precision: str, channels_last: bool):
+def build_step(model, objective, optimizer, example, *, kind: str, precision: str, channels_last: bool, capturable: bool = True):
     """The step a run's ``step`` option names (``example`` is its first batch, on the device;
-    ``channels_last`` as ``resolve_channels_last`` gives it)."""
-    workers = 1 if isinstance(objective.collective, LocalCollective) else 2  # several: the eager step
-    kind, precision = resolve_step(kind, example[0].device, workers), resolve_precision(precision, example[0].device)
+    ``channels_last`` as ``resolve_channels_last`` gives it, ``capturable`` as ``graph_capturable()``)."""
+    kind, precision = resolve_step(kind, example[0].device, capturable), resolve_precision(precision, example[0].device)
     if kind == "graph":
         if example[0].device.type != "cuda":
             from dpsm_ray.train.config import ConfigError

@@ -231,15 +231,38 @@ def test_auto_is_the_plain_path_on_a_cpu_and_says_what_it_runs_on_cuda():
     assert (resolve_step("graph", cpu), resolve_precision("bf16", cpu)) == ("graph", "bf16")  # what was asked for stays
     assert auto_line("auto", "auto", cpu) is None  # the plain path: nothing to say
     assert auto_line("eager", "fp32", cpu) is None
-    # on CUDA the fast path measured on an H100 (bench/README.md), eager with several workers
+    # on CUDA the fast path measured on an H100 (bench/README.md); eager where it cannot be captured
     assert (resolve_step("auto", cuda), resolve_precision("auto", cuda)) == ("graph", "bf16")
-    assert resolve_step("auto", cuda, workers=2) == "eager" and resolve_step("graph", cuda, workers=2) == "graph"
+    assert resolve_step("auto", cuda, capturable=False) == "eager" and resolve_step("graph", cuda, capturable=False) == "graph"
     assert (resolve_channels_last("auto", False, cuda), resolve_channels_last("eager", False, cuda)) == (True, False)
     assert resolve_channels_last("auto", False, cpu) is False and resolve_channels_last("eager", True, cpu) is True
+    assert resolve_channels_last("auto", False, cuda, capturable=False) is False  # measured with the captured step only
     assert auto_line("auto", "auto", cuda) == "--step auto --precision auto on cuda: graph bf16 channels_last (--step eager --precision fp32 is the plain path)"
-    assert resolve_channels_last("auto", False, cuda, workers=2) is False  # measured with the captured step only
-    assert auto_line("auto", "auto", cuda, workers=2) == "--step auto --precision auto on cuda: eager bf16 (--step eager --precision fp32 is the plain path)"
-    assert auto_line("auto", "fp32", cuda, workers=2) is None
+    assert auto_line("auto", "auto", cuda, capturable=False) == "--step auto --precision auto on cuda: eager bf16 (--step eager --precision fp32 is the plain path)"
+    assert auto_line("auto", "fp32", cuda, capturable=False) is None
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_auto_captures_the_step_only_where_graph_step_implements_it(method):
+    from dpsm_ray.train.step import graph_capturable
+
+    objective = build_objective(method, alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, sort_temperature=0.01, quantile_lr=0.05, collective=LocalCollective())
+    assert objective.graph_safe  # every in-package method: compared captured and eager on a GPU (above)
+    assert graph_capturable(objective, nesterov=False)
+    assert not graph_capturable(objective, nesterov=True)  # GraphStep implements SGD without Nesterov
+    objective.collective = object()  # several workers: a distributed collective
+    assert not graph_capturable(objective, nesterov=False)
+
+
+def test_an_objective_from_outside_is_not_captured_by_auto():
+    from dpsm_ray.objectives import Objective
+    from dpsm_ray.train.step import graph_capturable
+
+    class Outside(Objective):
+        def __call__(self, logits1, labels1, logits2, labels2):
+            raise NotImplementedError
+
+    assert not graph_capturable(Outside(alpha=0.1, conformal_weight=0.5), nesterov=False)
 
 
 def test_auto_step_and_precision_train_exactly_like_eager_fp32_on_a_cpu():
