@@ -169,11 +169,14 @@ def train(config: TrainConfig, env) -> RunResult:
     graph_ok = graph_capturable(objective, config.nesterov)  # what --step auto may capture
     if (line := auto_line(config.step, config.precision, env.device, graph_ok)) is not None:
         env.log(line)
+    channels_last = resolve_channels_last(config.step, config.channels_last, env.device, graph_ok)
     model = model.to(env.device)
-    if resolve_channels_last(config.step, config.channels_last, env.device, graph_ok):
+    if channels_last:
         model = model.to(memory_format=torch.channels_last)  # only 4-d (conv) weights change
     model = env.prepare_model(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, nesterov=config.nesterov)
+    # the step is built from the first batch (a captured step needs its shapes)
+    make_step = functools.partial(build_step, model, objective, optimizer, kind=config.step, precision=config.precision, channels_last=channels_last, capturable=graph_ok)
     scheduler = lr_scheduler(optimizer, config)
     d1, d2 = halves(train_size, config.seed)
     result = RunResult(config, split_sizes=data.sizes(), split_ids={n: getattr(data, n).ids.tolist() for n in ("train", "val", "cal", "test")})
@@ -201,11 +204,11 @@ def train(config: TrainConfig, env) -> RunResult:
             env.log(f"[{config.method}] {start}, {config.steps_per_epoch(train_size)} steps per epoch")
         start_epoch = 0
 
-    step = None  # built from the first batch (a captured step needs its shapes)
+    step = None
     for epoch in range(start_epoch, config.epochs):
         started = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
-        stats, step = train_epoch(model, objective, optimizer, data.train, d1, d2, epoch, config, env, step)
+        stats, step = train_epoch(model, objective, data.train, d1, d2, epoch, config, env, make_step, step)
         sync_buffers(model, env.collective)
         with warnings.catch_warnings():
             if isinstance(step, GraphStep):  # it updates the weights itself, reading the lr every batch
@@ -270,9 +273,9 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
-def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env, step=None) -> tuple[dict, object]:
+def train_epoch(model, objective: Objective, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env, make_step, step=None) -> tuple[dict, object]:
     """One epoch of steps; returns its mean statistics and the step function (reused by the
-    next epoch)."""
+    next epoch; ``make_step(first_batch)`` builds it when ``step`` is None)."""
     rank, world = env.collective.rank, env.collective.world_size
     global_half = config.batch_size // 2
     if global_half % world:  # config.workers is checked up front; this is the process group that really runs
@@ -292,9 +295,7 @@ def train_epoch(model, objective: Objective, optimizer, train_split: Split, d1, 
     ):
         batch = [t.to(env.device, non_blocking=True) for t in (x1, y1, x2, y2)]
         if step is None:
-            graph_ok = graph_capturable(objective, config.nesterov)
-            step = build_step(model, objective, optimizer, batch, kind=config.step, precision=config.precision, capturable=graph_ok,
-                              channels_last=resolve_channels_last(config.step, config.channels_last, env.device, graph_ok))
+            step = make_step(batch)
         for name, value in step(*batch).items():
             totals[name] = totals.get(name, 0) + value
         steps += 1
