@@ -39,7 +39,7 @@ from dpsm_ray.sweep.protocol import SweepSpec, run_sweep
 from dpsm_ray.sweep.space import PAPER_GRID
 from dpsm_ray.train.config import TrainConfig
 
-FULL = dict(dataset="synthetic:classes=20,dim=16,size=4000,noise=1.5", epochs=12, trials=10, grace_period=2, lr=PAPER_GRID["lr"], lam=PAPER_GRID["lambda"])
+FULL = dict(dataset="synthetic:classes=20,dim=16,size=4000,noise=1.5", epochs=12, trials=10, grace_period=2, lr=PAPER_GRID["lr"], lam=PAPER_GRID["conformal_weight"])
 QUICK = dict(dataset="synthetic:classes=10,dim=8,size=1000,noise=1.5", epochs=3, trials=3, grace_period=1, lr=(0.01, 0.1), lam=(0.1, 1.0))
 ARMS = {
     "grid": dict(grid=True),
@@ -77,7 +77,7 @@ def arm_spec(name: str, args: argparse.Namespace) -> SweepSpec:
     if options.get("grid"):
         # the grid's other axes fixed to this bench's schedule: no decay within the run
         options.update(grid_fixed=(("batch_size", 64), ("epochs", args.epochs), ("milestones", (args.epochs + 1,)), ("lr_decay", 0.1)),
-                       grid_subsets=(("lr", tuple(args.lr)), ("lambda", tuple(args.lam))))
+                       grid_subsets=(("lr", tuple(args.lr)), ("conformal_weight", tuple(args.lam))))
     return SweepSpec(name=name, base=base, methods=(METHOD,), trials=args.trials, final_seeds=1, coverage_slack=0.02, seed=args.seed,
                      grace_period=args.grace_period, reduction_factor=args.reduction_factor, **options)
 

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import math
 import sys
+import warnings
 from pathlib import Path
 
 from dpsm_ray.catalog import version_line
@@ -38,7 +39,15 @@ def positive_seconds(text: str) -> float:
 
 
 def _flag(field: dataclasses.Field) -> str:
-    return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+    return "--" + field.name.replace("_", "-")
+
+
+class RenamedOption(argparse.Action):
+    """An option's name in an earlier release (``--lambda``): still works, with a warning."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        warnings.warn(f"{option_string} is now {self.const}; {option_string} is accepted until the next release", FutureWarning, stacklevel=2)
+        setattr(namespace, self.dest, values)
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +63,9 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, nargs="*", type=item_type, **kwargs)
         else:
             parser.add_argument(flag, type=field.metadata.get("type", type(default)), **kwargs)
+        if "renamed_from" in field.metadata:
+            parser.add_argument(field.metadata["renamed_from"], dest=field.name, type=type(default), default=argparse.SUPPRESS, action=RenamedOption,
+                                const=flag, help=argparse.SUPPRESS)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

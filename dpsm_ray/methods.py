@@ -12,20 +12,46 @@ in-package card names its objective as ``"module:Class"``, imported when a run b
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 # Search knobs and the paper's grid (SPEC section 4, paper appendix D): the cards name theirs among
-# these; dpsm_ray/sweep/space.py builds searches from them.
-KNOB_FIELDS = {
-    "lambda": "conformal_weight",
-    "lr": "lr",
-    "gamma": "quantile_lr",
-    "temperature": "sigmoid_temperature",
+# these; dpsm_ray/sweep/space.py builds searches from them.  A knob is named by the ``TrainConfig``
+# field it sets, one name for the CLI (--range, --fix, --subset, the training flags), the logs, the
+# Parquet columns and the docs; the paper's symbol is in each field's help.  The names of earlier
+# releases are accepted with a FutureWarning until the next one (``knob_name``).
+KNOB_ALIASES = {
+    "lambda": "conformal_weight",  # the paper's lambda
+    "gamma": "quantile_lr",  # the paper's gamma, per step
+    "temperature": "sigmoid_temperature",  # the paper's T (tau_Sigmoid)
 }
+
+
+def knob_name(name: str, where: str = "knob") -> str:
+    """``name``, or the knob an earlier release's name for it (``lambda``, ``gamma``,
+    ``temperature``) now is, with a FutureWarning naming ``where`` it was given."""
+    if name not in KNOB_ALIASES:
+        return name
+    new = KNOB_ALIASES[name]
+    warnings.warn(f"{where}: {name!r} is now called {new!r} (the config field, CLI option and Parquet column); "
+                  f"{name!r} is accepted until the next release", FutureWarning, stacklevel=3)
+    return new
+
+
+def with_current_knob_names(sweep: dict) -> dict:
+    """A ``sweep.json``'s settings with its knobs (``ranges``, ``grid_fixed``, ``grid_subsets``)
+    named as now: an earlier release's file names them ``lambda``, ``gamma``, ``temperature``
+    (docs/results.md); silent, since the user gave no option to warn about."""
+    renamed = dict(sweep)
+    for key in ("ranges", "grid_fixed", "grid_subsets"):
+        if isinstance(sweep.get(key), list):
+            renamed[key] = [[KNOB_ALIASES.get(pair[0], pair[0]), *pair[1:]] if isinstance(pair, list) and pair else pair for pair in sweep[key]]
+    return renamed
 
 
 @dataclass(frozen=True)
@@ -49,10 +75,10 @@ class Range:
 
 
 DEFAULT_RANGES = {
-    "lambda": Range(0.01, 5.0),  # paper grid {0.01, 0.05, 0.1, 0.5, 1, 5}
+    "conformal_weight": Range(0.01, 5.0),  # paper grid {0.01, 0.05, 0.1, 0.5, 1, 5}
     "lr": Range(0.001, 0.1),  # paper grid {0.001, 0.005, 0.01, 0.05, 0.1}
-    "gamma": Range(1e-4, 0.5),  # paper grid {1e-4, ..., 0.5}
-    "temperature": Range(0.01, 1.0),  # not in the paper grid; the official code fixes 1.0
+    "quantile_lr": Range(1e-4, 0.5),  # paper grid {1e-4, ..., 0.5}, per step
+    "sigmoid_temperature": Range(0.01, 1.0),  # not in the paper grid; the official code fixes 1.0
 }
 
 
@@ -63,15 +89,10 @@ PAPER_GRID = {
     "lr": (0.001, 0.005, 0.01, 0.05, 0.1),
     "milestones": ((3,), (25,), (25, 40)),
     "lr_decay": (0.1, 0.97),
-    "lambda": (0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
-    "gamma": (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5),
+    "conformal_weight": (0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+    "quantile_lr": (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5),
 }
 # each method's axes: its card's ``grid_axes``
-
-
-def field_name(knob: str) -> str:
-    """The ``TrainConfig`` field of a knob or grid axis (``lambda`` -> ``conformal_weight``)."""
-    return KNOB_FIELDS.get(knob, knob)
 
 
 # What every method's grid varies (the paper's grid, appendix D); a method adds its own axes.
@@ -146,6 +167,10 @@ def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
     if card.name not in BUILT_IN_NAMES and shared:
         # a field every method reads would leave every other method's config hash
         raise ValueError(f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}); got {', '.join(shared)}")
+    renamed = {"knobs": tuple(knob_name(k, f"method {card.name}'s knobs") for k in card.knobs),
+               "grid_axes": tuple(knob_name(a, f"method {card.name}'s grid_axes") for a in card.grid_axes)}
+    if renamed != {"knobs": card.knobs, "grid_axes": card.grid_axes}:
+        card = dataclasses.replace(card, **renamed)
     unknown = [k for k in card.knobs if k not in DEFAULT_RANGES] + [a for a in card.grid_axes if a not in PAPER_GRID]
     if unknown:
         raise ValueError(f"method {card.name}: knobs must be among {', '.join(DEFAULT_RANGES)} and grid axes among {', '.join(PAPER_GRID)}; got {', '.join(unknown)}")
@@ -204,23 +229,23 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "cut", "CUT", "dpsm_ray.objectives.cut:CUT",
         fields=("conformal_weight", "sort_temperature", "cut_score", "ce_batch"), arguments={"cut_score": "score"},
-        knobs=("lambda", "lr"), grid_axes=(*SHARED_GRID_AXES, "lambda"), paper=True, colour="tab:green", marker="s",
+        knobs=("conformal_weight", "lr"), grid_axes=(*SHARED_GRID_AXES, "conformal_weight"), paper=True, colour="tab:green", marker="s",
     ),
     MethodCard(
         "conftr", "ConfTr", "dpsm_ray.objectives.conftr:ConfTr",
         fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "conftr_split"), arguments={"conftr_split": "split"},
-        knobs=("lambda", "lr", "temperature"), grid_axes=(*SHARED_GRID_AXES, "lambda"), paper=True, colour="tab:orange", marker="^",
+        knobs=("conformal_weight", "lr", "sigmoid_temperature"), grid_axes=(*SHARED_GRID_AXES, "conformal_weight"), paper=True, colour="tab:orange", marker="^",
     ),
     MethodCard(
         "conftr_published", "ConfTr (published)", "dpsm_ray.objectives.conftr:ConfTrPublished",
         fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "size_target", "ce_weight"),
         # its size weight sits inside a logarithm, where it only shifts the loss: not a knob
-        knobs=("lr", "temperature"), short_title="ConfTr (pub.)", colour="tab:brown", marker="v",
+        knobs=("lr", "sigmoid_temperature"), short_title="ConfTr (pub.)", colour="tab:brown", marker="v",
     ),
     MethodCard(
         "dpsm", "DPSM", "dpsm_ray.objectives.dpsm:DPSM",
         fields=("conformal_weight", "sigmoid_temperature", "quantile_lr", "q_init", "dpsm_split", "ce_batch"), arguments={"dpsm_split": "split"},
-        knobs=("lambda", "lr", "gamma", "temperature"), grid_axes=(*SHARED_GRID_AXES, "lambda", "gamma"), paper=True, colour="tab:red", marker="D",
+        knobs=("conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"), grid_axes=(*SHARED_GRID_AXES, "conformal_weight", "quantile_lr"), paper=True, colour="tab:red", marker="D",
     ),
 )
 for _card in _BUILT_IN_CARDS:

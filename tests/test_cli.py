@@ -28,10 +28,10 @@ def test_train_prints_a_table_and_writes_the_documented_files(tmp_path, capsys):
     "argv,message",
     [
         (["--alpha", "1.5"], "--alpha=1.5 is invalid: must be in the open interval (0, 1)"),
-        (["--lambda", "-1"], "--lambda=-1.0 is invalid: lambda must be >= 0"),
+        (["--conformal-weight", "-1"], "--conformal-weight=-1.0 is invalid: must be >= 0 (the paper's lambda)"),
         (["--method", "thr"], "--method='thr' is invalid: must be one of ce, conftr, conftr_published, cut, dpsm, or base"),
         (["--batch-size", "4096"], "--batch-size=4096 is invalid: must be at most 1000"),
-        (["--temperature", "-2"], "--temperature=-2.0 is invalid: must be > 0"),
+        (["--sigmoid-temperature", "-2"], "--sigmoid-temperature=-2.0 is invalid: must be > 0"),
     ],
 )
 def test_invalid_values_exit_with_one_line_naming_the_option(argv, message, capsys):

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from dpsm_ray.methods import BUILT_IN, MethodCard, method_card, method_fields, method_names, reads, register_method, unregister_method
+from dpsm_ray.methods import BUILT_IN, KNOB_ALIASES, MethodCard, method_card, method_fields, method_names, reads, register_method, unregister_method
 from dpsm_ray.objectives import DPSM, ConfTr, CrossEntropy, build_objective
 from dpsm_ray.objectives.base import Objective
 from dpsm_ray.sweep.space import method_knobs, paper_grid
@@ -32,8 +32,9 @@ def test_the_cards_say_what_the_old_tables_said():
         for field, methods in OLD_METHOD_FIELDS.items():
             assert reads(name, field) == (name in methods), (name, field)
         assert reads(name, "lr") and reads(name, "alpha")
-    assert {m: method_knobs(m) for m in BUILT_IN} == OLD_KNOBS
-    assert {m: BUILT_IN[m].grid_axes for m in BUILT_IN} == OLD_GRID
+    # the knobs were renamed since (KNOB_ALIASES: lambda -> conformal_weight, ...): the same knobs
+    assert {m: method_knobs(m) for m in BUILT_IN} == {m: tuple(KNOB_ALIASES.get(k, k) for k in knobs) for m, knobs in OLD_KNOBS.items()}
+    assert {m: BUILT_IN[m].grid_axes for m in BUILT_IN} == {m: tuple(KNOB_ALIASES.get(a, a) for a in axes) for m, axes in OLD_GRID.items()}
 
 
 def test_the_cards_load_without_torch_or_ray():
@@ -68,7 +69,7 @@ class HalfWeight(Objective):
 
 @pytest.fixture
 def outside_method():
-    card = register_method(MethodCard("half_weight", "Half weight", HalfWeight, fields=("conformal_weight",), knobs=("lambda", "lr")))
+    card = register_method(MethodCard("half_weight", "Half weight", HalfWeight, fields=("conformal_weight",), knobs=("conformal_weight", "lr")))
     yield card
     unregister_method(card.name)
 
@@ -79,7 +80,7 @@ def test_an_outside_method_joins_validation_hashing_the_search_space_and_the_obj
     validate(config)
     assert config.config_hash() != config.replace(conformal_weight=0.4).config_hash()
     assert config.config_hash() == config.replace(quantile_lr=0.5).config_hash()  # not its field
-    assert method_knobs("half_weight") == ("lambda", "lr") and tuple(paper_grid("half_weight")) == SHARED
+    assert method_knobs("half_weight") == ("conformal_weight", "lr") and tuple(paper_grid("half_weight")) == SHARED
     objective = build_objective("half_weight", alpha=0.1, conformal_weight=0.3, quantile_lr=0.1)
     assert isinstance(objective, HalfWeight) and objective.conformal_weight == 0.3
 

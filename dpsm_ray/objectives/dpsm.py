@@ -61,7 +61,7 @@ class DPSM(Objective):
 
     def start_line(self, d1_scores: torch.Tensor) -> str | None:
         return (f"q_0 {float(self.q):.4f} ({self.q_init})  Q_n {float(empirical_quantile(d1_scores, 1 - self.alpha)):.4f}"
-                f"  gamma {self.quantile_lr:.4g} per step")
+                f"  quantile_lr {self.quantile_lr:.4g} per step")
 
     def prepare(self, device: torch.device) -> None:
         if self.q is not None and self.q.device != device:

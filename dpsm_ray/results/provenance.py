@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpsm_ray.methods import method_names, reads
+from dpsm_ray.methods import method_names, reads, with_current_knob_names
 from dpsm_ray.results.tables import method_name, method_order, ordered
 
 # The configuration fields the chosen-configuration table shows, with the paper's symbols; a
@@ -42,9 +42,10 @@ def read_sweep(results: Path) -> dict | None:
     """sweep.json's content, or None (a single run's directory, or an unreadable file)."""
     path = results / "sweep.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+        sweep = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
     except (ValueError, UnicodeDecodeError):
         return None
+    return with_current_knob_names(sweep) if isinstance(sweep, dict) else None
 
 
 def value_text(value) -> str:
@@ -60,14 +61,14 @@ def value_text(value) -> str:
 def searched_fields(sweep: dict | None, method: str) -> list[str]:
     """The TrainConfig fields the sweep searched for ``method`` (its grid axes with more than one
     value, or its Optuna knobs)."""
-    from dpsm_ray.sweep.space import field_name, method_knobs, paper_grid
+    from dpsm_ray.sweep.space import method_knobs, paper_grid
 
     if sweep is None or method not in method_names():
         return []
     if sweep.get("grid"):
         axes = paper_grid(method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])})
-        return [field_name(axis) for axis, values in axes.items() if len(values) > 1]
-    return [field_name(knob) for knob in method_knobs(method)]
+        return [axis for axis, values in axes.items() if len(values) > 1]
+    return list(method_knobs(method))
 
 
 def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[list[list[str]], list[str]] | None:

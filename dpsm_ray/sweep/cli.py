@@ -14,7 +14,7 @@ from pathlib import Path
 from dpsm_ray.catalog import PAPER_METHODS, default_model, version_line
 from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_config
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
-from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, parse_range
+from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_range
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
@@ -63,6 +63,7 @@ def packed_gpus_per_worker(values: dict, explicit: bool, packing: str) -> float:
 def parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
     """``lr=0.01,0.1`` or ``milestones=25+40,3`` -> ("lr", (0.01, 0.1)) / ("milestones", ((25, 40), (3,)))."""
     axis, _, values = text.partition("=")
+    axis = knob_name(axis, f"{option} {text}")
     if axis not in PAPER_GRID:
         raise ValueError(f"{option}: unknown grid axis {axis!r}; allowed: {', '.join(PAPER_GRID)}")
     try:

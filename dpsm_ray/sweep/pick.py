@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from dpsm_ray.sweep.space import field_name, method_knobs
+from dpsm_ray.sweep.space import method_knobs
 
 
 def best_overrides(spec, results: Path, method: str, log) -> dict | None:
@@ -48,7 +48,7 @@ def best_overrides(spec, results: Path, method: str, log) -> dict | None:
         pool = finished if not finished.empty else stopped
         chosen = pool.sort_values(["val_coverage", "trial_index"], ascending=[False, True]).iloc[0]
     config = json.loads(chosen.config_json)
-    searched = spec.grid_axes(method) if spec.grid else {field_name(k): None for k in method_knobs(method)}
+    searched = spec.grid_axes(method) if spec.grid else dict.fromkeys(method_knobs(method))
     overrides = {name: (tuple(config[name]) if isinstance(config[name], list) else config[name]) for name in searched}
     which = f"search trial {int(chosen.trial_index) + 1}" if chosen.trial_index == chosen.trial_index else f"trial {chosen.trial_id}"  # NaN: no index
     log(f"best {method}: {which}  val size {chosen.val_set_size:.3f}  val cov {chosen.val_coverage:.3f}  "

@@ -26,7 +26,7 @@ from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
 from dpsm_ray.objectives import BASE_MODEL
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.pick import best_overrides
-from dpsm_ray.sweep.space import DEFAULT_RANGES, field_name, grid_size, method_knobs
+from dpsm_ray.sweep.space import DEFAULT_RANGES, grid_size, method_knobs
 from dpsm_ray.sweep.spec import (
     FINISHED_FILE, SAMPLERS, SCHEDULERS, SWEEP_FILE, SweepError, SweepInterrupted, SweepSpec, check_results_dir, claim_results_dir, first_line, masked,
     optuna_storage_url,
@@ -170,11 +170,11 @@ def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: di
         log(f"{name}: the paper grid has {grid_size(axes)} configurations ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())}){budget}{asha_text(spec)}")
         knobs = tuple(k for k, v in axes.items() if len(v) > 1)
         return Stage(name, base, len(points), knobs, points=points, asha=asha, coverage_floor=spec.coverage_floor)
-    knobs = tuple(field_name(k) for k in method_knobs(method))  # the trials' lines show them
+    knobs = method_knobs(method)  # the trials' lines show them
     ranges = {**DEFAULT_RANGES, **dict(spec.ranges)}
     url = optuna_storage_url(spec, results)
     try:
-        study = MethodStudy(url, settings["studies"][method], method, {field_name(k): ranges[k] for k in method_knobs(method)},
+        study = MethodStudy(url, settings["studies"][method], method, {k: ranges[k] for k in method_knobs(method)},
                             sampler=spec.sampler, seed=spec.seed, total=spec.trials)
     except Exception as error:
         raise SweepError(f"cannot open the Optuna storage {masked(url)}: {first_line(error)}") from None

@@ -1,16 +1,17 @@
 """What each method searches over, and the paper's grid (SPEC section 4, paper appendix D).
 
-Knobs are named as researchers say them (``lambda``, ``lr``, ``gamma``, ``temperature``) and map
-to ``TrainConfig`` fields.  Ranges default to the paper grid's bounds and are log-uniform.  The
-knobs, their ranges and the grid are defined beside the method cards (``dpsm_ray.methods``, which
-checks a card's names against them) and used from here.
+A knob is named by the ``TrainConfig`` field it sets (``conformal_weight``, ``lr``, ``quantile_lr``,
+``sigmoid_temperature``: the paper's lambda, eta, gamma and T).  Ranges default to the paper grid's
+bounds and are log-uniform.  The knobs, their ranges and the grid are defined beside the method
+cards (``dpsm_ray.methods``, which checks a card's names against them) and used from here.
 """
 
 from __future__ import annotations
 
 import math
 
-from dpsm_ray.methods import DEFAULT_RANGES, KNOB_FIELDS, PAPER_GRID, Range, field_name, method_card  # noqa: F401 -- the knobs live with the cards
+from dpsm_ray.methods import DEFAULT_RANGES, KNOB_ALIASES, PAPER_GRID, Range, knob_name, method_card  # noqa: F401 -- the knobs live with the cards
+
 
 def method_knobs(method: str) -> tuple[str, ...]:
     """What a search varies for ``method``: its card's knobs (dpsm_ray/methods.py)."""
@@ -18,8 +19,9 @@ def method_knobs(method: str) -> tuple[str, ...]:
 
 
 def parse_range(text: str) -> tuple[str, Range]:
-    """``lambda=0.01:1`` (log-uniform) or ``lambda=0.01:1:linear`` -> (knob, Range)."""
+    """``conformal_weight=0.01:1`` (log-uniform) or ``...=0.01:1:linear`` -> (knob, Range)."""
     knob, _, bounds = text.partition("=")
+    knob = knob_name(knob, f"--range {text}")
     if knob not in DEFAULT_RANGES:
         raise ValueError(f"--range: unknown knob {knob!r}; allowed: {', '.join(DEFAULT_RANGES)}")
     parts = bounds.split(":")
@@ -35,7 +37,7 @@ def parse_range(text: str) -> tuple[str, Range]:
 def search_space(method: str, ranges: dict[str, Range] | None = None) -> dict:
     """Tune search space (config field -> sampler) for ``method``'s knobs."""
     ranges = {**DEFAULT_RANGES, **(ranges or {})}
-    return {field_name(knob): ranges[knob].to_tune() for knob in method_knobs(method)}
+    return {knob: ranges[knob].to_tune() for knob in method_knobs(method)}
 
 
 def paper_grid(method: str, fixed: dict[str, object] | None = None, subsets: dict[str, tuple] | None = None) -> dict[str, tuple]:
@@ -45,11 +47,7 @@ def paper_grid(method: str, fixed: dict[str, object] | None = None, subsets: dic
     for axis in (*fixed, *subsets):
         if axis not in PAPER_GRID:
             raise ValueError(f"grid axis must be one of {', '.join(PAPER_GRID)}; got {axis!r}")
-    axes = {}
-    for axis in method_card(method).grid_axes:
-        values = (fixed[axis],) if axis in fixed else tuple(subsets.get(axis, PAPER_GRID[axis]))
-        axes[field_name(axis)] = values
-    return axes
+    return {axis: (fixed[axis],) if axis in fixed else tuple(subsets.get(axis, PAPER_GRID[axis])) for axis in method_card(method).grid_axes}
 
 
 def grid_size(axes: dict[str, tuple]) -> int:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsm_ray.catalog import PAPER_METHODS
-from dpsm_ray.methods import method_names
+from dpsm_ray.methods import knob_name, method_names, with_current_knob_names
 from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV, masked
-from dpsm_ray.sweep.space import Range, field_name, method_knobs, paper_grid
+from dpsm_ray.sweep.space import Range, method_knobs, paper_grid
 from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, run_demand
@@ -68,6 +68,8 @@ class SweepSpec:
     tracking: str | None = field(default=None, compare=False)  # "mlflow" or "mlflow=URI": each trial an MLflow run (dpsm_ray.sweep.tracking)
 
     def __post_init__(self) -> None:
+        for name in ("ranges", "grid_fixed", "grid_subsets"):  # an earlier release's knob names, warned
+            object.__setattr__(self, name, tuple((knob_name(knob, f"SweepSpec.{name}"), value) for knob, value in getattr(self, name)))
         for method in self.methods:
             if method not in method_names():
                 raise ConfigError("methods", method, f"must be among {', '.join(method_names())}")
@@ -143,22 +145,21 @@ class SweepSpec:
         from dpsm_ray.sweep.space import DEFAULT_RANGES
 
         if self.grid:
-            axes = {field_name(axis): values for axis, values in self.grid_axes(method).items()}
+            axes = self.grid_axes(method)
             first = {name: values[0] for name, values in axes.items()}
             return [{**first, name: value} for name, values in axes.items() for value in values]
         ranges = {**DEFAULT_RANGES, **dict(self.ranges)}
-        return [{field_name(knob): getattr(ranges[knob], bound)} for knob in method_knobs(method) for bound in ("low", "high")]
+        return [{knob: getattr(ranges[knob], bound)} for knob in method_knobs(method) for bound in ("low", "high")]
 
     def option_setting(self, field: str, value) -> tuple[str, str]:
         """The option (and its text) that made a trial's ``field`` take ``value``, for errors."""
-        from dpsm_ray.sweep.space import DEFAULT_RANGES, KNOB_FIELDS
+        from dpsm_ray.sweep.space import DEFAULT_RANGES
 
-        knob = next((k for k, f in KNOB_FIELDS.items() if f == field), field)
         if not self.grid:
-            bounds = {**DEFAULT_RANGES, **dict(self.ranges)}[knob]
-            return "range", f"{knob}={bounds.low:g}:{bounds.high:g}"
-        option = "fix" if knob in dict(self.grid_fixed) else "subset" if knob in dict(self.grid_subsets) else "grid"
-        return option, f"{knob}={value}"
+            bounds = {**DEFAULT_RANGES, **dict(self.ranges)}[field]
+            return "range", f"{field}={bounds.low:g}:{bounds.high:g}"
+        option = "fix" if field in dict(self.grid_fixed) else "subset" if field in dict(self.grid_subsets) else "grid"
+        return option, f"{field}={value}"
 
     def describe(self) -> dict:
         """What ``sweep.json`` records: the settings that decide the results."""
@@ -215,6 +216,7 @@ def read_sweep_file(results: Path) -> dict:
         raise SweepError(f"{path} is not readable JSON ({error}); it holds the sweep's settings: restore it, or start a new --results-dir") from None
     if not isinstance(stored, dict) or "base" not in stored:
         raise SweepError(f"{path} does not hold a sweep's settings; restore it, or start a new --results-dir")
+    stored = with_current_knob_names(stored)
     if stored.get("ledger") != LEDGER_FORMAT:
         raise SweepError(f"the sweep in {results} was started by an earlier version of dpsm_ray, whose sweeps this one cannot resume "
                          "(it has no run records); finish it with that version, or start a new --results-dir")

@@ -75,12 +75,12 @@ class TrainConfig:
     cache_dir: str | None = option(None, "base-model cache directory (default: $DPSM_RAY_CACHE or ~/.cache/dpsm_ray)", type=str)
     # --- the objective ------------------------------------------------------------------------
     alpha: float = option(0.1, "target miscoverage alpha, in (0, 1)")
-    conformal_weight: float = option(0.05, "lambda: weight of the conformal term L_c, >= 0 (the official code's 0.05: docs/method.md)", flag="--lambda")
-    sigmoid_temperature: float = option(1.0, "tau_Sigmoid: temperature T of the soft set size, > 0 (the official code's 1: docs/method.md)", flag="--temperature")
+    conformal_weight: float = option(0.05, "the paper's lambda: weight of the conformal term L_c, >= 0 (the official code's 0.05: docs/method.md)", renamed_from="--lambda")
+    sigmoid_temperature: float = option(1.0, "the paper's T (tau_Sigmoid): temperature of the soft set size, > 0 (the official code's 1: docs/method.md)", renamed_from="--temperature")
     sort_temperature: float = option(0.01, "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)")
     quantile_lr: float | None = option(
         None,
-        f"gamma: DPSM's learning rate for q per step, > 0 (the paper's gamma); default: {QUANTILE_LR_PER_EPOCH:g} / (steps per epoch), so that q moves as far per epoch on any dataset size (docs/method.md)",
+        f"the paper's gamma: DPSM's learning rate for q, per step, > 0; default: {QUANTILE_LR_PER_EPOCH:g} / (steps per epoch), so that q moves as far per epoch on any dataset size (docs/method.md)",
         type=float,
     )
     q_init: str = option("dataset", "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random start)")
@@ -212,7 +212,7 @@ def validate(config: TrainConfig) -> None:
     need(config.base_lr is None or (isinstance(config.base_lr, (int, float)) and config.base_lr > 0), "base_lr", "must be > 0")
     need(config.base_batch_size is None or (isinstance(config.base_batch_size, int) and config.base_batch_size >= 2 and config.base_batch_size % 2 == 0), "base_batch_size", "must be an even integer >= 2")
     need(0 < number("alpha") < 1, "alpha", "must be in the open interval (0, 1)")
-    need(number("conformal_weight") >= 0, "conformal_weight", "lambda must be >= 0")
+    need(number("conformal_weight") >= 0, "conformal_weight", "must be >= 0 (the paper's lambda)")
     need(number("sigmoid_temperature") > 0, "sigmoid_temperature", "must be > 0")
     need(number("sort_temperature") >= 0, "sort_temperature", "must be >= 0")
     need(config.quantile_lr is None or number("quantile_lr") > 0, "quantile_lr", "gamma must be > 0")

@@ -64,9 +64,9 @@ def fabricate(results: Path, *, sizes: dict = SIZES, raps_differs: bool = False,
     write_parquet(results / "epochs.parquet", epochs, EPOCHS)
     write_parquet(results / "trials.parquet", trials, TRIALS)
     sweep = {"name": "hand", "base": TrainConfig(dataset="digits", init="base", epochs=3, base_epochs=8).to_dict(), "methods": list(SETTINGS),
-             "trials": 2, "final_seeds": len(SEEDS), "coverage_slack": 0.02, "ranges": [["lambda", {"low": 0.1, "high": 4.0, "log": True}]],
+             "trials": 2, "final_seeds": len(SEEDS), "coverage_slack": 0.02, "ranges": [["conformal_weight", {"low": 0.1, "high": 4.0, "log": True}]],
              "grid": grid, "grid_fixed": [["batch_size", 64], ["epochs", 30], ["milestones", [25]], ["lr_decay", 0.1]] if grid else [],
-             "grid_subsets": [["lambda", [0.1, 0.5]]] if grid else [], "grid_budget": None, "sampler": "tpe", "scheduler": "asha", "grace_period": 1,
+             "grid_subsets": [["conformal_weight", [0.1, 0.5]]] if grid else [], "grid_budget": None, "sampler": "tpe", "scheduler": "asha", "grace_period": 1,
              "reduction_factor": 3, "seed": 0, "preset": None, "ledger": 1, "studies": {m: f"hand-{m}" for m in SETTINGS}, "optuna_storage": None}
     if versions:
         sweep["versions"] = {"python": "3.11.0", "dpsm_ray": "0.0.1", "torch": "2.0.0", "ray": "2.0.0", "optuna": "5.0.0"}

@@ -99,7 +99,7 @@ def test_the_report_holds_configurations_settings_and_versions(tmp_path):
     assert "DPSM: search trial 0" in section and "the CE base model (3 seeds)" in section
     settings = report.split("## Sweep settings")[1].split("##")[0]
     for text in ("| dataset | digits |", "| scheduler | asha (grace period 1 epochs, reduction factor 3) |", "| search | Optuna TPE, 2 trials per method |",
-                 "| alpha | 0.1 |", "slack 0.02", "| search space: DPSM | lambda ∈ [0.1, 4] log; lr ∈ [0.001, 0.1] log; gamma", "| final seeds | 3 (seeds 0–2)"):
+                 "| alpha | 0.1 |", "slack 0.02", "| search space: DPSM | conformal_weight ∈ [0.1, 4] log; lr ∈ [0.001, 0.1] log; quantile_lr", "| final seeds | 3 (seeds 0–2)"):
         assert text in settings, text
     versions = report.split("## Versions")[1].split("##")[0]
     assert "| torch | 2.0.0 |" in versions and "installed when this report was written" in versions

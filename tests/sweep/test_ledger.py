@@ -106,6 +106,25 @@ def test_a_resumed_sweep_needs_the_storage_it_was_started_with(tmp_path):
     assert check_results_dir(spec(), other, resume=True)["studies"] == {"ce": "s-ce"}  # the default: optuna.db inside
 
 
+
+def test_a_sweep_json_of_an_earlier_release_resumes_and_reports_with_its_knobs_renamed(tmp_path):
+    from dpsm_ray.results.provenance import read_sweep, searched_fields
+    from dpsm_ray.sweep.space import Range
+
+    results = tmp_path / "r"
+    results.mkdir()
+    now = spec(methods=("dpsm",), ranges=(("conformal_weight", Range(0.1, 4.0)), ("quantile_lr", Range(0.001, 0.1))))
+    written = sweep_file(now, results)
+    assert written["ranges"][0][0] == "conformal_weight"
+    # as an earlier release wrote it: the paper's symbols (docs/results.md, "Knob names")
+    written["ranges"] = [["lambda", written["ranges"][0][1]], ["gamma", written["ranges"][1][1]]]
+    (results / "sweep.json").write_text(json.dumps(written))
+    assert check_results_dir(now, results, resume=True)["ranges"][1][0] == "quantile_lr"
+    assert read_sweep(results)["ranges"][0][0] == "conformal_weight"
+    assert searched_fields(read_sweep(results), "dpsm") == ["conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"]
+    with pytest.raises(SweepError, match=r"different settings \(ranges\)"):  # renamed, and still compared
+        check_results_dir(spec(methods=("dpsm",), ranges=(("conformal_weight", Range(0.1, 5.0)), ("quantile_lr", Range(0.001, 0.1)))), results, resume=True)
+
 def digits_spec(results: Path) -> SweepSpec:
     """The spec ``sweeps/digits.py --methods ce --results-dir RESULTS`` runs."""
     import runpy

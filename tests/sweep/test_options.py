@@ -85,7 +85,7 @@ def parsed_spec(argv: list[str]):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--methods", "ce,dpsm", "--trials", "3", "--seed", "7", "--range", "lambda=0.05:2", "--range", "lr=0.001:0.1:linear", "--epochs", "4",
+    ["--methods", "ce,dpsm", "--trials", "3", "--seed", "7", "--range", "conformal_weight=0.05:2", "--range", "lr=0.001:0.1:linear", "--epochs", "4",
      "--scheduler", "asha", "--grace-period", "2", "--preset", "official", "--coverage-slack", "0.03", "--sampler", "random", "--alpha", "0.05"],
     ["--grid", "paper", "--methods", "dpsm", "--fix", "milestones=25+40", "--subset", "lr=0.01,0.1", "--grid-budget", "3", "--final-seeds", "1"],
 ])

@@ -32,7 +32,7 @@ def confident_ce():
     # a test module is not importable in Ray's worker processes: its class travels by value (a
     # method in an installed package travels by reference, one in a script's __main__ by value)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    card = register_method(MethodCard("confident_ce", "Confident CE", ConfidentCE, fields=("conformal_weight",), knobs=("lambda", "lr")))
+    card = register_method(MethodCard("confident_ce", "Confident CE", ConfidentCE, fields=("conformal_weight",), knobs=("conformal_weight", "lr")))
     yield card
     unregister_method(card.name)
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])

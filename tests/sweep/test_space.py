@@ -16,13 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_paper_grid_sizes_match_spec_section_4():
-    # batch 2 x epochs 3 x lr 5 x milestones 3 x decay 2 = 180; x lambda 6; x gamma 8
+    # batch 2 x epochs 3 x lr 5 x milestones 3 x decay 2 = 180; x conformal_weight 6; x quantile_lr 8
     assert grid_size(paper_grid("ce")) == 180
     assert grid_size(paper_grid("cut")) == 180 * 6
     assert grid_size(paper_grid("conftr")) == 180 * 6
     assert grid_size(paper_grid("dpsm")) == 180 * 6 * 8
     axes = paper_grid("dpsm")
-    assert axes["conformal_weight"] == PAPER_GRID["lambda"] and axes["quantile_lr"] == PAPER_GRID["gamma"]
+    assert axes["conformal_weight"] == PAPER_GRID["conformal_weight"] and axes["quantile_lr"] == PAPER_GRID["quantile_lr"]
 
 
 def test_paper_grid_fix_and_subset_axes():
@@ -34,8 +34,8 @@ def test_paper_grid_fix_and_subset_axes():
 
 
 def test_parse_range_and_errors():
-    assert parse_range("lambda=0.01:1") == ("lambda", Range(0.01, 1.0, log=True))
-    assert parse_range("temperature=0.1:2:linear") == ("temperature", Range(0.1, 2.0, log=False))
+    assert parse_range("conformal_weight=0.01:1") == ("conformal_weight", Range(0.01, 1.0, log=True))
+    assert parse_range("sigmoid_temperature=0.1:2:linear") == ("sigmoid_temperature", Range(0.1, 2.0, log=False))
     for text, message in [
         ("eta=0.1:1", "unknown knob 'eta'"),
         ("lr=0.1", "expected lr=LOW:HIGH"),
@@ -58,9 +58,9 @@ def test_search_space_per_method_uses_log_uniform_paper_bounds():
     lam = space["conformal_weight"]
     assert isinstance(lam, Float) and (lam.lower, lam.upper) == (0.01, 5.0)
     assert type(lam.get_sampler()).__name__ == "_LogUniform"
-    overridden = search_space("dpsm", {"gamma": Range(0.001, 0.01)})["quantile_lr"]
+    overridden = search_space("dpsm", {"quantile_lr": Range(0.001, 0.01)})["quantile_lr"]
     assert (overridden.lower, overridden.upper) == (0.001, 0.01)
-    assert DEFAULT_RANGES["gamma"].low == min(PAPER_GRID["gamma"]) and DEFAULT_RANGES["gamma"].high == max(PAPER_GRID["gamma"])
+    assert DEFAULT_RANGES["quantile_lr"].low == min(PAPER_GRID["quantile_lr"]) and DEFAULT_RANGES["quantile_lr"].high == max(PAPER_GRID["quantile_lr"])
 
 
 def base(**changes):
@@ -86,9 +86,9 @@ def test_sweep_spec_validates_the_configs_its_ranges_produce():
     # a linear range reaching a negative lambda would make invalid trial configs: caught up front,
     # named as the option the user typed
     with pytest.raises(ConfigError) as error:
-        SweepSpec(name="t", base=base(), ranges=(("lambda", Range(-1.0, 1.0, log=False)),))
-    assert (error.value.field, error.value.value) == ("range", "lambda=-1:1")
-    assert "conformal_weight=-1.0" in error.value.allowed and "lambda must be >= 0" in error.value.allowed
+        SweepSpec(name="t", base=base(), ranges=(("conformal_weight", Range(-1.0, 1.0, log=False)),))
+    assert (error.value.field, error.value.value) == ("range", "conformal_weight=-1:1")
+    assert "conformal_weight=-1.0" in error.value.allowed and "must be >= 0" in error.value.allowed
 
 
 @pytest.mark.parametrize("kwargs, field, value", [
@@ -153,7 +153,7 @@ DEFAULTS = {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits", "epoc
     (["--trials", "0"], "--trials=0 is invalid: must be an integer >= 1"),
     (["--alpha", "1.5"], "--alpha=1.5 is invalid"),
     (["--methods", "ce,foo"], "--methods="),
-    (["--range", "lambda=2:1"], "finite low < high"),
+    (["--range", "conformal_weight=2:1"], "finite low < high"),
     (["--fix", "lr=0.01"], "--fix/--subset/--grid-budget apply to --grid paper"),
     (["--grid", "paper", "--fix", "lr=0.01,0.1"], "give exactly one value"),
     (["--grid", "paper", "--subset", "momentum=0.9"], "unknown grid axis 'momentum'"),
@@ -238,3 +238,33 @@ def test_a_new_sweep_refuses_an_optuna_storage_that_already_holds_its_studies(tm
     optuna.create_study(study_name="digits-dpsm", storage=storage)  # another sweep whose results dir had the same name
     with pytest.raises(SweepError, match="already holds the studies digits-dpsm"):
         check_results_dir(spec, results, resume=False)
+
+
+# --- one name per knob (issue 22): the config field's; an earlier release's name still works, warned
+def test_an_earlier_releases_knob_names_work_with_a_warning_and_become_the_field_names():
+    with pytest.warns(FutureWarning, match="'lambda' is now called 'conformal_weight'"):
+        assert parse_range("lambda=0.01:1") == ("conformal_weight", Range(0.01, 1.0))
+    with pytest.warns(FutureWarning) as warned:
+        args = build_parser("digits", "", {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits"}}).parse_args(
+            ["--grid", "paper", "--fix", "gamma=0.01", "--subset", "lambda=0.1,0.5", "--subset", "lr=0.01,0.1"])
+        spec = spec_from_args("digits", args, {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits"}})
+    assert [str(w.message).split(":")[0] for w in warned] == ["--fix gamma=0.01", "--subset lambda=0.1,0.5"]
+    assert dict(spec.grid_fixed) == {"quantile_lr": 0.01} and set(dict(spec.grid_subsets)) == {"conformal_weight", "lr"}
+    with pytest.warns(FutureWarning, match="SweepSpec.ranges: 'temperature'"):
+        built = SweepSpec(name="t", base=base(), ranges=(("temperature", Range(0.1, 0.5)),))
+    assert built.describe()["ranges"] == [["sigmoid_temperature", {"low": 0.1, "high": 0.5, "log": True}]]
+    assert built == SweepSpec(name="t", base=base(), ranges=(("sigmoid_temperature", Range(0.1, 0.5)),))
+
+
+def test_the_training_cli_takes_the_old_flags_with_a_warning():
+    import argparse
+
+    from dpsm_ray.cli import add_config_options
+
+    parser = argparse.ArgumentParser()
+    add_config_options(parser)
+    with pytest.warns(FutureWarning, match="--lambda is now --conformal-weight"):
+        args = parser.parse_args(["--lambda", "0.5", "--sigmoid-temperature", "0.2"])
+    assert (args.conformal_weight, args.sigmoid_temperature) == (0.5, 0.2)
+    with pytest.warns(FutureWarning, match="--temperature is now --sigmoid-temperature"):
+        assert parser.parse_args(["--temperature", "0.3"]).sigmoid_temperature == 0.3
