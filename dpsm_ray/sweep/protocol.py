@@ -25,6 +25,7 @@ from pathlib import Path
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
 from dpsm_ray.objectives import BASE_MODEL
 from dpsm_ray.seeding import derive_seed
+from dpsm_ray.timing import Stopwatch
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.space import DEFAULT_RANGES, grid_size, method_knobs
 from dpsm_ray.sweep.spec import (
@@ -87,34 +88,46 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # a failed trial is one FAILED line; its traceback stays in error.txt
     quiet_libraries()
-    ensure_ray(spec.address, worker_output=spec.worker_logs)
-    check_capacity(spec.trial_demand(), timeout_s=spec.resource_timeout, log=log)
+    clock = Stopwatch()  # where this driver's time goes: finished.json's "seconds" (bench/sweep_overhead.py)
+    with clock("ray_start"):
+        ensure_ray(spec.address, worker_output=spec.worker_logs)
+        check_capacity(spec.trial_demand(), timeout_s=spec.resource_timeout, log=log)
     if not (results / SWEEP_FILE).exists():  # only now: a sweep refused above leaves no sweep to --resume
         write_json(results / SWEEP_FILE, settings)
     planned_final = len(spec.methods) * spec.final_seeds + (spec.final_seeds if spec.base.init == "base" else 0)
     log.plan(sum(search_size(spec, method) for method in spec.methods) + (0 if search_only else planned_final))
-    base = with_base_model(spec.base, spec.base.seed, results, log)
+    with clock("base_model"):
+        base = with_base_model(spec.base, spec.base.seed, results, log)
     if not spec.grid:
         log(f"search: {spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}, minimising the validation set size "
             f"(validation coverage >= {spec.coverage_floor:g} as a constraint){asha_text(spec)}")
     for method in spec.methods:
-        run(spec, results, search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log), log)
-        write_results(spec, results)
+        with clock("stages"):
+            run(spec, results, search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log), log)
+        with clock("collect"):
+            write_results(spec, results)
     if search_only:
         return results
     final = final_stage(spec, results, log)
     if final is None:
         raise SweepError(f"every search trial of every method failed; nothing to re-train (errors in {results / 'trials.parquet'})")
     log.replan(planned_final, final.total)
-    run(spec, results, final, log)
-    write_results(spec, results)
-    index = export_sweep(results, log=log)
+    with clock("stages"):
+        run(spec, results, final, log)
+    with clock("collect"):
+        write_results(spec, results)
+    with clock("export"):
+        index = export_sweep(results, log=log)
     if spec.tracking:
         from dpsm_ray.sweep.tracking import log_predictors
 
-        log_predictors(spec.tracking, results, index, log=log)
-    write_report(results, log=log, brief=True)
-    write_json(results / FINISHED_FILE, {"finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "trials": log.total})
+        with clock("tracking"):
+            log_predictors(spec.tracking, results, index, log=log)
+    with clock("report"):
+        write_report(results, log=log, brief=True)
+    # "seconds": this driver's (a resumed sweep's: since it resumed), by part
+    write_json(results / FINISHED_FILE, {"finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "trials": log.total,
+                                         "seconds": {part: round(seconds, 3) for part, seconds in clock.seconds.items()}})
     return results
 
 

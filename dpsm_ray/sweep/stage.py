@@ -15,8 +15,11 @@ with ``workers == 0`` it trains inside the trial's own process.
 
 from __future__ import annotations
 
-import math
 import time
+
+IMPORT_STARTED = time.time()  # a trial's process imports this module (torch, Ray Tune, the loop) before its first trial
+
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +30,12 @@ from dpsm_ray.methods import outside_cards, register_method
 from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StudySearcher
+from dpsm_ray.timing import Stopwatch, process_started_at
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.loop import train
 from dpsm_ray.train.ray_train import FINISHED, RESUMED, TuneTrialEnv, trainer_for, trial_device
+
+IMPORTED = time.time()
 
 
 class StageInterrupted(RuntimeError):
@@ -62,19 +68,27 @@ def trial_config(params: dict) -> TrainConfig:
 def run_trial(params: dict, methods=()) -> None:
     """The Tune trainable.  Errors propagate: Tune retries the trial, then reports the error.
     ``methods``: the cards registered outside the package in the driver, registered here too."""
+    started = time.time()
     for card in methods:
         register_method(card, replace=True)
     config = trial_config(params)
     index = params["point"]["index"]
     run_dir = Ledger(Path(params["results"])).run_dir(params["stage"], index)
     extra = {"trial_index": index}
+    clock = Stopwatch()
     if config.init == "base" and config.init_checkpoint is None and config.workers == 0:
         from dpsm_ray.train import resolve_base_model
 
         # a study's trials find (or, the first of a seed, train and cache) their base model themselves
-        config = resolve_base_model(config, log=lambda line: None)
+        with clock("base_model"):
+            config = resolve_base_model(config, log=lambda line: None)
     if config.workers == 0:
         env = TuneTrialEnv(trial_device(config.device), run_dir, extra)
+        env.clock = clock
+        # when this process started and imported the trial's code (before the first trial it ran),
+        # and when this trial started: what record.json's timings hold (bench/sweep_overhead.py)
+        env.extra["timings"] = {"process_started": process_started_at(), "import_started": IMPORT_STARTED, "imported": IMPORTED, "trial_started": started,
+                                "seconds": clock.seconds}
         env.finish(train(config, env))
         return
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -210,6 +224,11 @@ class LedgerCallback(tune.Callback):
         self._last_line[trial.trial_id] = now
         self.log.launched(launched)
 
+    def launched_at(self, trial) -> float | None:
+        """When the trial was launched, in seconds since the epoch."""
+        launched = self._launched.get(trial.trial_id)
+        return None if launched is None else time.time() - (time.monotonic() - launched)
+
     def wall_seconds(self, trial) -> float:
         """The trial's wall time from launch to now, its process's start-up included."""
         self._last_end = now = time.monotonic()
@@ -270,6 +289,9 @@ class LedgerCallback(tune.Callback):
             "device": result.get("device"),
             "gpu_ids": result.get("gpu_ids"),
             "wall_seconds": result.get("time_total_s"),
+            # when the driver launched the trial and recorded its end, and the trial's own
+            # timestamps and seconds per part, as far as it reported them (bench/sweep_overhead.py)
+            "timings": {**(result.get("timings") or {}), "launched": self.launched_at(trial), "recorded": time.time()},
             "metrics": {name: metrics.get(name) for name in ("val_coverage", "val_set_size", "val_accuracy")},
             "overrides": trial.config["point"]["overrides"],
             "config": trial_config(trial.config).to_dict(),

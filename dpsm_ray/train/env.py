@@ -16,6 +16,7 @@ import torch
 
 from dpsm_ray.collective import LocalCollective
 from dpsm_ray.files import CorruptFileError, atomic_write
+from dpsm_ray.timing import Stopwatch
 
 
 def pick_device(name: str) -> torch.device:
@@ -52,6 +53,7 @@ class LocalEnv:
         self.collective = LocalCollective()
         self.device = device
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
+        self.clock = Stopwatch()  # where the run's time goes, outside the epochs' own epoch_seconds too
         self._log = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -149,7 +149,10 @@ def label_scores_of(model: nn.Module, split: Split, positions: torch.Tensor, num
 def train(config: TrainConfig, env) -> RunResult:
     """Train one model with ``config.method`` and evaluate it; see the module docstring."""
     torch.manual_seed(derive_seed(config.seed, "init"))
-    data = load_data(config, env.device)
+    clock = env.clock  # where the run's time goes (dpsm_ray.timing): parts outside the epochs' own
+    with clock("load_data"):
+        data = load_data(config, env.device)
+    build_started = time.perf_counter()  # "build": the model, objective, optimizer, and the checkpoint or q_0
     train_size = len(data.train)
     if config.batch_size > 2 * (train_size // 2):
         raise ConfigError("batch_size", config.batch_size, f"must be at most {2 * (train_size // 2)}, the training split")
@@ -203,20 +206,23 @@ def train(config: TrainConfig, env) -> RunResult:
         if start is not None:
             env.log(f"[{config.method}] {start}, {config.steps_per_epoch(train_size)} steps per epoch")
         start_epoch = 0
+    clock.add("build", time.perf_counter() - build_started)
 
     step = None
     for epoch in range(start_epoch, config.epochs):
         started = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
-        stats, step = train_epoch(model, objective, data.train, d1, d2, epoch, config, env, make_step, step)
-        sync_buffers(model, env.collective)
-        with warnings.catch_warnings():
-            if isinstance(step, GraphStep):  # it updates the weights itself, reading the lr every batch
-                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
-            scheduler.step()
+        with clock("train"):
+            stats, step = train_epoch(model, objective, data.train, d1, d2, epoch, config, env, make_step, step)
+            sync_buffers(model, env.collective)
+            with warnings.catch_warnings():
+                if isinstance(step, GraphStep):  # it updates the weights itself, reading the lr every batch
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
+                scheduler.step()
         row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr, **stats}
-        row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
-        row.update(validation_metrics(model, data.val, data.num_classes, config, env))
+        with clock("evaluate"):
+            row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
+            row.update(validation_metrics(model, data.val, data.num_classes, config, env))
         row["epoch_seconds"] = time.perf_counter() - started
         result.epochs.append(row)
         last = epoch == config.epochs - 1
@@ -233,10 +239,12 @@ def train(config: TrainConfig, env) -> RunResult:
                 "epochs": result.epochs,
             }
         env.log(progress_line(row, config, objective.uses_quantile))
-        env.report(row, checkpoint, result.epochs)
+        with clock("report"):  # the checkpoint, the epoch rows and Ray's report
+            env.report(row, checkpoint, result.epochs)
 
     if config.evaluate_test:
-        result.evals, result.classes = final_evaluation(model, data, config, env)
+        with clock("final_evaluation"):
+            result.evals, result.classes = final_evaluation(model, data, config, env)
     result.model_state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return result
 

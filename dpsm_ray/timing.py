@@ -1,0 +1,41 @@
+"""Where a run's time goes: seconds per named part, measured by the run itself.
+
+A sweep's trials record theirs in the sweep's record (``record.json``'s ``timings``) and the
+driver its own in ``finished.json``; ``bench/sweep_overhead.py`` reads both.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class Stopwatch:
+    """Seconds spent in each named part (``with clock("load_data"): ...``), summed over repeats."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, part: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(part, time.perf_counter() - started)
+
+    def add(self, part: str, seconds: float) -> None:
+        self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+
+
+def process_started_at() -> float | None:
+    """When this process started (seconds since the epoch, to 10 ms; Linux /proc), or None elsewhere."""
+    import os
+
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: start, in clock ticks after boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
