@@ -20,6 +20,7 @@ import time
 IMPORT_STARTED = time.time()  # a trial's process imports this module (torch, Ray Tune, the loop) before its first trial
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from dpsm_ray.train.loop import train
 from dpsm_ray.train.ray_train import FINISHED, RESUMED, TuneTrialEnv, trainer_for, trial_device
 
 IMPORTED = time.time()
+REUSE_ENV = "DPSM_RAY_REUSE_TRIAL_PROCESSES"
 
 
 class StageInterrupted(RuntimeError):
@@ -120,12 +122,17 @@ def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int,
     stopper = AshaStopper(*(stage.asha or (None, 2)), epochs=longest, history=history)
     recorder = LedgerCallback(ledger, stage, stopper, log)
     params = {"base": stage.base.to_dict(), "results": str(results), "stage": stage.name}
+    # a trial that trains in its own process hands that process (torch, the loop, imported and
+    # warmed up) to the next trial of the stage: Tune's actor reuse; a failed trial's process is
+    # never reused.  Not for Ray Train trials: stopping a TorchTrainer can outlast Tune's reset.
+    # DPSM_RAY_REUSE_TRIAL_PROCESSES=0: a process per trial (bench/sweep_overhead.py's "fresh" arm)
+    reuse = stage.base.workers == 0 and os.environ.get(REUSE_ENV, "1") != "0"
+    shared = {"max_concurrent_trials": concurrency, "trial_dirname_creator": trial_dirname, "reuse_actors": reuse}
     if stage.study is not None:
-        tune_config = tune.TuneConfig(search_alg=StudySearcher(stage.study, set(ended)), num_samples=left, max_concurrent_trials=concurrency,
-                                      trial_dirname_creator=trial_dirname)
+        tune_config = tune.TuneConfig(search_alg=StudySearcher(stage.study, set(ended)), num_samples=left, **shared)
     else:
         params["point"] = tune.grid_search([{"index": i, "overrides": point} for i, point in enumerate(stage.points) if i not in ended])
-        tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=concurrency, trial_dirname_creator=trial_dirname)
+        tune_config = tune.TuneConfig(num_samples=1, **shared)
     # methods registered outside the package travel with the trainable (the trial's process has
     # only the built-in cards); without any, the trainable is the plain function
     trainable = tune.with_parameters(run_trial, methods=outside_cards()) if outside_cards() else run_trial

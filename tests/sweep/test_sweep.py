@@ -261,6 +261,38 @@ def test_the_same_command_run_again_shows_the_finished_sweep_and_exits_0(uninter
     assert (uninterrupted_sweep / "trials.parquet").read_bytes() == before
 
 
+def test_each_trial_records_where_its_time_went_and_a_stage_s_trials_share_one_process(uninterrupted_sweep):
+    """Issue 26: the trial's own timestamps and seconds per part in its record, the driver's in
+    finished.json; a stage's in-process trials run one after another in one process."""
+    from dpsm_ray.sweep.ledger import Ledger
+
+    ledger = Ledger(uninterrupted_sweep)
+    stages = {stage: ledger.records(stage) for stage in ("search-ce", "search-dpsm", "final")}
+    assert [len(records) for records in stages.values()] == [2, 2, 3]
+    for stage, records in stages.items():
+        for record in records.values():
+            timings = record["timings"]
+            order = [timings[k] for k in ("process_started", "import_started", "imported", "launched", "trial_started", "finished", "recorded")]
+            # a stage's first trial: its process starts after the launch; a later one's before it
+            first = timings["import_started"] >= timings["launched"] - 0.5
+            assert order[:3] == sorted(order[:3]) and order[3:] == sorted(order[3:]) and (order[2] <= order[4])
+            parts = timings["seconds"]
+            trained = record["config"]["epochs"] > 0
+            expected = {"load_data", "build", "report", "train", "evaluate"} if trained else {"load_data", "build"}
+            assert expected | ({"final_evaluation"} if stage == "final" else set()) == set(parts) - {"base_model"}, parts
+            assert all(seconds > 0 for seconds in parts.values())
+            assert not first or timings["process_started"] >= timings["launched"] - 0.5
+        # one process for the stage: every trial after the first reused it
+        assert len({record["timings"]["import_started"] for record in records.values()}) == 1, stage
+    seconds = json.loads((uninterrupted_sweep / "finished.json").read_text())["seconds"]
+    assert {"ray_start", "base_model", "stages", "collect", "export", "report"} <= set(seconds) and min(seconds.values()) >= 0
+    # the benchmark reads these: every part found, none negative
+    shown = subprocess.run([sys.executable, str(ROOT / "bench" / "sweep_overhead.py"), "--analyse", str(uninterrupted_sweep)],
+                           capture_output=True, text=True, timeout=120, check=True)
+    analysed = json.loads(shown.stdout.splitlines()[0])
+    assert analysed["trials"] == 7 and analysed["fresh_processes"] == 3 and analysed["experiments"] == 3
+    assert min(analysed["parts"].values()) >= 0 and analysed["parts"]["train"] > 0
+
 def optuna_states(results: Path) -> dict[str, list[str]]:
     import optuna
 
