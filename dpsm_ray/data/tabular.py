@@ -4,7 +4,11 @@ classes (synthetic, any number of classes and difficulty)."""
 from __future__ import annotations
 
 import functools
+import gzip
+import importlib.util
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from dpsm_ray.catalog import DIGITS_SIZES, SYNTHETIC_FRACTIONS, parse_synthetic
@@ -27,15 +31,29 @@ def from_tensors(name: str, inputs: torch.Tensor, labels: torch.Tensor, sizes: d
 def load_digits(seed: int) -> DataSplits:
     """The 1797 8x8 handwritten digits bundled with scikit-learn, as ``[1, 8, 8]`` images of
     pixel values 0..16 (light ink on a dark background), divided by 16 and standardised."""
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    bunch = sklearn_digits()
-    inputs = torch.tensor(bunch.data, dtype=torch.float32).reshape(-1, 1, 8, 8)
-    labels = torch.tensor(bunch.target, dtype=torch.int64)
+    pixels, targets = digits_arrays()
+    inputs = torch.tensor(pixels, dtype=torch.float32).reshape(-1, 1, 8, 8)
+    labels = torch.tensor(targets, dtype=torch.int64)
     # an 8-bit grayscale image file maps its 0..255 onto the digits' 0..16
     image = ImageSpec("L", 8, pixel_scale=16 / 255)
     return from_tensors("digits", inputs, labels, DIGITS_SIZES, seed, divisor=16.0, raw="sklearn digits pixel values 0..16 ([1, 8, 8] or 64 features)",
-                        image=image, class_names=tuple(str(digit) for digit in bunch.target_names))
+                        image=image, class_names=tuple(str(digit) for digit in range(10)))
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's ``load_digits()`` data and target, read from the file it reads without
+    importing scikit-learn (a second of every sweep trial's start-up); through scikit-learn where
+    the file is not where it ships it."""
+    found = importlib.util.find_spec("sklearn")  # finds the package without running it
+    path = Path(found.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if found and found.submodule_search_locations else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits as sklearn_digits
+
+        bunch = sklearn_digits()
+        return bunch.data, bunch.target
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        data = np.loadtxt(handle, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(int)
 
 
 def make_synthetic(classes: int, dim: int, size: int, noise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
 import pytest
+import numpy as np
 import torch
 
 from dpsm_ray.data import SPLIT_NAMES, load_splits, make_synthetic, split_sizes, stratified_partition
@@ -57,3 +58,19 @@ def test_bad_synthetic_options_are_named():
         load_splits("synthetic:clases=3", seed=0)
     with pytest.raises(ValueError, match="synthetic option size must be a number; got '1e3x'"):
         load_splits("synthetic:size=1e3x", seed=0)
+
+
+def test_the_digits_are_scikit_learns_read_without_importing_it():
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from dpsm_ray.data.tabular import digits_arrays
+
+    pixels, targets = digits_arrays()
+    bunch = sklearn_digits()
+    assert pixels.dtype == bunch.data.dtype and targets.dtype == bunch.target.dtype
+    assert np.array_equal(pixels, bunch.data) and np.array_equal(targets, bunch.target)
+    code = "import sys; from dpsm_ray.data.tabular import digits_arrays; digits_arrays(); assert 'sklearn' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
