@@ -18,10 +18,22 @@ def ray_session(tmp_path_factory):
     ray.shutdown()
 
 
+# `python -m pytest -q -m quick` (README): the conformal maths, objectives, models, data, config,
+# training steps, method cards, search spaces and the predictor -- no Ray, about 30 s on 2 cores
+QUICK = ("conformal/", "objectives/", "models/", "data/", "train/test_config.py", "train/test_step.py", "test_methods.py",
+         "sweep/test_space.py", "test_predictor.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """The `cluster` tests first: `ray up` and `ray down` run `ray stop`, which ends every Ray
-    process of this user, so they must be done before any other test starts the session's Ray."""
+    process of this user, so they must be done before any other test starts the session's Ray.
+    The tests of QUICK's files get the `quick` marker, unless they start Ray."""
     items.sort(key=lambda item: item.get_closest_marker("cluster") is None)
+    root = os.path.dirname(__file__)
+    for item in items:
+        where = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        if where.startswith(QUICK) and not item.get_closest_marker("ray") and not item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.fixture
