@@ -25,13 +25,13 @@ from pathlib import Path
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
 from dpsm_ray.objectives import BASE_MODEL
 from dpsm_ray.seeding import derive_seed
-from dpsm_ray.timing import Stopwatch
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.space import DEFAULT_RANGES, grid_size, method_knobs
 from dpsm_ray.sweep.spec import (
     FINISHED_FILE, SAMPLERS, SCHEDULERS, SWEEP_FILE, SweepError, SweepInterrupted, SweepSpec, check_results_dir, claim_results_dir, first_line, masked,
     optuna_storage_url,
 )
+from dpsm_ray.timing import Stopwatch
 from dpsm_ray.train.config import TrainConfig, calibration_warnings
 from dpsm_ray.train.ray_session import check_before_start, check_capacity, ensure_ray
 

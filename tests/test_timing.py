@@ -1,0 +1,31 @@
+import time
+from pathlib import Path
+
+from dpsm_ray.timing import Stopwatch, process_started_at
+
+
+def test_a_stopwatch_sums_each_part_over_its_repeats():
+    clock = Stopwatch()
+    for _ in range(3):
+        with clock("nap"):
+            time.sleep(0.01)
+    clock.add("given", 2.5)
+    assert set(clock.seconds) == {"nap", "given"} and clock.seconds["given"] == 2.5
+    assert 0.03 <= clock.seconds["nap"] < 1.0
+    try:
+        with clock("raised"):
+            raise KeyError
+    except KeyError:
+        pass
+    assert clock.seconds["raised"] >= 0  # a part that raised is still counted
+
+
+def test_the_process_start_is_before_now_and_after_the_machine_booted():
+    started = process_started_at()
+    if not Path("/proc/self/stat").exists():
+        assert started is None
+        return
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    assert time.time() - uptime <= started <= time.time()
+    # this test process has been running at least as long as it took to import pytest and this module
+    assert started <= time.time() - 0.05
