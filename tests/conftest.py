@@ -21,7 +21,7 @@ def ray_session(tmp_path_factory):
 # `python -m pytest -q -m quick` (README): the conformal maths, objectives, models, data, config,
 # training steps, method cards, search spaces and the predictor -- no Ray, about 30 s on 2 cores
 QUICK = ("conformal/", "objectives/", "models/", "data/", "train/test_config.py", "train/test_step.py", "test_methods.py",
-         "sweep/test_space.py", "test_predictor.py")
+         "sweep/test_space.py", "test_predictor.py", "test_timing.py")
 
 
 def pytest_collection_modifyitems(config, items):
