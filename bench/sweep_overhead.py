@@ -12,8 +12,8 @@ when the trial started, its seconds in base_model / load_data / build / train / 
 / final_evaluation, when it finished, when the driver recorded it) and the driver's
 ``finished.json`` ``seconds`` (ray_start, base_model, stages, collect, export, report).
 
-Arms: ``fresh`` starts a process per trial (``DPSM_RAY_REUSE_TRIAL_PROCESSES=0``: what every
-sweep did before issue 26); ``reused`` hands each trial's process to the next trial of its stage
+Arms: ``fresh`` starts a process per trial (``--process-per-trial``: what every sweep did before
+issue 26); ``reused`` hands each trial's process to the next trial of its stage
 (Tune's actor reuse, the default).  The two arms' trials/evals/epochs rows are compared, without
 the columns that hold times or Tune's trial ids; ``--compare DIR`` compares them with another
 sweep's too (e.g. one run by an earlier version).
@@ -40,16 +40,16 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 TRIAL_PARTS = ("base_model", "load_data", "build", "train", "evaluate", "report", "final_evaluation")
 TIME_COLUMNS = ("trial_id", "wall_seconds", "epoch_seconds", "finished_at", "node_ip")
-ARMS = {"fresh": "0", "reused": "1"}
+ARMS = {"fresh": ["--process-per-trial"], "reused": []}
 CIFAR_ARGS = ["--train-subset", "256", "--epochs", "2", "--methods", "ce", "--trials", "3", "--final-seeds", "1",
               "--init", "scratch", "--gpus-per-worker", "0", "--cpus-per-worker", "1", "--device", "cpu", "--concurrency", "1"]
 
 
-def run_arm(script: str, results: Path, reuse: str, extra: list[str]) -> float:
+def run_arm(script: str, results: Path, arm: list[str], extra: list[str]) -> float:
     """Run ``sweeps/SCRIPT.py`` into ``results``; its wall seconds, the process's start included."""
-    env = {**os.environ, "DPSM_RAY_REUSE_TRIAL_PROCESSES": reuse, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, str(ROOT / "sweeps" / f"{script}.py"), "--results-dir", str(results), *extra], env=env,
+    done = subprocess.run([sys.executable, str(ROOT / "sweeps" / f"{script}.py"), "--results-dir", str(results), *arm, *extra], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:

@@ -225,16 +225,21 @@ def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(mac
         trials = pd.read_parquet(local_results / "trials.parquet")
         assert len(pd.read_parquet(local_results / "evals.parquet")) and len(pd.read_parquet(local_results / "epochs.parquet"))
         assert trials.status.eq("ok").all() and trials.trial_id.is_unique
-        # the head registers under this machine's address (Ray replaces 127.0.0.1 by it)
-        assert WORKER in set(trials.node_ip) and trials.node_ip.nunique() == 2, f"the trials ran on {set(trials.node_ip)} only"
+        # where they ran: the head (under this machine's address: Ray replaces 127.0.0.1 by it) and
+        # maybe the worker.  These trials last a second or less, and a stage's trials reuse the
+        # processes that are up already (dpsm_ray/sweep/stage.py), so the head's two may serve them
+        # all before a process on the worker is ready; the sweep below gives the worker its trials.
+        assert trials.node_ip.notna().all() and len(set(trials.node_ip) - {WORKER}) == 1, set(trials.node_ip)
 
         # 2. a worker node lost mid-sweep: its trial restarts from its checkpoint elsewhere, and
         # every trial is recorded once
         results = machines.home / "results" / "faults"
         # trials long enough for the poll below to catch one running on the worker: with 12 epochs
         # (~0.1 s each once a trial has started) a quiet machine finished every trial between two
-        # polls; EPOCHS gives each trial seconds of epochs
-        faulty = submit.split(" -- ")[0] + f" -- --results-dir {results} --methods ce,cut --trials 3 --final-seeds 1 --concurrency 4 --epochs {EPOCHS}"
+        # polls; EPOCHS gives each trial seconds of epochs.  A process per trial: a trial waiting for
+        # the worker's process would otherwise take one of the head's as soon as it is free (reuse)
+        faulty = (submit.split(" -- ")[0] + f" -- --results-dir {results} --methods ce,cut --trials 3 --final-seeds 1 --concurrency 4 --epochs {EPOCHS}"
+                  " --process-per-trial")
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
         sweep = subprocess.Popen(shlex.split(faulty), cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         killed, seen = [], {}

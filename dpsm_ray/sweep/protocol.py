@@ -141,7 +141,7 @@ def run(spec: SweepSpec, results: Path, stage, log) -> None:
         callbacks = tracking_callbacks(spec.tracking, results, stage.name)
     try:
         run_stage(stage, results, resources=dict(spec.trial_resources), concurrency=spec.concurrency, retries=spec.trial_retries, log=log,
-                  callbacks=callbacks)
+                  callbacks=callbacks, reuse=not spec.process_per_trial)
     except StageInterrupted as error:
         raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
     except StageOutOfSpace as error:

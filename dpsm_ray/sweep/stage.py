@@ -20,7 +20,6 @@ import time
 IMPORT_STARTED = time.time()  # a trial's process imports this module (torch, Ray Tune, the loop) before its first trial
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +36,6 @@ from dpsm_ray.train.loop import train
 from dpsm_ray.train.ray_train import FINISHED, RESUMED, TuneTrialEnv, trainer_for, trial_device
 
 IMPORTED = time.time()
-REUSE_ENV = "DPSM_RAY_REUSE_TRIAL_PROCESSES"
 
 
 class StageInterrupted(RuntimeError):
@@ -98,11 +96,12 @@ def run_trial(params: dict, methods=()) -> None:
     trainer_for(config, run_dir, callbacks=[TuneReportCallback()], extra=extra).fit()
 
 
-def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int, retries: int, log, callbacks=()) -> None:
+def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int, retries: int, log, callbacks=(), reuse: bool = True) -> None:
     """Run the trials of ``stage`` that the ledger does not hold; raises ``StageInterrupted``
     when Tune stopped first and ``StageOutOfSpace`` when the disk filled up.  ``log``: the
     sweep's ``Progress`` (a plain function gets one of its own, counting this stage alone);
-    ``callbacks``: more Tune callbacks (an experiment tracker's)."""
+    ``callbacks``: more Tune callbacks (an experiment tracker's); ``reuse``: a trial that trains in
+    its own process hands it to the next trial (below)."""
     if not isinstance(log, Progress):
         log = Progress(log)
         log.plan(stage.total)
@@ -125,8 +124,9 @@ def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int,
     # a trial that trains in its own process hands that process (torch, the loop, imported and
     # warmed up) to the next trial of the stage: Tune's actor reuse; a failed trial's process is
     # never reused.  Not for Ray Train trials: stopping a TorchTrainer can outlast Tune's reset.
-    # DPSM_RAY_REUSE_TRIAL_PROCESSES=0: a process per trial (bench/sweep_overhead.py's "fresh" arm)
-    reuse = stage.base.workers == 0 and os.environ.get(REUSE_ENV, "1") != "0"
+    # A trial waiting for a process of its own takes a reused one as soon as one is free (Tune), so
+    # on a cluster short trials may all run on the nodes whose processes started first.
+    reuse = reuse and stage.base.workers == 0
     shared = {"max_concurrent_trials": concurrency, "trial_dirname_creator": trial_dirname, "reuse_actors": reuse}
     if stage.study is not None:
         tune_config = tune.TuneConfig(search_alg=StudySearcher(stage.study, set(ended)), num_samples=left, **shared)

@@ -268,3 +268,11 @@ def test_the_training_cli_takes_the_old_flags_with_a_warning():
     assert (args.conformal_weight, args.sigmoid_temperature) == (0.5, 0.2)
     with pytest.warns(FutureWarning, match="--temperature is now --sigmoid-temperature"):
         assert parser.parse_args(["--temperature", "0.3"]).sigmoid_temperature == 0.3
+
+
+def test_a_process_per_trial_is_an_option_that_does_not_change_what_a_sweep_computes():
+    defaults = {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits"}}
+    parser = build_parser("digits", "", defaults)
+    reused, fresh = (spec_from_args("digits", parser.parse_args(argv), defaults) for argv in ([], ["--process-per-trial"]))
+    assert (reused.process_per_trial, fresh.process_per_trial) == (False, True)
+    assert reused == fresh and reused.describe() == fresh.describe()  # a resumed sweep may change it
