@@ -30,7 +30,7 @@ from dpsm_ray.methods import outside_cards, register_method
 from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StudySearcher
-from dpsm_ray.timing import Stopwatch, process_started_at
+from dpsm_ray.timing import process_started_at
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.loop import train
 from dpsm_ray.train.ray_train import FINISHED, RESUMED, TuneTrialEnv, trainer_for, trial_device
@@ -75,21 +75,22 @@ def run_trial(params: dict, methods=()) -> None:
     index = params["point"]["index"]
     run_dir = Ledger(Path(params["results"])).run_dir(params["stage"], index)
     extra = {"trial_index": index}
-    clock = Stopwatch()
-    if config.init == "base" and config.init_checkpoint is None and config.workers == 0:
-        from dpsm_ray.train import resolve_base_model
-
-        # a study's trials find (or, the first of a seed, train and cache) their base model themselves
-        with clock("base_model"):
-            config = resolve_base_model(config, log=lambda line: None)
     if config.workers == 0:
         env = TuneTrialEnv(trial_device(config.device), run_dir, extra)
-        env.clock = clock
         # when this process started and imported the trial's code (before the first trial it ran),
-        # and when this trial started: what record.json's timings hold (bench/sweep_overhead.py)
-        env.extra["timings"] = {"process_started": process_started_at(), "import_started": IMPORT_STARTED, "imported": IMPORTED, "trial_started": started,
-                                "seconds": clock.seconds}
-        env.finish(train(config, env))
+        # when this trial started and finished, and its seconds per part (the env's clock): what
+        # record.json's timings hold (bench/sweep_overhead.py); every report carries them
+        timings = env.extra["timings"] = {"process_started": process_started_at(), "import_started": IMPORT_STARTED, "imported": IMPORTED,
+                                          "trial_started": started, "seconds": env.clock.seconds}
+        if config.init == "base" and config.init_checkpoint is None:
+            from dpsm_ray.train import resolve_base_model
+
+            # a study's trials find (or, the first of a seed, train and cache) their base model themselves
+            with env.clock("base_model"):
+                config = resolve_base_model(config, log=lambda line: None)
+        result = train(config, env)
+        timings["finished"] = time.time()
+        env.finish(result)
         return
     from ray.tune.integration.ray_train import TuneReportCallback
 

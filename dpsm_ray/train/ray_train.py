@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,8 +121,6 @@ class RunDirReporting:
                 save_checkpoint(self.run_dir / CHECKPOINT_FILE, {"epoch": -1, "model": result.model_state, "epochs": []})
             payload = {field.name: getattr(result, field.name) for field in dataclasses.fields(result) if field.name not in ("config", "model_state", "epochs")}
             write_checked_json(self.run_dir / RESULT_FILE, payload)
-        if "timings" in self.extra:
-            self.extra["timings"]["finished"] = time.time()
         metrics = {"epoch": len(result.epochs), FINISHED: True, **self.extra}
         if result.epochs:
             metrics.update({k: v for k, v in result.epochs[-1].items() if k != "epoch"})
