@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 import uuid
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ def machines(tmp_path_factory):
     # the nodes' Python is this machine's (the one running the tests); pip's cache is shared so
     # that installing the project on a "node" does not download what this machine already has
     (home / ".bashrc").write_text(f"export PATH={Path(sys._base_executable).parent}:$PATH\nexport PIP_CACHE_DIR={Path.home() / '.cache' / 'pip'}\n")
+    make_node_venv(home / "dpsm_ray_venv")
     port = free_port()
     (ssh / "sshd_config").write_text("\n".join([
         f"Port {port}", f"ListenAddress {HEAD}",
@@ -92,6 +94,29 @@ def machines(tmp_path_factory):
     yield Machines(port=port, key=ssh / "id_ed25519", home=home)
     sshd.terminate()
     sshd.wait(timeout=20)
+
+
+def make_node_venv(venv: Path) -> None:
+    """The nodes' ~/dpsm_ray_venv, made before `ray up` as a first `ray up` leaves it, but holding
+    only this machine's installed packages, seen through a .pth line: the setup command
+    `pip install -e ~/dpsm-ray` then finds every dependency satisfied and installs the project
+    alone.  A second copy of torch, its CUDA libraries and Ray (~6 GB) filled a CI machine's disk.
+    Their console scripts (`ray`, run by every remote command) are copied with this venv's Python
+    on their first line, as pip writes them."""
+    subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site_packages = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site_packages) / "this_machines_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    ours = Path(sys.prefix) / "bin"
+    for script in ours.iterdir():
+        if (venv / "bin" / script.name).exists() or not script.is_file():
+            continue
+        with script.open("rb") as opened:
+            first = opened.readline()
+        if first.startswith(b"#!" + str(ours).encode() + b"/python"):
+            (venv / "bin" / script.name).write_bytes(b"#!" + str(python).encode() + b"\n" + script.read_bytes()[len(first):])
+            (venv / "bin" / script.name).chmod(0o755)
 
 
 def checkout_copy(destination: Path) -> None:
@@ -206,6 +231,10 @@ def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(mac
     try:
         assert not ray_cli(token, checkout, timeout=120).stdout  # creates ~/.ray/auth_token where it is missing
         ray_cli(up, checkout, timeout=1200)
+        # the nodes run the copy of the checkout that `ray up` synced and installed
+        imported = subprocess.run([str(machines.home / "dpsm_ray_venv" / "bin" / "python"), "-c", "import dpsm_ray; print(dpsm_ray.__file__)"],
+                                  capture_output=True, text=True, check=True, cwd=machines.home, env={**os.environ, "HOME": str(machines.home)}).stdout
+        assert Path(imported.strip()).is_relative_to(machines.home / "dpsm-ray"), imported
         assert_strangers_are_refused(tmp_path)
         # a second node on this machine, with an address of its own, joins the head's cluster
         config = shlex.split(up)[-1]
