@@ -5,7 +5,7 @@
     python bench/sweep_overhead.py --analyse DIR    # a finished sweep's results directory, as it is
 
 Each arm runs a sweep script in a fresh process (``sweeps/digits.py`` with its defaults: 26 trials
-in 5 Tune experiments, one trial at a time) and times the whole command.  The parts come from the
+in 2 Tune experiments -- the searches', the final stage's -- one trial at a time) and times the whole command.  The parts come from the
 timestamps and seconds the sweep records itself (``dpsm_ray.timing``): each trial's ``record.json``
 ``timings`` (when the driver launched it, when its process started and imported the trial's code,
 when the trial started, its seconds in base_model / load_data / build / train / evaluate / report
@@ -13,8 +13,8 @@ when the trial started, its seconds in base_model / load_data / build / train / 
 ``finished.json`` ``seconds`` (ray_start, base_model, stages, collect, export, report).
 
 Arms: ``fresh`` starts a process per trial (``--process-per-trial``: what every sweep did before
-issue 26); ``reused`` hands each trial's process to the next trial of its stage
-(Tune's actor reuse, the default).  The two arms' trials/evals/epochs rows are compared, without
+issue 26); ``reused`` hands each trial's process to the next trial of its Tune
+experiment (Tune's actor reuse, the default).  The two arms' trials/evals/epochs rows are compared, without
 the columns that hold times or Tune's trial ids; ``--compare DIR`` compares them with another
 sweep's too (e.g. one run by an earlier version).
 
@@ -100,7 +100,7 @@ def analyse(results: Path, wall: float | None) -> dict:
     epoch_seconds = float(epochs.epoch_seconds.sum())
     work = epoch_seconds + parts["final_evaluation"]
     total = wall if wall is not None else sum(driver.values())
-    return {"wall_s": round(total, 2), "trials": len(trials), "fresh_processes": fresh, "experiments": len({r["stage"] for r in trials}),
+    return {"wall_s": round(total, 2), "trials": len(trials), "fresh_processes": fresh, "experiments": len([p for p in (results / "tune").iterdir() if p.is_dir()]),
             "epoch_seconds": round(epoch_seconds, 2), "final_evaluation_s": round(parts["final_evaluation"], 2),
             "wall_over_epochs_and_evaluation": round(total / work, 2), "parts": {k: round(v, 2) for k, v in parts.items()}}
 

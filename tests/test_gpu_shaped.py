@@ -48,7 +48,7 @@ def gpu_shaped(tmp_path_factory):
 def intervals(results: Path, stage: str) -> list[tuple[float, float]]:
     """Each trial's (start, end) in wall-clock seconds, from Tune's result.json of the trial."""
     spans = []
-    for path in sorted((results / "tune" / stage).glob("*/result.json")):
+    for path in sorted((results / "tune").glob(f"*/trial_{stage}_*/result.json")):
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         spans.append((rows[0]["timestamp"] - rows[0]["time_total_s"], rows[-1]["timestamp"]))
     return spans

@@ -106,7 +106,7 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--tracking", metavar="mlflow[=URI]", help="log every trial as an MLflow run, one experiment per sweep (pip install -e '.[mlflow]'); "
         "URI: the tracking server, default $MLFLOW_TRACKING_URI, else sqlite:///RESULTS/mlflow.db (docs/tracking.md)")
     add("--process-per-trial", action="store_true", help="start a new process for every trial; by default a trial that trains in its own process "
-        "hands it to the next trial of its stage, saving the start-up and imports (seconds a trial; bench/sweep_overhead.py)")
+        "hands it to the next trial of its Tune experiment (all the searches are one, the final stage another), saving the start-up and imports (seconds a trial; bench/sweep_overhead.py)")
     add("--worker-logs", action="store_true", help="show the trials' own output (epoch lines, Ray's) here; by default it stays in Ray's session logs and one line per trial is printed")
     add("--download", action="store_true", help="download the dataset into --data-root if it is missing")
     add("--preset", choices=PRESET_NAMES, help="official: each method's objective settings as its official code has them (DPSM's T 1, lambda 0.05, "

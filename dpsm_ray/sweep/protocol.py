@@ -101,11 +101,11 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     if not spec.grid:
         log(f"search: {spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}, minimising the validation set size "
             f"(validation coverage >= {spec.coverage_floor:g} as a constraint){asha_text(spec)}")
-    for method in spec.methods:
-        with clock("stages"):
-            run(spec, results, search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log), log)
-        with clock("collect"):
-            write_results(spec, results)
+    searches = [search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log) for method in spec.methods]
+    with clock("stages"):  # one experiment: the searches' trials share its processes
+        run(spec, results, searches, log, name="search")
+    with clock("collect"):
+        write_results(spec, results)
     if search_only:
         return results
     final = final_stage(spec, results, log)
@@ -113,7 +113,7 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
         raise SweepError(f"every search trial of every method failed; nothing to re-train (errors in {results / 'trials.parquet'})")
     log.replan(planned_final, final.total)
     with clock("stages"):
-        run(spec, results, final, log)
+        run(spec, results, [final], log, name=final.name)
     with clock("collect"):
         write_results(spec, results)
     with clock("export"):
@@ -131,17 +131,18 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     return results
 
 
-def run(spec: SweepSpec, results: Path, stage, log) -> None:
-    from dpsm_ray.sweep.stage import StageInterrupted, StageOutOfSpace, run_stage
+def run(spec: SweepSpec, results: Path, stages: list, log, name: str) -> None:
+    """``stages`` in one Tune experiment called ``name``."""
+    from dpsm_ray.sweep.stage import StageInterrupted, StageOutOfSpace, run_stages
 
     callbacks = []
     if spec.tracking:
         from dpsm_ray.sweep.tracking import tracking_callbacks
 
-        callbacks = tracking_callbacks(spec.tracking, results, stage.name)
+        callbacks = tracking_callbacks(spec.tracking, results)
     try:
-        run_stage(stage, results, resources=dict(spec.trial_resources), concurrency=spec.concurrency, retries=spec.trial_retries, log=log,
-                  callbacks=callbacks, reuse=not spec.process_per_trial)
+        run_stages(stages, results, name=name, resources=dict(spec.trial_resources), concurrency=spec.concurrency, retries=spec.trial_retries,
+                   log=log, callbacks=callbacks, reuse=not spec.process_per_trial)
     except StageInterrupted as error:
         raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
     except StageOutOfSpace as error:
@@ -159,6 +160,11 @@ def quiet_libraries() -> None:
     # "Trials did not complete: [...]" after a stage with failed or interrupted trials: each has
     # its own line already (FAILED, or the interruption's)
     logging.getLogger("ray.tune.tune").setLevel(logging.CRITICAL)
+    # Tune's saved experiment state, and the metrics of its results files, are never read back
+    # (docs/results.md): failing to write or read them (a full disk) is not the sweep's error, which
+    # the sweep reports in one line of its own
+    logging.getLogger("ray.tune.execution.experiment_state").setLevel(logging.CRITICAL)
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
 
 def with_base_model(config: TrainConfig, seed: int, results: Path, log) -> TrainConfig:

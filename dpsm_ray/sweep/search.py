@@ -5,7 +5,7 @@ the sweep owns.  A proposal is a pure function of the sweep seed, the trial's nu
 finished trials (each parameter of each trial is drawn by a sampler seeded for it), so a resumed
 search proposes what an uninterrupted one would have; a trial the study holds but the ledger does not (the driver died
 while it ran) is proposed again with its own parameters; telling a finished trial again is skipped.
-``StudySearcher`` hands the proposals to Tune.
+``StudySearcher`` hands the proposals of one or more studies to Tune.
 
 ``AshaStopper`` is asynchronous successive halving (Li et al. 2020) over epochs, on the validation
 set size: a trial reaching a rung (``grace_period * reduction_factor**k`` epochs, below its last
@@ -101,25 +101,30 @@ class MethodStudy:
 
 
 class StudySearcher(Searcher):
-    """Tune's searcher for one ``MethodStudy``.  It only proposes: the sweep's ledger callback
-    tells the study how each trial ended, after recording it, and Tune keeps nothing of it to
-    restore (``save`` is empty; ``MethodStudy`` leaves its storage out of Tune's pickles, so no
-    storage URL and no password are ever written into them)."""
+    """Tune's searcher for the ``MethodStudy`` of each of one experiment's stages: it proposes the
+    first stage's trials, then the next stage's, so that the trials of all of a sweep's searches
+    run in one experiment (and share its processes) in the order of sequential searches.  It only
+    proposes: the sweep's ledger callback tells a study how each trial ended, after recording it,
+    and Tune keeps nothing of it to restore (``save`` is empty; ``MethodStudy`` leaves its storage
+    out of Tune's pickles, so no storage URL and no password are ever written into them).
 
-    def __init__(self, study: MethodStudy, ended: set[int]) -> None:
+    ``studies``: ``(stage name, study, indices of its trials that ended already)``, in order."""
+
+    def __init__(self, studies: list[tuple[str, MethodStudy, set[int]]]) -> None:
         super().__init__(metric=OBJECTIVE, mode="min")
-        self.study, self.ended, self.handed = study, set(ended), set()
+        self.studies = [(name, study, set(ended), set()) for name, study, ended in studies]
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
-        return True  # the space is the study's
+        return True  # the space is the studies'
 
     def suggest(self, trial_id: str) -> dict | None:
-        proposal = self.study.propose(self.ended | self.handed)
-        if proposal is None:
-            return Searcher.FINISHED
-        index, overrides = proposal
-        self.handed.add(index)
-        return {"point": {"index": index, "overrides": overrides}}
+        for name, study, ended, handed in self.studies:
+            proposal = study.propose(ended | handed)
+            if proposal is not None:
+                index, overrides = proposal
+                handed.add(index)
+                return {"point": {"stage": name, "index": index, "overrides": overrides}}
+        return Searcher.FINISHED
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """Told by the ledger callback instead (see the class docstring)."""
@@ -141,7 +146,7 @@ def rungs(grace_period: int, reduction_factor: int, epochs: int) -> list[int]:
 
 
 class AshaStopper(tune.Stopper):
-    """ASHA's stop rule as a Tune stopper (module docstring), and ``halt()`` to end the stage.
+    """ASHA's stop rule for one stage's trials, as a Tune stopper (module docstring).
 
     ``history`` is every trial's epoch rows known from the ledger (trials that ended, and the ones
     an interrupted run left part-way), ``{index: {epoch: value}}``."""
@@ -151,7 +156,6 @@ class AshaStopper(tune.Stopper):
         self.reduction_factor = reduction_factor
         self.values = {rung: {i: v[rung] for i, v in history.items() if rung in v} for rung in self.rungs}
         self.stopped: set[int] = set()
-        self.halted = False
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         if result.get(FINISHED) or "epoch" not in result or "trial_index" not in result:
@@ -170,11 +174,31 @@ class AshaStopper(tune.Stopper):
         return False
 
     def stop_all(self) -> bool:
+        return False  # the experiment's StageStoppers halts it
+
+
+class StageStoppers(tune.Stopper):
+    """The ``AshaStopper`` of each stage of one experiment, each judging its own stage's trials (a
+    trial's reports name its stage: ``trial_stage``), and ``halt()`` to end the experiment."""
+
+    def __init__(self, stoppers: dict[str, AshaStopper]) -> None:
+        self.stoppers = stoppers
+        self.halted = False
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        stopper = self.stoppers.get(result.get("trial_stage"))
+        return stopper is not None and stopper(trial_id, result)
+
+    def stopped(self, stage: str, index: int) -> bool:
+        """Whether ASHA stopped trial ``index`` of ``stage``."""
+        return index in self.stoppers[stage].stopped
+
+    def stop_all(self) -> bool:
         return self.halted
 
     def halt(self) -> None:
-        """End the stage at the next step (a full disk: nothing more can be written)."""
+        """End the experiment at the next step (a full disk: nothing more can be written)."""
         self.halted = True
 
 
-__all__ = ["CONSTRAINED", "OBJECTIVE", "RESUMED", "AshaStopper", "MethodStudy", "StudySearcher", "rungs"]
+__all__ = ["CONSTRAINED", "OBJECTIVE", "RESUMED", "AshaStopper", "MethodStudy", "StageStoppers", "StudySearcher", "rungs"]

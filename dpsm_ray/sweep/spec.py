@@ -64,7 +64,7 @@ class SweepSpec:
     resource_timeout: float = field(default=DEFAULT_RESOURCE_TIMEOUT_S, compare=False)  # seconds a cluster may take to provide one trial's resources
     trial_retries: int = field(default=2, compare=False)  # restarts of a trial from its last checkpoint after a crash (a lost node)
     worker_logs: bool = field(default=False, compare=False)  # forward trials' own output (epoch lines, Tune's) to this terminal
-    process_per_trial: bool = field(default=False, compare=False)  # no reuse of a trial's process by the next trial of its stage
+    process_per_trial: bool = field(default=False, compare=False)  # no reuse of a trial's process by the next trial of its Tune experiment
     optuna_storage: str | None = field(default=None, compare=False)  # SQLAlchemy URL; default: sqlite in the results directory
     tracking: str | None = field(default=None, compare=False)  # "mlflow" or "mlflow=URI": each trial an MLflow run (dpsm_ray.sweep.tracking)
 

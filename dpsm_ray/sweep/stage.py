@@ -1,4 +1,5 @@
-"""Running one stage of a sweep (a method's search, or the final re-training) on Ray Tune.
+"""Running stages of a sweep (the methods' searches, or the final re-training) on Ray Tune: the
+stages given together share one Tune experiment, its processes and its concurrency.
 
 Tune schedules the trials, holds their resources, retries a trial whose node died, and stops the
 ones ASHA stops; everything a trial computes lands in its run directory and, when it ends, in the
@@ -6,11 +7,11 @@ sweep's ledger (``dpsm_ray.sweep.ledger``).  A stage is never restored from Tune
 again, it starts a fresh Tune experiment for the trials the ledger does not hold yet, each of which
 continues from its own checkpoint.
 
-A trial's parameters: ``{"base": <TrainConfig dict>, "results": <results dir>, "stage": name,
-"point": {"index": i, "overrides": {field: value}}}`` -- the sweep's shared settings, and what the
-searcher (or the grid, or the pick) chose for trial ``i`` of the stage.  With ``workers >= 1`` the
-trial is a small driver that runs a Ray Train ``TorchTrainer`` (RAY_NOTES: Train V2 inside Tune);
-with ``workers == 0`` it trains inside the trial's own process.
+A trial's parameters: ``{"bases": {stage: <TrainConfig dict>}, "results": <results dir>,
+"point": {"stage": name, "index": i, "overrides": {field: value}}}`` -- the sweep's shared
+settings, and what the searcher (or the grid, or the pick) chose for trial ``i`` of its stage.
+With ``workers >= 1`` the trial is a small driver that runs a Ray Train ``TorchTrainer``
+(RAY_NOTES: Train V2 inside Tune); with ``workers == 0`` it trains inside the trial's own process.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dpsm_ray.files import is_disk_full
 from dpsm_ray.methods import outside_cards, register_method
 from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
-from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StudySearcher
+from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers, StudySearcher
 from dpsm_ray.timing import process_started_at
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.loop import train
@@ -48,8 +49,8 @@ class StageOutOfSpace(RuntimeError):
 
 @dataclass
 class Stage:
-    """One Tune experiment of a sweep: ``total`` trials proposed by ``study`` (an Optuna search)
-    or given as ``points`` (overrides by index: the grid, or the final re-training)."""
+    """One part of a sweep: ``total`` trials proposed by ``study`` (an Optuna search) or given as
+    ``points`` (overrides by index: the grid, or the final re-training)."""
 
     name: str
     base: TrainConfig
@@ -62,7 +63,8 @@ class Stage:
 
 
 def trial_config(params: dict) -> TrainConfig:
-    return TrainConfig.from_dict({**params["base"], **params["point"]["overrides"]})
+    point = params["point"]
+    return TrainConfig.from_dict({**params["bases"][point["stage"]], **point["overrides"]})
 
 
 def run_trial(params: dict, methods=()) -> None:
@@ -72,9 +74,9 @@ def run_trial(params: dict, methods=()) -> None:
     for card in methods:
         register_method(card, replace=True)
     config = trial_config(params)
-    index = params["point"]["index"]
-    run_dir = Ledger(Path(params["results"])).run_dir(params["stage"], index)
-    extra = {"trial_index": index}
+    stage, index = params["point"]["stage"], params["point"]["index"]
+    run_dir = Ledger(Path(params["results"])).run_dir(stage, index)
+    extra = {"trial_stage": stage, "trial_index": index}
     if config.workers == 0:
         env = TuneTrialEnv(trial_device(config.device), run_dir, extra)
         # when this process started and imported the trial's code (before the first trial it ran),
@@ -97,42 +99,55 @@ def run_trial(params: dict, methods=()) -> None:
     trainer_for(config, run_dir, callbacks=[TuneReportCallback()], extra=extra).fit()
 
 
-def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int, retries: int, log, callbacks=(), reuse: bool = True) -> None:
-    """Run the trials of ``stage`` that the ledger does not hold; raises ``StageInterrupted``
-    when Tune stopped first and ``StageOutOfSpace`` when the disk filled up.  ``log``: the
-    sweep's ``Progress`` (a plain function gets one of its own, counting this stage alone);
+def run_stage(stage: Stage, results: Path, **options) -> None:
+    """``run_stages`` of this stage alone."""
+    run_stages([stage], results, name=stage.name, **options)
+
+
+def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict, concurrency: int, retries: int, log, callbacks=(),
+               reuse: bool = True) -> None:
+    """Run the trials of ``stages`` that the ledger does not hold, in one Tune experiment called
+    ``name``: the stages' trials in stage order, as many at once as ``concurrency`` allows.  Every
+    stage is an Optuna search, or every stage has ``points``.  Raises ``StageInterrupted`` when
+    Tune stopped first and ``StageOutOfSpace`` when the disk filled up.  ``log``: the sweep's
+    ``Progress`` (a plain function gets one of its own, counting these stages alone);
     ``callbacks``: more Tune callbacks (an experiment tracker's); ``reuse``: a trial that trains in
     its own process hands it to the next trial (below)."""
+    if len({stage.study is None for stage in stages}) > 1:
+        raise ValueError("the stages of one experiment are all searches, or all given as points")
     if not isinstance(log, Progress):
         log = Progress(log)
-        log.plan(stage.total)
+        log.plan(sum(stage.total for stage in stages))
     ledger = Ledger(results)
-    ended = ledger.records(stage.name)
-    for index, record in ended.items():  # a driver killed between a record and its tell
-        tell_study(stage, index, record)
-    log.already_ended(len(ended))
-    left = stage.total - len(ended)
-    if left <= 0:
+    pending: list[tuple[Stage, dict[int, dict]]] = []
+    for stage in stages:
+        ended = ledger.records(stage.name)
+        for index, record in ended.items():  # a driver killed between a record and its tell
+            tell_study(stage, index, record)
+        log.already_ended(len(ended))
+        if len(ended) >= stage.total:
+            continue
+        if ended:
+            log(f"{stage.name}: {len(ended)} of {stage.total} trials already ended; running the other {stage.total - len(ended)}")
+        pending.append((stage, ended))
+    if not pending:
         return
-    if ended:
-        log(f"{stage.name}: {len(ended)} of {stage.total} trials already ended; running the other {left}")
-    reached = {i: ended[i]["epochs_completed"] if i in ended else math.inf for i in ledger.started(stage.name)}
-    history = {i: {row["epoch"]: row[OBJECTIVE] for row in ledger.epochs(stage.name, i) if row["epoch"] <= last} for i, last in reached.items()}
-    longest = max(p.get("epochs", stage.base.epochs) for p in stage.points) if stage.points else stage.base.epochs
-    stopper = AshaStopper(*(stage.asha or (None, 2)), epochs=longest, history=history)
-    recorder = LedgerCallback(ledger, stage, stopper, log)
-    params = {"base": stage.base.to_dict(), "results": str(results), "stage": stage.name}
+    stopper = StageStoppers({stage.name: stage_stopper(stage, ledger, ended) for stage, ended in pending})
+    recorder = LedgerCallback(ledger, [stage for stage, _ in pending], stopper, log)
+    params = {"bases": {stage.name: stage.base.to_dict() for stage, _ in pending}, "results": str(results)}
     # a trial that trains in its own process hands that process (torch, the loop, imported and
-    # warmed up) to the next trial of the stage: Tune's actor reuse; a failed trial's process is
-    # never reused.  Not for Ray Train trials: stopping a TorchTrainer can outlast Tune's reset.
+    # warmed up) to the next trial of the experiment: Tune's actor reuse; a failed trial's process
+    # is never reused.  Not for Ray Train trials: stopping a TorchTrainer can outlast Tune's reset.
     # A trial waiting for a process of its own takes a reused one as soon as one is free (Tune), so
     # on a cluster short trials may all run on the nodes whose processes started first.
-    reuse = reuse and stage.base.workers == 0
+    reuse = reuse and all(stage.base.workers == 0 for stage, _ in pending)
     shared = {"max_concurrent_trials": concurrency, "trial_dirname_creator": trial_dirname, "reuse_actors": reuse}
-    if stage.study is not None:
-        tune_config = tune.TuneConfig(search_alg=StudySearcher(stage.study, set(ended)), num_samples=left, **shared)
+    if pending[0][0].study is not None:
+        searcher = StudySearcher([(stage.name, stage.study, set(ended)) for stage, ended in pending])
+        tune_config = tune.TuneConfig(search_alg=searcher, num_samples=sum(stage.total - len(ended) for stage, ended in pending), **shared)
     else:
-        params["point"] = tune.grid_search([{"index": i, "overrides": point} for i, point in enumerate(stage.points) if i not in ended])
+        points = [{"stage": stage.name, "index": i, "overrides": point} for stage, ended in pending for i, point in enumerate(stage.points) if i not in ended]
+        params["point"] = tune.grid_search(points)
         tune_config = tune.TuneConfig(num_samples=1, **shared)
     # methods registered outside the package travel with the trainable (the trial's process has
     # only the built-in cards); without any, the trainable is the plain function
@@ -142,7 +157,7 @@ def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int,
         param_space=params,
         tune_config=tune_config,
         run_config=tune.RunConfig(
-            name=stage.name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder, *callbacks], stop=stopper,
+            name=name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder, *callbacks], stop=stopper,
             # a trial whose process died (a lost node, an OOM kill) restarts from its last
             # checkpoint, on whichever node has room
             failure_config=tune.FailureConfig(max_failures=retries),
@@ -156,9 +171,19 @@ def run_stage(stage: Stage, results: Path, *, resources: dict, concurrency: int,
         raise
     if recorder.out_of_space is not None:
         raise StageOutOfSpace(recorder.out_of_space)
-    ended = len(ledger.records(stage.name))
-    if ended < stage.total:
-        raise StageInterrupted(f"{stage.name} stopped after {ended} of {stage.total} trials")
+    for stage, _ in pending:
+        ended = len(ledger.records(stage.name))
+        if ended < stage.total:
+            raise StageInterrupted(f"{stage.name} stopped after {ended} of {stage.total} trials")
+
+
+def stage_stopper(stage: Stage, ledger: Ledger, ended: dict[int, dict]) -> AshaStopper:
+    """ASHA for ``stage``'s trials (none without ``stage.asha``), knowing every epoch the ledger
+    holds of the trials that started: those that ended, and those an interrupted run left part-way."""
+    reached = {i: ended[i]["epochs_completed"] if i in ended else math.inf for i in ledger.started(stage.name)}
+    history = {i: {row["epoch"]: row[OBJECTIVE] for row in ledger.epochs(stage.name, i) if row["epoch"] <= last} for i, last in reached.items()}
+    longest = max(p.get("epochs", stage.base.epochs) for p in stage.points) if stage.points else stage.base.epochs
+    return AshaStopper(*(stage.asha or (None, 2)), epochs=longest, history=history)
 
 
 def fit_keeping_ctrl_c(tuner):
@@ -176,7 +201,8 @@ def fit_keeping_ctrl_c(tuner):
 
 
 def trial_dirname(trial) -> str:
-    return f"trial_{trial.config['point']['index']:04d}_{trial.trial_id}"
+    point = trial.config["point"]
+    return f"trial_{point['stage']}_{point['index']:04d}_{trial.trial_id}"
 
 
 def disk_full_line(error: BaseException) -> str:
@@ -197,17 +223,18 @@ def local_error_text(trial) -> str:
 
 
 class LedgerCallback(tune.Callback):
-    """Records each trial of a stage when it ends (``record.json``), then tells the Optuna study;
+    """Records each trial of an experiment's stages when it ends (``record.json``), then tells the Optuna study;
     logs one line per trial (its wall time from launch, the sweep's counter and estimate), and an
     epoch line now and then for trials that run long.
 
     A trial ends finished (its last report says so), stopped (by ASHA) or failed (Tune gave up
     on it).  One that Tune tears down because the sweep was interrupted has not ended: it gets no
     record, and a resumed sweep runs it on.  A trial that failed for lack of disk space is not a
-    failed trial either: the stage halts, to be resumed once there is space."""
+    failed trial either: the experiment halts, to be resumed once there is space."""
 
-    def __init__(self, ledger: Ledger, stage: Stage, stopper: AshaStopper, log: Progress, epoch_every_s: float = 30.0) -> None:
-        self.ledger, self.stage, self.stopper, self.log = ledger, stage, stopper, log
+    def __init__(self, ledger: Ledger, stages: list[Stage], stopper: StageStoppers, log: Progress, epoch_every_s: float = 30.0) -> None:
+        self.ledger, self.stopper, self.log = ledger, stopper, log
+        self.stages = {stage.name: stage for stage in stages}
         self.epoch_every_s = epoch_every_s
         self._last_line: dict[str, float] = {}
         self._seen: dict[str, float] = {}  # when Tune first listed a trial
@@ -215,8 +242,12 @@ class LedgerCallback(tune.Callback):
         self._last_end = -math.inf
         self.out_of_space: str | None = None
 
+    def stage_of(self, trial) -> Stage:
+        return self.stages[trial.config["point"]["stage"]]
+
     def say(self, trial, text: str, counter: str = "") -> None:
-        self.log(f"{self.stage.name} {trial.config['point']['index'] + 1}/{self.stage.total}  {text}" + (f"  | {counter}" if counter else ""))
+        stage = self.stage_of(trial)
+        self.log(f"{stage.name} {trial.config['point']['index'] + 1}/{stage.total}  {text}" + (f"  | {counter}" if counter else ""))
 
     def on_step_begin(self, iteration, trials, **info) -> None:
         now = time.monotonic()
@@ -252,10 +283,10 @@ class LedgerCallback(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         result = trial.last_result or {}
-        index = trial.config["point"]["index"]
+        stage, index = self.stage_of(trial), trial.config["point"]["index"]
         if result.get(FINISHED):
             status = "ok"
-        elif index in self.stopper.stopped:
+        elif self.stopper.stopped(stage.name, index):
             status = "stopped"
         else:
             return  # torn down by an interrupted sweep: not ended
@@ -263,7 +294,7 @@ class LedgerCallback(tune.Callback):
         self.record(trial, status, None, result)
         seconds = duration_text(self.wall_seconds(trial))
         ended = f"done in {seconds}" if status == "ok" else f"stopped by ASHA after {result.get('epoch', 0)}/{config.epochs} epochs, {seconds}"
-        knobs = "  ".join(f"{name}={short(getattr(config, name))}" for name in self.stage.knobs)
+        knobs = "  ".join(f"{name}={short(getattr(config, name))}" for name in stage.knobs)
         self.say(trial, f"{ended}  val size {result.get(OBJECTIVE, float('nan')):.3f}  val cov {result.get(CONSTRAINED, float('nan')):.3f}  {knobs}",
                  self.log.trial_ended())
 
@@ -283,8 +314,8 @@ class LedgerCallback(tune.Callback):
 
     def record(self, trial, status: str, error: str | None, result: dict) -> None:
         """Write the trial's record, then tell the study (the record is what a resume trusts)."""
-        index = trial.config["point"]["index"]
-        epochs = self.ledger.epochs(self.stage.name, index)
+        stage, index = self.stage_of(trial), trial.config["point"]["index"]
+        epochs = self.ledger.epochs(stage.name, index)
         metrics = result if status != "failed" else (epochs[-1] if epochs else {})
         record = {
             "trial_id": trial.trial_id,
@@ -304,8 +335,8 @@ class LedgerCallback(tune.Callback):
             "overrides": trial.config["point"]["overrides"],
             "config": trial_config(trial.config).to_dict(),
         }
-        self.ledger.write_record(self.stage.name, index, record)
-        tell_study(self.stage, index, record)
+        self.ledger.write_record(stage.name, index, record)
+        tell_study(stage, index, record)
 
 
 def tell_study(stage: Stage, index: int, record: dict) -> None:

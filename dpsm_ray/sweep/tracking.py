@@ -46,11 +46,11 @@ def experiment_name(results: Path) -> str:
     return str(results)
 
 
-def tracking_callbacks(tracking: str | None, results: Path, stage_name: str) -> list:
-    """The Tune callbacks that log a stage's trials (none without ``--tracking``)."""
+def tracking_callbacks(tracking: str | None, results: Path) -> list:
+    """The Tune callbacks that log an experiment's trials (none without ``--tracking``)."""
     if tracking is None:
         return []
-    return [SweepMLflowCallback(tracking_uri(tracking, results), experiment_name(results), results, stage_name)]
+    return [SweepMLflowCallback(tracking_uri(tracking, results), experiment_name(results), results)]
 
 
 # the numbers of an epochs.parquet row, logged per epoch
@@ -61,9 +61,9 @@ class SweepMLflowCallback(MLflowLoggerCallback):
     """``MLflowLoggerCallback`` with the sweep's params, tags, epoch steps and final evaluations
     (module docstring) instead of Tune's nested parameter dict and every reported number."""
 
-    def __init__(self, uri: str, experiment: str, results: Path, stage_name: str) -> None:
-        super().__init__(tracking_uri=uri, experiment_name=experiment, tags={"sweep_results": str(results), "stage": stage_name})
-        self.results, self.stage_name = Path(results), stage_name
+    def __init__(self, uri: str, experiment: str, results: Path) -> None:
+        super().__init__(tracking_uri=uri, experiment_name=experiment, tags={"sweep_results": str(results)})
+        self.results = Path(results)
         
     def client(self):
         return self.mlflow_util._get_client()
@@ -72,10 +72,10 @@ class SweepMLflowCallback(MLflowLoggerCallback):
         if trial in self._trial_runs:  # a retried trial goes on in its run
             return
         config = trial_config(trial.config)
-        index = trial.config["point"]["index"]
-        tags = {**self.tags, "trial_name": str(trial), "trial_index": str(index), "tune_trial_id": trial.trial_id, "method": config.method,
+        stage, index = trial.config["point"]["stage"], trial.config["point"]["index"]
+        tags = {**self.tags, "stage": stage, "trial_name": str(trial), "trial_index": str(index), "tune_trial_id": trial.trial_id, "method": config.method,
                 "seed": str(config.seed), "parquet_run_id": config.config_hash()}
-        run = self.mlflow_util.start_run(tags=tags, run_name=f"{self.stage_name} {index:04d} {config.method} seed {config.seed}")
+        run = self.mlflow_util.start_run(tags=tags, run_name=f"{stage} {index:04d} {config.method} seed {config.seed}")
         self._trial_runs[trial] = run.info.run_id
         self.client().log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in config.to_dict().items()])
 
@@ -91,7 +91,7 @@ class SweepMLflowCallback(MLflowLoggerCallback):
         if trial not in self._trial_runs:
             return
         run_id = self._trial_runs[trial]
-        result_file = Ledger(self.results).run_dir(self.stage_name, trial.config["point"]["index"]) / RESULT_FILE
+        result_file = Ledger(self.results).run_dir(trial.config["point"]["stage"], trial.config["point"]["index"]) / RESULT_FILE
         if not failed and result_file.exists():
             evals = read_checked_json(result_file)["evals"]
             now = int(time.time() * 1000)

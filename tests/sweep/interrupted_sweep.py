@@ -6,7 +6,8 @@
 
 POINT is one of
     search:<stage>:<n>       Ctrl-C when trial n (1-based) of a stage reports its first epoch
-    between:<method>         Ctrl-C just before <method>'s search starts (after the previous stage)
+    between:<experiment>     Ctrl-C just before a Tune experiment starts: search (every method's
+                             search), or final (after the search)
     finishing:<stage>:<n>    Ctrl-C when trial n of a stage sends its final report
     kill-write:<k>           kill -9 during this process's k-th file write: half the bytes are in
                              the temporary file, the target not yet replaced
@@ -53,21 +54,21 @@ def interrupt_at(point: str) -> None:
         on_result = stage.LedgerCallback.on_trial_result
 
         def hooked(self, iteration, trials, trial, result, **info):
-            if self.stage.name == stage_name and trial_number(self, trial) == int(number):
+            if self.stage_of(trial).name == stage_name and trial_number(self, trial) == int(number):
                 if (kind == "search" and result.get("epoch") == 1 and not result.get(FINISHED)) or (kind == "finishing" and result.get(FINISHED)):
                     ctrl_c()
             return on_result(self, iteration, trials, trial, result, **info)
 
         stage.LedgerCallback.on_trial_result = hooked
     elif kind == "between":
-        search_stage = protocol.search_stage
+        run = protocol.run
 
-        def hooked_search(spec, base, *args, **kwargs):
-            if base.method == where:
+        def hooked_run(spec, results, stages, log, name):
+            if name == where:
                 ctrl_c()
-            return search_stage(spec, base, *args, **kwargs)
+            return run(spec, results, stages, log, name)
 
-        protocol.search_stage = hooked_search
+        protocol.run = hooked_run
     elif kind in ("kill-write", "trace-writes"):
         replace, count = os.replace, [0]
 

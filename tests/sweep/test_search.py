@@ -5,7 +5,7 @@ import math
 import optuna
 import pytest
 
-from dpsm_ray.sweep.search import AshaStopper, MethodStudy, rungs
+from dpsm_ray.sweep.search import AshaStopper, MethodStudy, StageStoppers, StudySearcher, rungs
 from dpsm_ray.sweep.space import Range
 from dpsm_ray.train.ray_train import FINISHED, RESUMED
 
@@ -123,8 +123,31 @@ def test_asha_rebuilds_its_rungs_from_the_ledger_and_rejudges_a_resumed_trial():
     assert stopper.stopped == {2}
 
 
-def test_a_halt_ends_the_stage_and_no_stopper_without_asha_stops_a_trial():
-    stopper = AshaStopper(None, 2, epochs=5, history={})
-    assert not stopper.stop_all() and not stopper("a", report(0, 1, 100.0)) and stopper.rungs == []
+def test_a_halt_ends_the_experiment_and_no_stopper_without_asha_stops_a_trial():
+    stopper = StageStoppers({"search-ce": AshaStopper(None, 2, epochs=5, history={})})
+    assert not stopper.stop_all() and not stopper("a", report(0, 1, 100.0, trial_stage="search-ce")) and stopper.stoppers["search-ce"].rungs == []
     stopper.halt()
     assert stopper.stop_all()
+
+
+def test_each_stage_of_an_experiment_is_judged_against_its_own_trials_alone():
+    """The searches share one experiment: trial 1 of one stage is compared with that stage's trial
+    0, never with another stage's trial 0 (their indices overlap)."""
+    stopper = StageStoppers({"search-ce": AshaStopper(1, 2, epochs=4, history={}), "search-cut": AshaStopper(1, 2, epochs=4, history={})})
+    assert not stopper("a", report(0, 1, 1.0, trial_stage="search-ce"))
+    assert not stopper("b", report(0, 1, 5.0, trial_stage="search-cut"))
+    assert not stopper("c", report(1, 1, 4.0, trial_stage="search-cut"))  # better than search-cut's 5.0 (worse than search-ce's 1.0)
+    assert stopper("d", report(1, 1, 2.0, trial_stage="search-ce"))  # worse than search-ce's 1.0
+    assert stopper.stopped("search-ce", 1) and not stopper.stopped("search-cut", 1)
+
+
+def test_one_searcher_hands_out_each_study_s_trials_in_turn_as_sequential_searches_would(tmp_path):
+    """The searches' trials run in one experiment: the first study's, then the next one's, each
+    with the parameters its own search alone would have proposed."""
+    first, second = study(tmp_path, "a", total=2), study(tmp_path, "b", total=2, seed=1)
+    alone = [study(tmp_path, name, total=2, db=f"{name}.db", seed=seed) for name, seed in (("a", 0), ("b", 1))]
+    expected = [("search-a", n, alone[0].propose(set(range(n)))[1]) for n in range(2)] + [("search-b", n, alone[1].propose(set(range(n)))[1]) for n in range(2)]
+    searcher = StudySearcher([("search-a", first, set()), ("search-b", second, set())])
+    points = [searcher.suggest(f"t{i}")["point"] for i in range(4)]
+    assert [(p["stage"], p["index"], p["overrides"]) for p in points] == expected
+    assert searcher.suggest("t4") == StudySearcher.FINISHED

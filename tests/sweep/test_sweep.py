@@ -261,9 +261,10 @@ def test_the_same_command_run_again_shows_the_finished_sweep_and_exits_0(uninter
     assert (uninterrupted_sweep / "trials.parquet").read_bytes() == before
 
 
-def test_each_trial_records_where_its_time_went_and_a_stage_s_trials_share_one_process(uninterrupted_sweep):
+def test_each_trial_records_where_its_time_went_and_an_experiment_s_trials_share_one_process(uninterrupted_sweep):
     """Issue 26: the trial's own timestamps and seconds per part in its record, the driver's in
-    finished.json; a stage's in-process trials run one after another in one process."""
+    finished.json; the in-process trials of one Tune experiment -- every method's search, then the
+    final stage -- run one after another in one process."""
     from dpsm_ray.sweep.ledger import Ledger
 
     ledger = Ledger(uninterrupted_sweep)
@@ -273,7 +274,7 @@ def test_each_trial_records_where_its_time_went_and_a_stage_s_trials_share_one_p
         for record in records.values():
             timings = record["timings"]
             order = [timings[k] for k in ("process_started", "import_started", "imported", "launched", "trial_started", "finished", "recorded")]
-            # a stage's first trial: its process starts after the launch; a later one's before it
+            # an experiment's first trial: its process starts after the launch; a later one's before it
             first = timings["import_started"] >= timings["launched"] - 0.5
             assert order[:3] == sorted(order[:3]) and order[3:] == sorted(order[3:]) and (order[2] <= order[4])
             parts = timings["seconds"]
@@ -282,15 +283,18 @@ def test_each_trial_records_where_its_time_went_and_a_stage_s_trials_share_one_p
             assert expected | ({"final_evaluation"} if stage == "final" else set()) == set(parts) - {"base_model"}, parts
             assert all(seconds > 0 for seconds in parts.values())
             assert not first or timings["process_started"] >= timings["launched"] - 0.5
-        # one process for the stage: every trial after the first reused it
-        assert len({record["timings"]["import_started"] for record in records.values()}) == 1, stage
+    # one process for the searches' experiment, another for the final stage's: every trial after
+    # the first of each reused it
+    processes = {stage: {record["timings"]["import_started"] for record in records.values()} for stage, records in stages.items()}
+    assert processes["search-ce"] == processes["search-dpsm"] and len(processes["search-ce"]) == 1 and len(processes["final"]) == 1, processes
+    assert processes["final"] != processes["search-ce"]
     seconds = json.loads((uninterrupted_sweep / "finished.json").read_text())["seconds"]
     assert {"ray_start", "base_model", "stages", "collect", "export", "report"} <= set(seconds) and min(seconds.values()) >= 0
     # the benchmark reads these: every part found, none negative
     shown = subprocess.run([sys.executable, str(ROOT / "bench" / "sweep_overhead.py"), "--analyse", str(uninterrupted_sweep)],
                            capture_output=True, text=True, timeout=120, check=True)
     analysed = json.loads(shown.stdout.splitlines()[0])
-    assert analysed["trials"] == 7 and analysed["fresh_processes"] == 3 and analysed["experiments"] == 3
+    assert analysed["trials"] == 7 and analysed["fresh_processes"] == 2 and analysed["experiments"] == 2
     assert min(analysed["parts"].values()) >= 0 and analysed["parts"]["train"] > 0
 
 def optuna_states(results: Path) -> dict[str, list[str]]:
@@ -325,7 +329,7 @@ def interrupted(point: str, results: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, env=sweep_env(), timeout=600)
 
 
-@pytest.mark.parametrize("point", ["search:search-ce:2", "between:dpsm", "finishing:final:1"])
+@pytest.mark.parametrize("point", ["search:search-ce:2", "between:final", "finishing:final:1"])
 def test_an_interrupted_sweep_resumes_to_the_rows_of_an_uninterrupted_one(uninterrupted_sweep, tmp_path, point):
     """Ctrl-C during a search trial, between two stages, and as a final trial sends its last
     report; then --resume until done.  The same seed fixes every row, so the resumed sweep must
@@ -386,7 +390,7 @@ def test_a_moved_or_copied_results_directory_resumes_where_it_is_and_a_copy_leav
     import shutil
 
     original = tmp_path / "a" / "sweep"
-    first = interrupted("between:dpsm", original)
+    first = interrupted("between:final", original)
     assert first.returncode == 3, first.stdout + first.stderr
     for state in (original / "tune").rglob("*.json"):
         state.write_bytes(state.read_bytes()[:50])
