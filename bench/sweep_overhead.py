@@ -5,17 +5,18 @@
     python bench/sweep_overhead.py --analyse DIR    # a finished sweep's results directory, as it is
 
 Each arm runs a sweep script in a fresh process (``sweeps/digits.py`` with its defaults: 26 trials
-in 2 Tune experiments -- the searches', the final stage's -- one trial at a time) and times the whole command.  The parts come from the
-timestamps and seconds the sweep records itself (``dpsm_ray.timing``): each trial's ``record.json``
-``timings`` (when the driver launched it, when its process started and imported the trial's code,
-when the trial started, its seconds in base_model / load_data / build / train / evaluate / report
-/ final_evaluation, when it finished, when the driver recorded it) and the driver's
-``finished.json`` ``seconds`` (ray_start, base_model, stages, collect, export, report).
+in 2 Tune experiments -- the searches', the final stage's -- one trial at a time) and times the
+whole command.  The parts come from the timestamps and seconds the sweep records itself
+(``dpsm_ray.timing``): each trial's ``record.json`` ``timings`` (when the driver launched it, when
+its process started and imported the trial's code, when the trial started, its seconds in base_model
+/ load_data / build / train / evaluate / report / final_evaluation, when it finished, when the
+driver recorded it) and the driver's ``finished.json`` ``seconds`` (ray_start, base_model, stages,
+collect, export, report).
 
 Arms: ``fresh`` starts a process per trial (``--process-per-trial``: what every sweep did before
-issue 26); ``reused`` hands each trial's process to the next trial of its Tune
-experiment (Tune's actor reuse, the default).  The two arms' trials/evals/epochs rows are compared, without
-the columns that hold times or Tune's trial ids; ``--compare DIR`` compares them with another
+issue 26); ``reused`` hands each trial's process to the next trial of its Tune experiment (Tune's
+actor reuse, the default).  The two arms' trials/evals/epochs rows are compared, without the
+columns that hold times or Tune's trial ids; ``--compare DIR`` compares them with another
 sweep's too (e.g. one run by an earlier version).
 
 Target: sweep wall <= 3x the sum of epoch and evaluation time (epochs.parquet ``epoch_seconds``,

@@ -179,7 +179,8 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
 
 def stage_stopper(stage: Stage, ledger: Ledger, ended: dict[int, dict]) -> AshaStopper:
     """ASHA for ``stage``'s trials (none without ``stage.asha``), knowing every epoch the ledger
-    holds of the trials that started: those that ended, and those an interrupted run left part-way."""
+    holds of the trials that started: those that ended, and those an interrupted run left
+    part-way."""
     reached = {i: ended[i]["epochs_completed"] if i in ended else math.inf for i in ledger.started(stage.name)}
     history = {i: {row["epoch"]: row[OBJECTIVE] for row in ledger.epochs(stage.name, i) if row["epoch"] <= last} for i, last in reached.items()}
     longest = max(p.get("epochs", stage.base.epochs) for p in stage.points) if stage.points else stage.base.epochs
@@ -223,9 +224,9 @@ def local_error_text(trial) -> str:
 
 
 class LedgerCallback(tune.Callback):
-    """Records each trial of an experiment's stages when it ends (``record.json``), then tells the Optuna study;
-    logs one line per trial (its wall time from launch, the sweep's counter and estimate), and an
-    epoch line now and then for trials that run long.
+    """Records each trial of an experiment's stages when it ends (``record.json``), then tells the
+    Optuna study; logs one line per trial (its wall time from launch, the sweep's counter and
+    estimate), and an epoch line now and then for trials that run long.
 
     A trial ends finished (its last report says so), stopped (by ASHA) or failed (Tune gave up
     on it).  One that Tune tears down because the sweep was interrupted has not ended: it gets no
