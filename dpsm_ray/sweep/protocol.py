@@ -164,6 +164,9 @@ def quiet_libraries() -> None:
     # (docs/results.md): failing to write or read them (a full disk) is not the sweep's error, which
     # the sweep reports in one line of its own
     logging.getLogger("ray.tune.execution.experiment_state").setLevel(logging.CRITICAL)
+    # ... nor is uploading that state from Tune's staging directory to ``results/tune`` (its
+    # "Last sync command failed" traceback, every time a sync meets the full disk)
+    logging.getLogger("ray.train._internal.syncer").setLevel(logging.CRITICAL)
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
 
