@@ -5,13 +5,13 @@
     python bench/sweep_overhead.py --analyse DIR    # a finished sweep's results directory, as it is
 
 Each arm runs a sweep script in a fresh process (``sweeps/digits.py`` with its defaults: 26 trials
-in 2 Tune experiments -- the searches', the final stage's -- one trial at a time) and times the
-whole command.  The parts come from the timestamps and seconds the sweep records itself
+in one Tune experiment -- the searches', then the final stage's -- one trial at a time) and times
+the whole command.  The parts come from the timestamps and seconds the sweep records itself
 (``dpsm_ray.timing``): each trial's ``record.json`` ``timings`` (when the driver launched it, when
 its process started and imported the trial's code, when the trial started, its seconds in base_model
 / load_data / build / train / evaluate / report / final_evaluation, when it finished, when the
 driver recorded it) and the driver's ``finished.json`` ``seconds`` (ray_start, base_model, stages,
-collect, export, report).
+collect, pick, export, report).
 
 Arms: ``fresh`` starts a process per trial (``--process-per-trial``: what every sweep did before
 issue 26); ``reused`` hands each trial's process to the next trial of its Tune experiment (Tune's
@@ -94,7 +94,7 @@ def analyse(results: Path, wall: float | None) -> dict:
         parts["result to driver"] += timings["recorded"] - end
     in_trials = sum(parts.values())
     parts["Tune between trials"] = driver.get("stages", 0.0) - in_trials
-    for part in ("ray_start", "base_model", "collect", "export", "report"):
+    for part in ("ray_start", "base_model", "collect", "pick", "export", "report"):
         parts[f"driver: {part}"] = driver.get(part, 0.0)
     if wall is not None:
         parts["driver: start (python, imports, checks)"] = wall - sum(driver.values())

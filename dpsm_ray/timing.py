@@ -12,18 +12,30 @@ from pathlib import Path
 
 
 class Stopwatch:
-    """Seconds spent in each named part (``with clock("load_data"): ...``), summed over repeats."""
+    """Seconds spent in each named part (``with clock("load_data"): ...``), summed over repeats.
+    A part timed inside another counts for itself alone: the outer part's seconds leave it out,
+    so the parts add up to the time they cover."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self._open: list[list] = []  # [part, since when it counts], innermost last
 
     @contextmanager
     def __call__(self, part: str):
-        started = time.perf_counter()
+        now = time.perf_counter()
+        if self._open:  # the enclosing part pauses
+            outer = self._open[-1]
+            self.add(outer[0], now - outer[1])
+        timing = [part, now]
+        self._open.append(timing)
         try:
             yield
         finally:
-            self.add(part, time.perf_counter() - started)
+            now = time.perf_counter()
+            self._open.pop()
+            self.add(part, now - timing[1])
+            if self._open:
+                self._open[-1][1] = now
 
     def add(self, part: str, seconds: float) -> None:
         self.seconds[part] = self.seconds.get(part, 0.0) + seconds

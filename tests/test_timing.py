@@ -20,6 +20,19 @@ def test_a_stopwatch_sums_each_part_over_its_repeats():
     assert clock.seconds["raised"] >= 0  # a part that raised is still counted
 
 
+def test_a_part_timed_inside_another_counts_for_itself_alone():
+    clock = Stopwatch()
+    started = time.perf_counter()
+    with clock("outer"):
+        time.sleep(0.01)
+        with clock("inner"):
+            time.sleep(0.2)
+        time.sleep(0.01)
+    covered = time.perf_counter() - started
+    assert clock.seconds["inner"] >= 0.2 and 0.02 <= clock.seconds["outer"] < 0.2  # the outer part without the inner one's 0.2 s
+    assert abs(clock.seconds["outer"] + clock.seconds["inner"] - covered) < 1e-3  # they add up to the time covered
+
+
 def test_the_process_start_is_before_now_and_after_the_machine_booted():
     started = process_started_at()
     if not Path("/proc/self/stat").exists():

@@ -102,20 +102,25 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
         log(f"search: {spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}, minimising the validation set size "
             f"(validation coverage >= {spec.coverage_floor:g} as a constraint){asha_text(spec)}")
     searches = [search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log) for method in spec.methods]
-    with clock("stages"):  # one experiment: the searches' trials share its processes
-        run(spec, results, searches, log, name="search")
+
+    def then() -> list:
+        """The final stage, once every search trial has ended: their Parquet rows, the pick."""
+        with clock("collect"):
+            write_results(spec, results)
+        with clock("pick"):
+            final = final_stage(spec, results, log)
+        if final is None:
+            raise SweepError(f"every search trial of every method failed; nothing to re-train (errors in {results / 'trials.parquet'})")
+        log.replan(planned_final, final.total)
+        return [final]
+
+    # one Tune experiment: the searches' trials, then the final stage's, share its processes
+    with clock("stages"):
+        run(spec, results, searches, log, name="sweep", then=None if search_only else then)
     with clock("collect"):
         write_results(spec, results)
     if search_only:
         return results
-    final = final_stage(spec, results, log)
-    if final is None:
-        raise SweepError(f"every search trial of every method failed; nothing to re-train (errors in {results / 'trials.parquet'})")
-    log.replan(planned_final, final.total)
-    with clock("stages"):
-        run(spec, results, [final], log, name=final.name)
-    with clock("collect"):
-        write_results(spec, results)
     with clock("export"):
         index = export_sweep(results, log=log)
     if spec.tracking:
@@ -131,8 +136,8 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     return results
 
 
-def run(spec: SweepSpec, results: Path, stages: list, log, name: str) -> None:
-    """``stages`` in one Tune experiment called ``name``."""
+def run(spec: SweepSpec, results: Path, stages: list, log, name: str, then=None) -> None:
+    """``stages`` in one Tune experiment called ``name``, then ``then()``'s (``run_stages``)."""
     from dpsm_ray.sweep.stage import StageInterrupted, StageOutOfSpace, run_stages
 
     callbacks = []
@@ -142,7 +147,7 @@ def run(spec: SweepSpec, results: Path, stages: list, log, name: str) -> None:
         callbacks = tracking_callbacks(spec.tracking, results)
     try:
         run_stages(stages, results, name=name, resources=dict(spec.trial_resources), concurrency=spec.concurrency, retries=spec.trial_retries,
-                   log=log, callbacks=callbacks, reuse=not spec.process_per_trial)
+                   log=log, callbacks=callbacks, reuse=not spec.process_per_trial, then=then)
     except StageInterrupted as error:
         raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
     except StageOutOfSpace as error:

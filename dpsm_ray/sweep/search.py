@@ -5,7 +5,7 @@ the sweep owns.  A proposal is a pure function of the sweep seed, the trial's nu
 finished trials (each parameter of each trial is drawn by a sampler seeded for it), so a resumed
 search proposes what an uninterrupted one would have; a trial the study holds but the ledger does not (the driver died
 while it ran) is proposed again with its own parameters; telling a finished trial again is skipped.
-``StudySearcher`` hands the proposals of one or more studies to Tune.
+``dpsm_ray.sweep.stage.StageSearcher`` hands the proposals of one or more studies to Tune.
 
 ``AshaStopper`` is asynchronous successive halving (Li et al. 2020) over epochs, on the validation
 set size: a trial reaching a rung (``grace_period * reduction_factor**k`` epochs, below its last
@@ -22,7 +22,6 @@ import math
 import numpy
 import optuna
 from ray import tune
-from ray.tune.search import Searcher
 
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.space import Range
@@ -100,42 +99,6 @@ class MethodStudy:
             self.study.tell(number, state=state, skip_if_finished=True)
 
 
-class StudySearcher(Searcher):
-    """Tune's searcher for the ``MethodStudy`` of each of one experiment's stages: it proposes the
-    first stage's trials, then the next stage's, so that the trials of all of a sweep's searches
-    run in one experiment (and share its processes) in the order of sequential searches.  It only
-    proposes: the sweep's ledger callback tells a study how each trial ended, after recording it,
-    and Tune keeps nothing of it to restore (``save`` is empty; ``MethodStudy`` leaves its storage
-    out of Tune's pickles, so no storage URL and no password are ever written into them).
-
-    ``studies``: ``(stage name, study, indices of its trials that ended already)``, in order."""
-
-    def __init__(self, studies: list[tuple[str, MethodStudy, set[int]]]) -> None:
-        super().__init__(metric=OBJECTIVE, mode="min")
-        self.studies = [(name, study, set(ended), set()) for name, study, ended in studies]
-
-    def set_search_properties(self, metric, mode, config, **spec) -> bool:
-        return True  # the space is the studies'
-
-    def suggest(self, trial_id: str) -> dict | None:
-        for name, study, ended, handed in self.studies:
-            proposal = study.propose(ended | handed)
-            if proposal is not None:
-                index, overrides = proposal
-                handed.add(index)
-                return {"point": {"stage": name, "index": index, "overrides": overrides}}
-        return Searcher.FINISHED
-
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        """Told by the ledger callback instead (see the class docstring)."""
-
-    def save(self, checkpoint_path: str) -> None:
-        """Nothing to save: the proposals live in the study, the results in the ledger."""
-
-    def restore(self, checkpoint_path: str) -> None:
-        """Nothing to restore (see ``save``)."""
-
-
 def rungs(grace_period: int, reduction_factor: int, epochs: int) -> list[int]:
     """The epochs at which ASHA judges a trial of ``epochs`` epochs (never its last)."""
     found, rung = [], grace_period
@@ -201,4 +164,4 @@ class StageStoppers(tune.Stopper):
         self.halted = True
 
 
-__all__ = ["CONSTRAINED", "OBJECTIVE", "RESUMED", "AshaStopper", "MethodStudy", "StageStoppers", "StudySearcher", "rungs"]
+__all__ = ["CONSTRAINED", "OBJECTIVE", "RESUMED", "AshaStopper", "MethodStudy", "StageStoppers", "rungs"]

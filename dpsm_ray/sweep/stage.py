@@ -8,8 +8,8 @@ again, it starts a fresh Tune experiment for the trials the ledger does not hold
 continues from its own checkpoint.
 
 A trial's parameters: ``{"bases": {stage: <TrainConfig dict>}, "results": <results dir>,
-"point": {"stage": name, "index": i, "overrides": {field: value}}}`` -- the sweep's shared
-settings, and what the searcher (or the grid, or the pick) chose for trial ``i`` of its stage.
+"point": {"stage": name, "index": i, "overrides": {field: value}}}`` -- its stage's settings, and
+what the search (or the grid, or the pick) chose for trial ``i`` of that stage.
 With ``workers >= 1`` the trial is a small driver that runs a Ray Train ``TorchTrainer``
 (RAY_NOTES: Train V2 inside Tune); with ``workers == 0`` it trains inside the trial's own process.
 """
@@ -21,16 +21,18 @@ import time
 IMPORT_STARTED = time.time()  # a trial's process imports this module (torch, Ray Tune, the loop) before its first trial
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ray import tune
+from ray.tune.search import Searcher
 
 from dpsm_ray.files import is_disk_full
 from dpsm_ray.methods import outside_cards, register_method
 from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
-from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers, StudySearcher
+from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers
 from dpsm_ray.timing import process_started_at
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.loop import train
@@ -105,21 +107,85 @@ def run_stage(stage: Stage, results: Path, **options) -> None:
 
 
 def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict, concurrency: int, retries: int, log, callbacks=(),
-               reuse: bool = True) -> None:
+               reuse: bool = True, then: Callable[[], list[Stage]] | None = None) -> None:
     """Run the trials of ``stages`` that the ledger does not hold, in one Tune experiment called
-    ``name``: the stages' trials in stage order, as many at once as ``concurrency`` allows.  Every
-    stage is an Optuna search, or every stage has ``points``.  Raises ``StageInterrupted`` when
-    Tune stopped first and ``StageOutOfSpace`` when the disk filled up.  ``log``: the sweep's
-    ``Progress`` (a plain function gets one of its own, counting these stages alone);
-    ``callbacks``: more Tune callbacks (an experiment tracker's); ``reuse``: a trial that trains in
-    its own process hands it to the next trial (below)."""
-    if len({stage.study is None for stage in stages}) > 1:
-        raise ValueError("the stages of one experiment are all searches, or all given as points")
+    ``name``: the stages' trials in stage order, as many at once as ``concurrency`` allows.  Once
+    every trial of them has ended, ``then()`` gives the stages that run next in the same experiment
+    (the final stage after the searches: it needs their results), in the same processes.  Raises
+    ``StageInterrupted`` when Tune stopped first and ``StageOutOfSpace`` when the disk filled up.
+    ``log``: the sweep's ``Progress`` (a plain function gets one of its own, counting these stages
+    alone); ``callbacks``: more Tune callbacks (an experiment tracker's); ``reuse``: a trial that
+    trains in its own process hands it to the next trial (below)."""
     if not isinstance(log, Progress):
         log = Progress(log)
         log.plan(sum(stage.total for stage in stages))
     ledger = Ledger(results)
-    pending: list[tuple[Stage, dict[int, dict]]] = []
+    pending = unfinished(stages, ledger, log)
+    if not pending and then is not None:  # a resumed sweep whose searches had all ended
+        added, then = then(), None
+        stages, pending = [*stages, *added], unfinished(added, ledger, log)
+    if not pending:
+        return
+    stopper = StageStoppers({stage.name: stage_stopper(stage, ledger, ended) for stage, ended in pending})
+    recorder = LedgerCallback(ledger, [stage for stage, _ in pending], stopper, log)
+
+    def next_stages() -> list[tuple[Stage, dict[int, dict]]]:
+        """``then()``'s stages, once the ledger holds every trial of the earlier ones (not so when
+        the disk filled up or the sweep was interrupted: the experiment ends there)."""
+        nonlocal stages
+        if stopper.halted or any(len(ledger.records(stage.name)) < stage.total for stage in stages):
+            return []
+        added = then()
+        stages = [*stages, *added]
+        more = unfinished(added, ledger, log)
+        for stage, ended in more:
+            stopper.stoppers[stage.name] = stage_stopper(stage, ledger, ended)
+            recorder.stages[stage.name] = stage
+        return more
+
+    # a trial that trains in its own process hands that process (torch, the loop, imported and
+    # warmed up) to the next trial of the experiment: Tune's actor reuse; a failed trial's process
+    # is never reused.  Not for Ray Train trials: stopping a TorchTrainer can outlast Tune's reset.
+    # A trial waiting for a process of its own takes a reused one as soon as one is free (Tune), so
+    # on a cluster short trials may all run on the nodes whose processes started first.
+    reuse = reuse and all(stage.base.workers == 0 for stage in stages)
+    searcher = StageSearcher(pending, next_stages if then is not None else None)
+    # methods registered outside the package travel with the trainable (the trial's process has
+    # only the built-in cards); without any, the trainable is the plain function
+    trainable = tune.with_parameters(run_trial, methods=outside_cards()) if outside_cards() else run_trial
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, resources),
+        param_space={"results": str(results)},
+        # the searcher ends the experiment: num_samples -1 is "as many as it proposes"
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, max_concurrent_trials=concurrency, trial_dirname_creator=trial_dirname,
+                                    reuse_actors=reuse),
+        run_config=tune.RunConfig(
+            name=name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder, *callbacks], stop=stopper,
+            # a trial whose process died (a lost node, an OOM kill) restarts from its last
+            # checkpoint, on whichever node has room
+            failure_config=tune.FailureConfig(max_failures=retries),
+        ),
+    )
+    try:
+        fit_keeping_ctrl_c(tuner)
+        if searcher.error is not None:
+            raise searcher.error
+    except Exception as error:
+        if is_disk_full(error):
+            raise StageOutOfSpace(disk_full_line(error)) from None
+        raise
+    if recorder.out_of_space is not None:
+        raise StageOutOfSpace(recorder.out_of_space)
+    for stage in stages:
+        ended = len(ledger.records(stage.name))
+        if ended < stage.total:
+            raise StageInterrupted(f"{stage.name} stopped after {ended} of {stage.total} trials")
+
+
+def unfinished(stages: list[Stage], ledger: Ledger, log: Progress) -> list[tuple[Stage, dict[int, dict]]]:
+    """The stages with trials the ledger does not hold, each with the records of those it does
+    (the sweep's counter counts them as ended; a study hears of any it missed)."""
+    pending = []
     for stage in stages:
         ended = ledger.records(stage.name)
         for index, record in ended.items():  # a driver killed between a record and its tell
@@ -130,51 +196,63 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
         if ended:
             log(f"{stage.name}: {len(ended)} of {stage.total} trials already ended; running the other {stage.total - len(ended)}")
         pending.append((stage, ended))
-    if not pending:
-        return
-    stopper = StageStoppers({stage.name: stage_stopper(stage, ledger, ended) for stage, ended in pending})
-    recorder = LedgerCallback(ledger, [stage for stage, _ in pending], stopper, log)
-    params = {"bases": {stage.name: stage.base.to_dict() for stage, _ in pending}, "results": str(results)}
-    # a trial that trains in its own process hands that process (torch, the loop, imported and
-    # warmed up) to the next trial of the experiment: Tune's actor reuse; a failed trial's process
-    # is never reused.  Not for Ray Train trials: stopping a TorchTrainer can outlast Tune's reset.
-    # A trial waiting for a process of its own takes a reused one as soon as one is free (Tune), so
-    # on a cluster short trials may all run on the nodes whose processes started first.
-    reuse = reuse and all(stage.base.workers == 0 for stage, _ in pending)
-    shared = {"max_concurrent_trials": concurrency, "trial_dirname_creator": trial_dirname, "reuse_actors": reuse}
-    if pending[0][0].study is not None:
-        searcher = StudySearcher([(stage.name, stage.study, set(ended)) for stage, ended in pending])
-        tune_config = tune.TuneConfig(search_alg=searcher, num_samples=sum(stage.total - len(ended) for stage, ended in pending), **shared)
-    else:
-        points = [{"stage": stage.name, "index": i, "overrides": point} for stage, ended in pending for i, point in enumerate(stage.points) if i not in ended]
-        params["point"] = tune.grid_search(points)
-        tune_config = tune.TuneConfig(num_samples=1, **shared)
-    # methods registered outside the package travel with the trainable (the trial's process has
-    # only the built-in cards); without any, the trainable is the plain function
-    trainable = tune.with_parameters(run_trial, methods=outside_cards()) if outside_cards() else run_trial
-    tuner = tune.Tuner(
-        tune.with_resources(trainable, resources),
-        param_space=params,
-        tune_config=tune_config,
-        run_config=tune.RunConfig(
-            name=name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder, *callbacks], stop=stopper,
-            # a trial whose process died (a lost node, an OOM kill) restarts from its last
-            # checkpoint, on whichever node has room
-            failure_config=tune.FailureConfig(max_failures=retries),
-        ),
-    )
-    try:
-        fit_keeping_ctrl_c(tuner)
-    except Exception as error:
-        if is_disk_full(error):
-            raise StageOutOfSpace(disk_full_line(error)) from None
-        raise
-    if recorder.out_of_space is not None:
-        raise StageOutOfSpace(recorder.out_of_space)
-    for stage, _ in pending:
-        ended = len(ledger.records(stage.name))
-        if ended < stage.total:
-            raise StageInterrupted(f"{stage.name} stopped after {ended} of {stage.total} trials")
+    return pending
+
+
+class StageSearcher(Searcher):
+    """Tune's searcher for the stages of one experiment: the first stage's trials, then the next
+    one's -- a study's proposals (each with the parameters its search alone would propose), or the
+    stage's points by index -- so that a sweep's stages run in one experiment, and share its
+    processes, in the order of sequential stages.  With ``then``: once every trial handed out has
+    ended, ``then()`` adds the stages that need their results (none: the experiment ends); an
+    error it raises ends the experiment and is ``error``, for the caller to raise.
+
+    It only proposes: the sweep's ledger callback tells a study how each trial ended, after
+    recording it, and Tune keeps nothing of it to restore (``save`` is empty; ``MethodStudy``
+    leaves its storage out of Tune's pickles, so no storage URL and no password are ever written
+    into them).  Each trial's parameters carry its stage's settings (``bases``)."""
+
+    def __init__(self, stages: list[tuple[Stage, dict]], then: Callable[[], list[tuple[Stage, dict]]] | None = None) -> None:
+        super().__init__()  # no metric: Tune would demand it of every report (a base model evaluated as it is has none)
+        self.stages = [(stage, set(ended), set()) for stage, ended in stages]
+        self.then, self.error = then, None
+        self.running: set[str] = set()
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True  # the space is the stages'
+
+    def suggest(self, trial_id: str) -> dict | None:
+        for stage, ended, handed in self.stages:
+            if stage.study is not None:
+                proposal = stage.study.propose(ended | handed)
+            else:
+                proposal = next(((i, point) for i, point in enumerate(stage.points) if i not in ended | handed), None)
+            if proposal is not None:
+                index, overrides = proposal
+                handed.add(index)
+                self.running.add(trial_id)
+                return {"bases": {stage.name: stage.base.to_dict()}, "point": {"stage": stage.name, "index": index, "overrides": overrides}}
+        if self.then is None:
+            return Searcher.FINISHED
+        if self.running:
+            return None  # the next stages wait for these trials' results
+        then, self.then = self.then, None
+        try:
+            self.stages += [(stage, set(ended), set()) for stage, ended in then()]
+        except Exception as error:
+            self.error = error
+            return Searcher.FINISHED
+        return self.suggest(trial_id)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        """Only that it ended: the ledger callback tells the study (see the class docstring)."""
+        self.running.discard(trial_id)
+
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to save: the proposals live in the study, the results in the ledger."""
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Nothing to restore (see ``save``)."""
 
 
 def stage_stopper(stage: Stage, ledger: Ledger, ended: dict[int, dict]) -> AshaStopper:

@@ -6,8 +6,8 @@
 
 POINT is one of
     search:<stage>:<n>       Ctrl-C when trial n (1-based) of a stage reports its first epoch
-    between:<experiment>     Ctrl-C just before a Tune experiment starts: search (every method's
-                             search), or final (after the search)
+    between:final            Ctrl-C as the final stage is chosen: every search trial has ended,
+                             no final trial has started (one Tune experiment runs both)
     finishing:<stage>:<n>    Ctrl-C when trial n of a stage sends its final report
     kill-write:<k>           kill -9 during this process's k-th file write: half the bytes are in
                              the temporary file, the target not yet replaced
@@ -60,15 +60,14 @@ def interrupt_at(point: str) -> None:
             return on_result(self, iteration, trials, trial, result, **info)
 
         stage.LedgerCallback.on_trial_result = hooked
-    elif kind == "between":
-        run = protocol.run
+    elif point == "between:final":
+        final_stage = protocol.final_stage
 
-        def hooked_run(spec, results, stages, log, name):
-            if name == where:
-                ctrl_c()
-            return run(spec, results, stages, log, name)
+        def hooked_final_stage(*args, **kwargs):
+            ctrl_c()
+            return final_stage(*args, **kwargs)
 
-        protocol.run = hooked_run
+        protocol.final_stage = hooked_final_stage
     elif kind in ("kill-write", "trace-writes"):
         replace, count = os.replace, [0]
 

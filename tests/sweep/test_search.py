@@ -5,7 +5,9 @@ import math
 import optuna
 import pytest
 
-from dpsm_ray.sweep.search import AshaStopper, MethodStudy, StageStoppers, StudySearcher, rungs
+from dpsm_ray.sweep.search import AshaStopper, MethodStudy, StageStoppers, rungs
+from dpsm_ray.sweep.stage import Stage, StageSearcher
+from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.sweep.space import Range
 from dpsm_ray.train.ray_train import FINISHED, RESUMED
 
@@ -141,13 +143,56 @@ def test_each_stage_of_an_experiment_is_judged_against_its_own_trials_alone():
     assert stopper.stopped("search-ce", 1) and not stopper.stopped("search-cut", 1)
 
 
+def search_stage(name: str, s: MethodStudy) -> Stage:
+    return Stage(name, TrainConfig(dataset="digits", method="dpsm"), s.total, tuple(SPACE), study=s)
+
+
 def test_one_searcher_hands_out_each_study_s_trials_in_turn_as_sequential_searches_would(tmp_path):
     """The searches' trials run in one experiment: the first study's, then the next one's, each
     with the parameters its own search alone would have proposed."""
     first, second = study(tmp_path, "a", total=2), study(tmp_path, "b", total=2, seed=1)
     alone = [study(tmp_path, name, total=2, db=f"{name}.db", seed=seed) for name, seed in (("a", 0), ("b", 1))]
     expected = [("search-a", n, alone[0].propose(set(range(n)))[1]) for n in range(2)] + [("search-b", n, alone[1].propose(set(range(n)))[1]) for n in range(2)]
-    searcher = StudySearcher([("search-a", first, set()), ("search-b", second, set())])
-    points = [searcher.suggest(f"t{i}")["point"] for i in range(4)]
-    assert [(p["stage"], p["index"], p["overrides"]) for p in points] == expected
-    assert searcher.suggest("t4") == StudySearcher.FINISHED
+    searcher = StageSearcher([(search_stage("search-a", first), {}), (search_stage("search-b", second), {})])
+    suggested = [searcher.suggest(f"t{i}") for i in range(4)]
+    assert [(p["point"]["stage"], p["point"]["index"], p["point"]["overrides"]) for p in suggested] == expected
+    assert all(set(p["bases"]) == {p["point"]["stage"]} for p in suggested)  # each trial carries its own stage's settings
+    assert searcher.suggest("t4") == StageSearcher.FINISHED
+
+
+def test_the_stages_that_need_the_searches_results_come_once_every_handed_out_trial_has_ended(tmp_path):
+    """The final stage joins the searches' experiment: ``then`` is asked for it only when no
+    search trial is running any more, and once; its points follow, skipping those that ended."""
+    base = TrainConfig(dataset="digits", method="ce")
+    final = Stage("final", base, 3, ("seed",), points=[{"seed": 0}, {"seed": 1}, {"seed": 2}])
+    asked = []
+
+    def then():
+        asked.append(True)
+        return [(final, {1: {"status": "ok"}})]  # trial 1 ended before an interruption
+
+    searcher = StageSearcher([(search_stage("search-a", study(tmp_path, "a", total=2)), {})], then)
+    assert [searcher.suggest(t)["point"]["index"] for t in ("t0", "t1")] == [0, 1]
+    assert searcher.suggest("t2") is None and not asked  # wait: t0 and t1 still run
+    searcher.on_trial_complete("t0")
+    assert searcher.suggest("t2") is None and not asked
+    searcher.on_trial_complete("t1", error=True)  # failed: ended all the same
+    points = [searcher.suggest(t)["point"] for t in ("t2", "t3")]
+    assert asked == [True] and [(p["stage"], p["index"], p["overrides"]) for p in points] == [("final", 0, {"seed": 0}), ("final", 2, {"seed": 2})]
+    searcher.on_trial_complete("t2")
+    searcher.on_trial_complete("t3")
+    assert searcher.suggest("t4") == StageSearcher.FINISHED and asked == [True] and searcher.error is None
+
+
+def test_an_error_choosing_the_next_stages_ends_the_experiment_and_is_kept_for_the_caller(tmp_path):
+    def then():
+        raise RuntimeError("every search trial failed")
+
+    searcher = StageSearcher([(search_stage("search-a", study(tmp_path, "a", total=1)), {})], then)
+    searcher.suggest("t0")
+    searcher.on_trial_complete("t0")
+    assert searcher.suggest("t1") == StageSearcher.FINISHED and str(searcher.error) == "every search trial failed"
+    no_more = StageSearcher([(search_stage("search-b", study(tmp_path, "b", total=1)), {})], lambda: [])
+    no_more.suggest("t0")
+    no_more.on_trial_complete("t0")
+    assert no_more.suggest("t1") == StageSearcher.FINISHED and no_more.error is None
