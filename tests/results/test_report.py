@@ -242,6 +242,34 @@ def test_a_searchs_history_and_importance_are_drawn_from_a_copy_of_optuna_db(tmp
     assert not (tmp_path / "figures" / "search_ce.png").exists()  # no study of CE in this optuna.db
 
 
+def test_the_search_figures_a_second_process_draws_are_the_ones_this_process_draws(tmp_path, monkeypatch):
+    """Issue 26: with two cores the search figures are drawn in a second process while this one
+    draws the rest; with one, here.  Both write the same figures and the same report."""
+    import os
+    import shutil
+    import subprocess
+
+    started = []
+
+    class RecordedPopen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", RecordedPopen)
+    fabricate(tmp_path / "one")
+    optuna_db(tmp_path / "one", trials=4)
+    shutil.copytree(tmp_path / "one", tmp_path / "two")
+    written = {}
+    for results, cores in ((tmp_path / "one", {0}), (tmp_path / "two", {0, 1})):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores, raising=False)
+        write_report(results, log=quiet)
+        written[results.name] = {name: (results / "figures" / f"{name}.png").read_bytes() for name in ("search_dpsm", "importance_dpsm")}
+        written[results.name]["report.md"] = (results / "report.md").read_text().split("\n", 1)[1].encode()  # below "# Results: <name>"
+    assert len(started) == 1 and started[0].returncode == 0  # a second process, for two cores only, and it drew them
+    assert written["one"] == written["two"]
+
+
 def test_the_history_crosses_the_infeasible_trial_in_black(tmp_path):
     import matplotlib.pyplot as plt
 
