@@ -329,8 +329,8 @@ def interrupted(point: str, results: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("point", ["search:search-ce:2", "between:final", "finishing:final:1"])
 def test_an_interrupted_sweep_resumes_to_the_rows_of_an_uninterrupted_one(uninterrupted_sweep, tmp_path, point):
-    """Ctrl-C during a search trial, as the final stage is chosen, and as a final trial sends its last
-    report; then --resume until done.  The same seed fixes every row, so the resumed sweep must
+    """Ctrl-C during a search trial, as the final stage is chosen, and as a final trial sends its
+    last report; then --resume until done.  The same seed fixes every row, so the resumed sweep must
     end with exactly the uninterrupted one's rows, with nothing lost or repeated."""
     results = tmp_path / "sweep"
     first = interrupted(point, results)
