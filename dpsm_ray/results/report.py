@@ -285,7 +285,7 @@ def write_search_figures(results: Path, sweep: dict | None) -> tuple[list[Figure
 
 def drawing_search_figures(results: Path, sweep: dict | None) -> Callable[[], tuple[list[Figure], str]]:
     """Start ``write_search_figures`` in a second Python process, which draws them while this one
-    draws the others (a digits sweep's report: 8.6 s -> 5.3 s on 2 cores, issue 26); returns the
+    draws the others (a digits sweep's report: 11.9 s -> 8.6 s on 2 cores, issue 26); returns the
     wait for them.  Drawn here instead, when waited for: on one core, with methods registered
     outside the package (a fresh process would not know their names), or when that process failed
     (so that its error is raised here, as it is).  A subprocess rather than multiprocessing's
