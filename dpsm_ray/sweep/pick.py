@@ -28,7 +28,7 @@ def best_overrides(spec, results: Path, method: str, log) -> dict | None:
     search = trials[(trials.stage == "search") & (trials.method == method)]
     finished, stopped = search[search.status == "ok"], search[search.status == "stopped"]
     if finished.empty and stopped.empty:
-        log(f"warning: every search trial of {method} failed (errors in trials.parquet and under {results / 'tune' / 'search'}); {method} is left out of the final stage")
+        log(f"warning: every search trial of {method} failed (errors in trials.parquet and under {results / 'tune'}); {method} is left out of the final stage")
         return None
     feasible, feasible_stopped = finished[finished.feasible == True], stopped[stopped.feasible == True]  # noqa: E712 (nullable)
     if not feasible.empty:
