@@ -218,6 +218,11 @@ class StageSearcher(Searcher):
         self.then, self.error = then, None
         self.running: set[str] = set()
 
+    def __getstate__(self) -> dict:
+        """Without ``then``: Tune pickles its searcher (cloudpickle, closures by value), and the
+        sweep's ``then`` reaches its spec, whose Optuna storage URL may carry a password."""
+        return {**self.__dict__, "then": None}
+
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return True  # the space is the stages'
 

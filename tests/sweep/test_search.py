@@ -196,3 +196,14 @@ def test_an_error_choosing_the_next_stages_ends_the_experiment_and_is_kept_for_t
     no_more.suggest("t0")
     no_more.on_trial_complete("t0")
     assert no_more.suggest("t1") == StageSearcher.FINISHED and no_more.error is None
+
+
+def test_tune_s_pickle_of_the_searcher_leaves_out_the_sweep_behind_then(tmp_path):
+    """Tune pickles its searcher (cloudpickle: a closure by value); ``then`` reaches the sweep's
+    spec, whose Optuna storage URL may carry a password."""
+    from ray import cloudpickle
+
+    url = "postgresql://sweeper:s3cret-Pw@127.0.0.1/optuna"
+    searcher = StageSearcher([(search_stage("search-a", study(tmp_path, "a", total=1)), {})], lambda: [url])
+    assert b"s3cret-Pw" not in cloudpickle.dumps(searcher)
+    assert searcher.then() == [url]  # the searcher in use keeps it
