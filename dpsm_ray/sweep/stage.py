@@ -219,7 +219,7 @@ class StageSearcher(Searcher):
         self.running: set[str] = set()
 
     def __getstate__(self) -> dict:
-        """Without ``then``: Tune pickles its searcher (cloudpickle, closures by value), and the
+        """Without ``then``: Tune pickles its searcher (closures by value), and the
         sweep's ``then`` reaches its spec, whose Optuna storage URL may carry a password."""
         return {**self.__dict__, "then": None}
 
