@@ -227,7 +227,8 @@ class StageSearcher(Searcher):
         return True  # the space is the stages'
 
     def suggest(self, trial_id: str) -> dict | None:
-        for stage, ended, handed in self.stages:
+        while self.stages:
+            stage, ended, handed = self.stages[0]
             if stage.study is not None:
                 proposal = stage.study.propose(ended | handed)
             else:
@@ -237,6 +238,9 @@ class StageSearcher(Searcher):
                 handed.add(index)
                 self.running.add(trial_id)
                 return {"bases": {stage.name: stage.base.to_dict()}, "point": {"stage": stage.name, "index": index, "overrides": overrides}}
+            # a stage with nothing left never has again: Tune asks at every step while trials
+            # run, and a study's proposal reads its database
+            self.stages.pop(0)
         if self.then is None:
             return Searcher.FINISHED
         if self.running:
