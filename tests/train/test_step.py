@@ -82,9 +82,10 @@ def test_graph_ready_step_trains_like_the_eager_step(method, options):
     data = batches(6)
     eager = run("eager", method, data, lr_change_at=3, options=options)
     graph = run("graph", method, data, lr_change_at=3, options=options, capture=False)
-    # the published ConfTr's logarithm of a small size loss magnifies float32 rounding tenfold (in
-    # float64 every variant agrees to 1e-12: the test below)
-    loose = 10.0 if method == "conftr_published" else 1.0
+    # the published ConfTr's logarithm of a small size loss magnifies float32 rounding, the more so
+    # with its size target: weights 4.2e-5 apart after six steps on an AVX-512 CPU (torch 2.14), under
+    # 1e-5 on AVX2 ones.  In float64 every variant agrees to 1e-12: the test below is the exact check.
+    loose = {"conftr_published": 100.0 if options.get("size_target") else 10.0}.get(method, 1.0)
     for a, b in zip(eager[0].state_dict().values(), graph[0].state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-5 * loose, atol=1e-6 * loose)  # BatchNorm statistics included
     for row_e, row_g in zip(eager[3], graph[3]):
