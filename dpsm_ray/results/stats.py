@@ -16,14 +16,14 @@ T_LEVEL = 0.95
 def t_interval(values: list[float], level: float = T_LEVEL) -> tuple[float, float, float]:
     """Mean and the two ends of a Student t interval for the mean of ``values`` (NaN ends for
     fewer than two)."""
-    from scipy import stats
+    from scipy.special import stdtrit  # the t distribution's quantile (scipy.stats.t.ppf's), 0.1 s to import against scipy.stats's 0.5 s
 
     n = len(values)
     mean = sum(values) / n if n else math.nan
     if n < 2:
         return mean, math.nan, math.nan
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = stats.t.ppf((1 + level) / 2, n - 1) * sd / math.sqrt(n)
+    half = stdtrit(n - 1, (1 + level) / 2) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
 
 
