@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 from dpsm_ray.catalog import version_line
+from dpsm_ray.timing import skip_final_collection
 from dpsm_ray.train.config import ConfigError, TrainConfig, calibration_warnings
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
@@ -308,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    skip_final_collection()
     try:
         return args.handler(args, args.parser)
     except KeyboardInterrupt:  # wherever else Ctrl-C lands (importing, starting or stopping Ray)

@@ -51,3 +51,21 @@ def process_started_at() -> float | None:
     except (OSError, IndexError, ValueError):
         return None
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def skip_final_collection() -> None:
+    """At this process's exit, after the ``atexit`` work registered since (Ray's shutdown), leave
+    out the interpreter's last garbage collections: with torch, Ray, Tune, pandas and matplotlib
+    loaded they take ~2 s of a finished sweep's exit on 2 cores (2.6 s -> 0.4 s, measured).  What
+    a command writes is closed before it returns; only objects in reference cycles are left
+    unfinalised, as the process ends."""
+    global _skipping
+    if not _skipping:
+        import atexit
+        import gc
+
+        atexit.register(gc.freeze)
+        _skipping = True
+
+
+_skipping = False

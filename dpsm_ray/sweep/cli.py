@@ -18,6 +18,7 @@ from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_ra
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
+from dpsm_ray.timing import skip_final_collection
 
 # TrainConfig fields a sweep script lets you change (the rest are the script's choice).
 CONFIG_OPTIONS = {
@@ -158,6 +159,7 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
     the end and ``--resume`` continues it -- Ctrl-C included, wherever it lands."""
     parser = build_parser(name, description, defaults)
     args = parse_with_config(parser, name, CONFIG_OPTIONS, argv)
+    skip_final_collection()
     try:
         return run(name, parser, args, defaults)
     except KeyboardInterrupt:  # Ctrl-C between Tune experiments, while Ray starts or stops (Tune handles it during one)
