@@ -19,6 +19,10 @@ actor reuse, the default).  The two arms' trials/evals/epochs rows are compared,
 columns that hold times or Tune's trial ids; ``--compare DIR`` compares them with another
 sweep's too (e.g. one run by an earlier version).
 
+``--floor`` then times what Ray and Tune alone take for a sweep of that shape (FLOOR below), and
+the ratio that floor would give with the sweep's epochs and evaluation added: the part of the
+ratio no change inside the sweep can remove.
+
 Target: sweep wall <= 3x the sum of epoch and evaluation time (epochs.parquet ``epoch_seconds``,
 which holds the per-epoch validation, plus the final evaluations).  Prints one JSON line, then a
 table per arm.
@@ -56,6 +60,51 @@ def run_arm(script: str, results: Path, arm: list[str], extra: list[str]) -> flo
     if done.returncode != 0:
         sys.exit(f"sweeps/{script}.py failed (exit {done.returncode}):\n{done.stdout[-3000:]}")
     return seconds
+
+
+# Ray's and Tune's own share of a sweep of this shape: a fresh Python process that imports what a
+# sweep's driver does, starts its embedded Ray as a sweep does, runs one Tune experiment (actor
+# reuse, one trial at a time) of as many trials as the sweep, each reporting as often as its epochs
+# and doing nothing else, and stops Ray -- no data, model, training, evaluation, Optuna, records,
+# Parquet or report.  What no change inside the sweep can take below.
+FLOOR = """
+import sys, time
+import optuna, pandas, torch
+from ray import tune
+from dpsm_ray.train.ray_session import start_embedded
+import ray
+
+def trial(config):
+    import torch  # what a trial's process imports first
+    for _ in range(config["reports"]):
+        tune.report({"epoch": 1})
+
+start_embedded(num_cpus=2, worker_output=False)
+reports = [int(n) for n in sys.argv[1].split(",")]
+tuner = tune.Tuner(tune.with_resources(trial, {"cpu": 1}), param_space={"reports": tune.grid_search(reports)},
+                   tune_config=tune.TuneConfig(max_concurrent_trials=1, reuse_actors=True),
+                   run_config=tune.RunConfig(storage_path=sys.argv[2], verbose=0))
+grid = tuner.fit()
+ray.shutdown()
+print(sum(result.error is None for result in grid), sum(0 if result.metrics_dataframe is None else len(result.metrics_dataframe) for result in grid))
+"""
+
+
+def floor(results: Path, analysed: dict, out: Path) -> dict:
+    """FLOOR's wall seconds for the sweep in ``results``, and the ratio it would give with the
+    sweep's epochs and evaluation added (``analysed``: ``analyse``'s result for it)."""
+    trials = pd.read_parquet(results / "trials.parquet")
+    per_trial = pd.read_parquet(results / "epochs.parquet").groupby("trial_id").size()
+    reports = [int(per_trial.get(t, 0)) for t in trials.trial_id]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", FLOOR, ",".join(map(str, reports)), str(out / "floor-tune")], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"the floor's Tune experiment failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    ended, reported = map(int, done.stdout.split()[-2:])
+    work = analysed["epoch_seconds"] + analysed["final_evaluation_s"]
+    return {"wall_s": round(seconds, 2), "trials": ended, "reports": reported, "floor_plus_work_over_work": round((seconds + work) / work, 2)}
 
 
 def records(results: Path) -> list[dict]:
@@ -132,7 +181,14 @@ def table(name: str, result: dict) -> str:
              f"  {'part':<42} {'seconds':>8} {'share':>6}"]
     for part, seconds in sorted(result["parts"].items(), key=lambda item: -item[1]):
         lines.append(f"  {part:<42} {seconds:>8.2f} {100 * seconds / result['wall_s']:>5.1f}%")
+    if "floor" in result:
+        lines.append(floor_line(name, result["floor"]))
     return "\n".join(lines)
+
+
+def floor_line(name: str, floor: dict) -> str:
+    return (f"{name} floor: Ray's start and stop and one Tune experiment of the same trials and reports, doing nothing else: "
+            f"{floor['wall_s']:.1f} s; with the epochs and evaluation added, {floor['floor_plus_work_over_work']:.1f}x")
 
 
 def cifar_root(out: Path) -> Path:
@@ -153,13 +209,17 @@ def main() -> int:
                         "CIFAR-100 files, CPU, 256 training images, 2 epochs, 3 search trials and 1 final; default: %(default)s)")
     parser.add_argument("--compare", type=Path, help="a results directory of the default digits sweep to compare rows with")
     parser.add_argument("--analyse", type=Path, help="print the parts of this finished sweep and stop")
+    parser.add_argument("--floor", action="store_true", help="then time Ray's and Tune's own share of the digits sweep's shape: its trials, "
+                        "each reporting once per epoch and doing nothing else (no training, data, Optuna, records or report)")
     args = parser.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="sweep_overhead_")).resolve()
     if args.analyse:
         result = analyse(args.analyse.resolve(), None)
+        if args.floor:
+            result["floor"] = floor(args.analyse.resolve(), result, out)
         print(json.dumps(result))
         print(table(str(args.analyse), result))
         return 0
-    out = Path(args.out or tempfile.mkdtemp(prefix="sweep_overhead_")).resolve()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     report = {"bench": "sweep_overhead", "host": platform.node(), "cpus": os.cpu_count(), "digits": {}, "cifar": {}}
     sweeps = [s.strip() for s in args.sweeps.split(",") if s.strip()]
@@ -171,6 +231,8 @@ def main() -> int:
             report["digits"]["same_rows"] = same_rows(out / f"digits-{arms[0]}", out / f"digits-{arms[1]}")
         if args.compare:
             report["digits"]["same_rows_as_compare"] = same_rows(args.compare.resolve(), out / f"digits-{arms[-1]}")
+        if args.floor:
+            report["digits"]["floor"] = floor(out / f"digits-{arms[-1]}", report["digits"][arms[-1]], out)
     if "cifar" in sweeps:
         data = cifar_root(out)
         for arm in arms:
@@ -189,6 +251,8 @@ def main() -> int:
                 print(table(f"{group} {arm}", result))
                 if "fixed_per_trial_s" in result:
                     print(f"  fixed cost per trial (everything but its epochs' train and evaluate): {result['fixed_per_trial_s']:.2f} s")
+        if "floor" in report[group]:
+            print(floor_line(group, report[group]["floor"]))
         for key in ("same_rows", "same_rows_as_compare"):
             if key in report[group]:
                 print(f"{group} {key}: {report[group][key]}")
