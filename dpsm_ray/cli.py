@@ -158,8 +158,8 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.inputs import open_inputs
-    from dpsm_ray.predictor import Predictor
     from dpsm_ray.predictions import write_sets
+    from dpsm_ray.predictor import Predictor
 
     try:
         predictor = Predictor.load(args.predictor, device=args.device)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from dpsm_ray.catalog import PAPER_METHODS, default_model, version_line
 from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_config
-from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_range
+from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
+from dpsm_ray.timing import skip_final_collection
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
-from dpsm_ray.timing import skip_final_collection
 
 # TrainConfig fields a sweep script lets you change (the rest are the script's choice).
 CONFIG_OPTIONS = {
