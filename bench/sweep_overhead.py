@@ -50,11 +50,15 @@ CIFAR_ARGS = ["--train-subset", "256", "--epochs", "2", "--methods", "ce", "--tr
               "--init", "scratch", "--gpus-per-worker", "0", "--cpus-per-worker", "1", "--device", "cpu", "--concurrency", "1"]
 
 
+def child_env() -> dict:
+    """This environment, with this checkout first on the path: the child runs this very dpsm_ray."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def run_arm(script: str, results: Path, arm: list[str], extra: list[str]) -> float:
     """Run ``sweeps/SCRIPT.py`` into ``results``; its wall seconds, the process's start included."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, str(ROOT / "sweeps" / f"{script}.py"), "--results-dir", str(results), *arm, *extra], env=env,
+    done = subprocess.run([sys.executable, str(ROOT / "sweeps" / f"{script}.py"), "--results-dir", str(results), *arm, *extra], env=child_env(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
@@ -96,9 +100,8 @@ def floor(results: Path, analysed: dict, out: Path) -> dict:
     trials = pd.read_parquet(results / "trials.parquet")
     per_trial = pd.read_parquet(results / "epochs.parquet").groupby("trial_id").size()
     reports = [int(per_trial.get(t, 0)) for t in trials.trial_id]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", FLOOR, ",".join(map(str, reports)), str(out / "floor-tune")], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", FLOOR, ",".join(map(str, reports)), str(out / "floor-tune")], env=child_env(), capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(f"the floor's Tune experiment failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
