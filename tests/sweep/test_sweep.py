@@ -42,11 +42,12 @@ def assert_schema(path: Path, schema) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def finished_sweep(ray_session, tmp_path_factory):
-    """Two methods, two Optuna trials each, two final seeds; each trial a 1-worker TorchTrainer run."""
+    """Two methods, two Optuna trials each, two final seeds; each trial trains in its own process
+    (``--workers 0``, every sweep script's default).  The same files from TorchTrainer trials:
+    test_asha_stops_a_poor_trial_early_records_it_and_frees_its_workers[TorchTrainer trials]."""
     results = tmp_path_factory.mktemp("sweep")
     spec = SweepSpec(
-        name="tiny", base=tiny_base(workers=1, cpus_per_worker=1), methods=("ce", "dpsm"), trials=2, final_seeds=2,
-        coverage_slack=0.03, seed=0, trial_resources=(("cpu", 0.1),),
+        name="tiny", base=tiny_base(workers=0), methods=("ce", "dpsm"), trials=2, final_seeds=2, coverage_slack=0.03, seed=0,
     )
     lines = []
     run_sweep(spec, results, log=lines.append)
@@ -332,24 +333,29 @@ def interrupted(point: str, results: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, env=sweep_env(), timeout=600)
 
 
-@pytest.mark.parametrize("point", ["search:search-ce:2", "between:final", "finishing:final:1"])
-def test_an_interrupted_sweep_resumes_to_the_rows_of_an_uninterrupted_one(uninterrupted_sweep, tmp_path, point):
-    """Ctrl-C during a search trial, as the final stage is chosen, and as a final trial sends its
-    last report; then --resume until done.  The same seed fixes every row, so the resumed sweep must
+# Instants at which the driver is stopped with Ctrl-C, one after another on the same sweep, each run
+# resuming the last: during a search trial, as the final stage is chosen, and as a final trial
+# sends its last report.
+INTERRUPTIONS = ["search:search-ce:2", "between:final", "finishing:final:1"]
+
+
+def test_an_interrupted_sweep_resumes_to_the_rows_of_an_uninterrupted_one(uninterrupted_sweep, tmp_path):
+    """Each Ctrl-C stops the sweep (exit 3, saying how to resume) and the next run resumes it
+    without repeating a trial that had finished; the same seed fixes every row, so the sweep must
     end with exactly the uninterrupted one's rows, with nothing lost or repeated."""
     results = tmp_path / "sweep"
-    first = interrupted(point, results)
-    assert first.returncode == 3, first.stdout + first.stderr  # stopped, not finished and not crashed
-    assert "rerun with --resume" in first.stderr, first.stdout + first.stderr
-    done_first = {finished_trial(line) for line in first.stdout.splitlines() if " done in " in line}
-
-    second = interrupted("none", results)
-    assert second.returncode == 0, second.stdout + second.stderr
-    done_second = {finished_trial(line) for line in second.stdout.splitlines() if " done in " in line}
-    assert not done_first & done_second  # nothing finished before Ctrl-C ran again
-    assert_same_rows(results, uninterrupted_sweep, point)
+    runs = [(point, interrupted(point, results)) for point in [*INTERRUPTIONS, "none"]]
+    done = []
+    for point, run in runs:
+        expected = 0 if point == "none" else 3  # stopped, not finished and not crashed
+        assert run.returncode == expected, f"{point}:\n{run.stdout}{run.stderr}"
+        assert point == "none" or "rerun with --resume" in run.stderr, f"{point}:\n{run.stdout}{run.stderr}"
+        done.append({finished_trial(line) for line in run.stdout.splitlines() if " done in " in line})
+    for (point, _), before, after in zip(runs, done, done[1:]):
+        assert not before & after, f"finished before the Ctrl-C at {point} and again after it: {before & after}"
+    assert_same_rows(results, uninterrupted_sweep, "Ctrl-C at " + ", ".join(INTERRUPTIONS))
     trials = pd.read_parquet(results / "trials.parquet")
-    assert {(f"search-{m}" if s == "search" else s, i) for s, m, i in zip(trials.stage, trials.method, trials.trial_index)} >= done_first
+    assert {(f"search-{m}" if s == "search" else s, i) for s, m, i in zip(trials.stage, trials.method, trials.trial_index)} >= set().union(*done)
 
 
 # Instants at which the driver is killed (kill -9), one after another on the same sweep, each run
@@ -464,7 +470,8 @@ def test_a_sweep_outlives_a_training_run_stopped_beside_it(ray_session, tmp_path
     train_lines: list[str] = []
     lines_of(train, train_lines)
     wait_for_line(train_lines, "epoch   2/500", train)
-    sweep = subprocess.Popen([sys.executable, str(ROOT / "sweeps" / "digits.py"), "--results-dir", str(tmp_path / "sweep"), *TINY_SWEEP], **pipes)
+    smallest = ["--methods", "ce", "--trials", "1", "--final-seeds", "1", "--base-epochs", "2", "--epochs", "2", "--workers", "0"]
+    sweep = subprocess.Popen([sys.executable, str(ROOT / "sweeps" / "digits.py"), "--results-dir", str(tmp_path / "sweep"), *smallest], **pipes)
     sweep_lines: list[str] = []
     reader = lines_of(sweep, sweep_lines)
     wait_for_line(sweep_lines, "] search: ", sweep)  # its Ray is up and the search has begun
@@ -493,14 +500,27 @@ def test_asha_stops_a_poor_trial_early_records_it_and_frees_its_workers(ray_sess
     )
     lines = []
     run_sweep(spec, tmp_path, log=lines.append)
-    trials = pd.read_parquet(tmp_path / "trials.parquet")
+    trials = assert_schema(tmp_path / "trials.parquet", TRIALS)
     search = trials[trials.stage == "search"].set_index("lr")
     assert search.loc[1e-5, "status"] == "stopped" and search.loc[1e-5, "epochs_completed"] == 1
     assert search.loc[0.05, "status"] == "ok" and search.loc[0.05, "epochs_completed"] == 3
-    epochs = pd.read_parquet(tmp_path / "epochs.parquet")
+    epochs = assert_schema(tmp_path / "epochs.parquet", EPOCHS)
     assert epochs.groupby("lr").size().to_dict() == {1e-5: 1, 0.05: 3 + 3}  # the stopped trial's epoch; the pick's, searched and re-trained
+    assert epochs.groupby("trial_id").epoch.apply(list).map(lambda e: e == [1, 2, 3][:len(e)]).all()
     final = trials[trials.stage == "final"]
     assert final.lr.tolist() == [0.05] and final.status.tolist() == ["ok"]
+    # the files either kind of trial writes (the finished_sweep tests read them in detail from
+    # in-process trials): the configuration that ran, and the final model's evaluations on every
+    # score and re-split, with each class's rows adding up to them
+    assert [json.loads(config)["workers"] for config in trials.config_json] == [workers] * len(trials)
+    assert (trials.device == "cpu").all() and trials.gpu_ids.isna().all() and trials.trial_id.is_unique
+    evals = assert_schema(tmp_path / "evals.parquet", EVALS)
+    assert set(evals.trial_id) == set(final.trial_id) and len(evals) == 3 * 4  # scores x re-splits
+    assert evals.coverage.between(0, 1).all() and (evals.set_size >= 0).all()
+    classes = assert_schema(tmp_path / "classes.parquet", CLASSES)
+    assert len(classes) == len(evals) * 10
+    n_test = classes.groupby(["score", "split"]).n_test.sum()
+    assert (n_test == evals.set_index(["score", "split"]).n_test.reindex(n_test.index)).all()
     deadline = time.monotonic() + 30  # Ray Train's cleaner looks once a second
     while (left := [g for pg, g in ray.util.placement_group_table().items() if pg not in groups_before and g["state"] != "REMOVED"]) and time.monotonic() < deadline:
         time.sleep(1)
