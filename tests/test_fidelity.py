@@ -65,7 +65,7 @@ def test_the_cifar100_fidelity_study_dry_runs_on_a_generated_copy(ray_session, t
     tex = json.loads(trials.loc[("dpsm_tex", 0)].config_json)
     assert (tex["ce_batch"], tex["sigmoid_temperature"], tex["conformal_weight"]) == ("half", 0.1, 0.5)
     # one base model per seed, shared by every arm that fine-tunes
-    assert len(list((out / "base_models").glob("cifar100-resnet110-seed*-*/model.pt"))) == 2
+    assert len(list((out / "base_models").glob("cifar100-resnet20-seed*-*/model.pt"))) == 2  # --quick's model
     comparisons = analysis["comparisons"]
     assert {(c["arm"], c["against"]) for c in comparisons} == {(a, r) for r in ("ce", "base") for a in ARMS if a != r}
     assert all(len(c["per_seed"]) == 2 for c in comparisons)

@@ -266,7 +266,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     add("--resume", action="store_true", help="continue an interrupted study in --out")
     add("--seeds", type=int, help="training seeds per arm (default: the dataset's)")
     add("--arms", help="a comma-separated subset of the arms (default: all)")
-    add("--quick", action="store_true", help="a smoke run: a small training subset, 2 epochs, 2 seeds")
+    add("--quick", action="store_true", help="a smoke run at the dataset's small sizes (a training subset, 1-2 epochs, 2 seeds)")
     add("--concurrency", type=int, help="trials at once (default: the dataset's)")
     add("--address", help="a Ray cluster to run on (default: as the sweep scripts)")
     args = parser.parse_args(argv)
