@@ -13,16 +13,10 @@ from dpsm_ray.objectives import PAPER_METHODS as METHODS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_throughput_benchmark_runs_quick_on_cpu_and_prints_json_and_a_table(tmp_path):
-    out = tmp_path / "bench.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "throughput.py"), "--device", "cpu", "--quick", "--json-out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads(result.stdout.splitlines()[0])
-    assert record == json.loads(out.read_text())
-    assert record["quick"] and record["failed"] == 0
+def assert_throughput_record(record: dict, table: list[str]) -> None:
+    """``bench/throughput.py --device cpu --quick``'s JSON record and the table it prints after it
+    (run by bench/gpu_check.py's throughput step: test_gpu_check_dry_runs_every_step_on_cpu)."""
+    assert record["benchmark"] == "throughput" and record["quick"] and record["failed"] == 0
     rows = record["results"]
     # the official-style baseline and ours for every method, then 1 and 2 packed trials
     assert [(r["pipeline"], r["method"]) for r in rows[:8]] == [(p, m) for m in METHODS for p in ("official", "ours")]
@@ -32,7 +26,6 @@ def test_throughput_benchmark_runs_quick_on_cpu_and_prints_json_and_a_table(tmp_
         assert row["images_per_s"] == row["images"] / row["seconds"]
     assert len(rows[-1]["per_trial_images_per_s"]) == 2
     assert set(record["summary"]) >= {f"speedup_{m}_resnet20_b32" for m in METHODS} | {"dpsm_step_cost_vs_ce_resnet20_b32"}
-    table = result.stdout.splitlines()[1:]
     assert table[0].split()[:4] == ["pipeline", "model", "method", "batch"] and len([line for line in table if line.split()[0] in ("official", "ours", "packed")]) == 10
 
 
@@ -118,7 +111,15 @@ def test_gpu_check_dry_runs_every_step_on_cpu(tmp_path):
     assert variants["graph_bf16_channels_last"] == {"skipped": "the captured graph needs CUDA"}
     # auto is eager fp32 on a CPU: the same losses as the plain run
     assert variants["auto"]["ce_loss"] == variants["eager_fp32"]["ce_loss"] and variants["auto"]["images_per_s"] > 0
+    assert list(summary["packed"]["sweeps"]) == ["trials_per_gpu_2"]  # --quick's one wave of two trials sharing the GPU
     for packs, sweep in summary["packed"]["sweeps"].items():
         assert sweep["trials_ok"] == sweep["trials"] and sweep["gpu_ids"] == ["0"] and sweep["devices"] == ["cpu"], (packs, sweep)
+    # its throughput step is `bench/throughput.py --device cpu --quick`: the JSON line it printed
+    # (its log holds its output and its "[bench]" progress lines) is the record it wrote, then the table
+    record = json.loads((out / "throughput.json").read_text())
+    printed = (out / "throughput.log").read_text().splitlines()
+    at = next(i for i, line in enumerate(printed) if line.startswith('{"benchmark": "throughput"'))
+    assert json.loads(printed[at]) == record and summary["throughput"]["summary"] == record["summary"]
+    assert_throughput_record(record, printed[at + 1:])
     # what comes back from the device tool: at most 8 files, no folders
     assert len(list(out.iterdir())) <= 8 and all(path.is_file() for path in out.iterdir())
