@@ -203,7 +203,8 @@ def assert_strangers_are_refused(tmp_path: Path) -> None:
     import urllib.error
     import urllib.request
 
-    stranger = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"HOME": str(tmp_path / "stranger")}
+    # the stranger's Ray gives up after two tries (its default: ~20 one-second tries, a wait that tells nothing more)
+    stranger = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"HOME": str(tmp_path / "stranger"), "RAY_gcs_server_port_wait_time_s": "2"}
     joined = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address='{HEAD}:6379'); print('JOINED')"],
                             env=stranger, capture_output=True, text=True, timeout=300)
     assert joined.returncode != 0 and "JOINED" not in joined.stdout, joined.stdout + joined.stderr[-3000:]
