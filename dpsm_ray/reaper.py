@@ -8,9 +8,13 @@ its own Ray starts this watchdog beside it:
 
     python -m dpsm_ray.reaper DRIVER_PID RAYLET_PID
 
-It polls the driver once a second; when the driver is gone, it sends SIGKILL to every process of
-this user whose environment says it belongs to that raylet (``RAY_RAYLET_PID``), then exits.  After
-a normal ``ray.shutdown()`` it finds nothing to end.  Standard library only: it starts in ~50 ms.
+It polls the driver once a second, noting each time the processes under the raylet (its children,
+theirs, ...) with their start times; when the driver is gone, it sends SIGKILL to those still
+running and to every process of this user whose environment says it belongs to that raylet
+(``RAY_RAYLET_PID``), then exits.  Both, because each misses some: the raylet's orphans are
+re-parented once it dies, and a process that sets its title (the agents: ``ray::DashboardAgent``)
+may overwrite the memory ``/proc/PID/environ`` shows.  After a normal ``ray.shutdown()`` it finds
+nothing to end.  Standard library only: it starts in ~50 ms.
 """
 
 from __future__ import annotations
@@ -68,12 +72,46 @@ def belonging_to(raylet_pid: int) -> list[int]:
     return found
 
 
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot): with the pid, names one process even after
+    the pid is reused.  None once it has ended."""
+    try:
+        return int((PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants(root: int) -> dict[int, int]:
+    """The processes under ``root`` -- its children, theirs, and so on -- each with its start time."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, int] = {}
+    for entry in PROC.iterdir() if PROC.exists() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            started[int(entry.name)] = int(fields[19])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = {}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found[child] = started[child]
+                todo.append(child)
+    return found
+
+
 def watch(driver_pid: int, raylet_pid: int, every_s: float = 1.0) -> list[int]:
     """Wait for the driver to end, then end the raylet's processes; returns their pids."""
+    seen: dict[int, int] = {}
     while alive(driver_pid):
+        seen.update(descendants(raylet_pid))
         time.sleep(every_s)
+    still = {pid for pid, started in seen.items() if start_time(pid) == started and alive(pid)}
     ended = []
-    for pid in belonging_to(raylet_pid):
+    for pid in sorted(still | set(belonging_to(raylet_pid))):
         try:
             os.kill(pid, signal.SIGKILL)
             ended.append(pid)

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,10 +137,25 @@ def test_the_check_before_starting_ray_applies_only_where_this_process_would_sta
     ray_session.check_before_start(too_many)
 
 
+def agents_of(processes: dict[int, int]) -> list[int]:
+    """The node agents among ``processes``, by the titles they give themselves."""
+    found = []
+    for pid in processes:
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith((b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")):
+            found.append(pid)
+    return found
+
+
 @pytest.mark.ray
 def test_a_driver_killed_with_sigkill_leaves_no_ray_process_behind(tmp_path):
     """Issue 21: after `kill -9` of a driver, Ray's node agents (one listening on every interface)
-    stayed for a minute, waiting on the dead GCS; the watchdog an embedded Ray starts ends them."""
+    stayed for a minute, waiting on the dead GCS; the watchdog an embedded Ray starts ends them.
+    The agents are found by their titles: the title an agent sets may overwrite the environment
+    (RAY_RAYLET_PID) that /proc shows, which the watchdog once went by alone -- then missed them."""
     import signal
 
     from dpsm_ray import reaper
@@ -152,14 +168,20 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_process_behind(tmp_path):
         assert driver.stdout.readline().strip() == "up"
         raylets = reaper.children_named(driver.pid, "raylet")
         assert len(raylets) == 1
-        deadline = time.monotonic() + 60
-        while len(reaper.belonging_to(raylets[0])) < 2 and time.monotonic() < deadline:  # its two agents, once they are up
-            time.sleep(0.5)
-        assert reaper.belonging_to(raylets[0])  # on a busy machine the second agent may still be starting
+        deadline = time.monotonic() + 120
+        while len(agents_of(reaper.descendants(raylets[0]))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(agents_of(reaper.descendants(raylets[0]))) == 2, reaper.descendants(raylets[0])
+        time.sleep(2.5)  # the watchdog notes the raylet's processes once a second
+        under = reaper.descendants(raylets[0])  # the agents and Ray's workers
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
+
+    def left() -> list[int]:
+        return sorted({pid for pid, started in under.items() if reaper.start_time(pid) == started and reaper.alive(pid)} | set(reaper.belonging_to(raylets[0])))
+
     deadline = time.monotonic() + 15
-    while (left := reaper.belonging_to(raylets[0])) and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not left, f"still running after the driver was killed: {left}"
+    assert not left(), f"still running after the driver was killed: {left()}"
