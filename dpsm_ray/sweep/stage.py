@@ -101,11 +101,6 @@ def run_trial(params: dict, methods=()) -> None:
     trainer_for(config, run_dir, callbacks=[TuneReportCallback()], extra=extra).fit()
 
 
-def run_stage(stage: Stage, results: Path, **options) -> None:
-    """``run_stages`` of this stage alone."""
-    run_stages([stage], results, name=stage.name, **options)
-
-
 def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict, concurrency: int, retries: int, log, callbacks=(),
                reuse: bool = True, then: Callable[[], list[Stage]] | None = None) -> None:
     """Run the trials of ``stages`` that the ledger does not hold, in one Tune experiment called

@@ -1,7 +1,8 @@
 """The fidelity study: does a method, trained as the paper trained it, make smaller sets than CE?
 
 A study runs fixed *arms* -- a method and its settings, no search -- each with every seed, on the
-sweep service's machinery: one Tune stage per arm, the ledger, the lock, resume, the cluster path.
+sweep service's machinery: one stage per arm in one Tune experiment (the first arm, then the others
+beside each other), the ledger, the lock, resume, the cluster path.
 Every arm that fine-tunes starts, for seed s, from seed s's CE base model (trained once, in the
 first trial that needs it, and cached under ``RESULTS/base_models``); the ``base`` arm evaluates
 those base models as they are -- the paper's CE column.  Every model is evaluated by the same
@@ -71,7 +72,8 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
     from dpsm_ray.sweep.ledger import ResultsInUse, ResultsLock
     from dpsm_ray.sweep.protocol import quiet_libraries
     from dpsm_ray.sweep.spec import SweepError, SweepInterrupted, claim_results_dir
-    from dpsm_ray.sweep.stage import Stage, StageInterrupted, StageOutOfSpace, run_stage
+    from dpsm_ray.sweep.progress import Progress
+    from dpsm_ray.sweep.stage import Stage, StageInterrupted, StageOutOfSpace, run_stages
     from dpsm_ray.train.ray_session import check_before_start, check_capacity, ensure_ray, run_demand
 
     results = Path(results_dir).resolve()
@@ -102,16 +104,28 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
         check_capacity(demand, timeout_s=study.resource_timeout, log=log)
         if not marker.exists():
             write_checked_json(marker, described)
+        stages = [Stage(arm.name, configs[arm.name], len(study.seeds), ("seed",), points=[{"seed": seed} for seed in study.seeds])
+                  for arm in study.arms]
         for arm in study.arms:
             log(f"arm {arm.name}: {arm.title}, {len(study.seeds)} seeds")
-            stage = Stage(arm.name, configs[arm.name], len(study.seeds), ("seed",), points=[{"seed": seed} for seed in study.seeds])
-            try:
-                run_stage(stage, results, resources=dict(study.trial_resources), concurrency=study.concurrency, retries=study.trial_retries, log=log)
-            except StageInterrupted as error:
-                raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
-            except StageOutOfSpace as error:
-                raise SweepError(f"{error}; free some space and rerun with --resume to continue") from None
+        progress = Progress(log)
+        progress.plan(sum(stage.total for stage in stages))
+
+        def the_other_arms() -> list[Stage]:
             write_study_results(study, results)
+            return stages[1:]
+
+        # One Tune experiment, its trial processes handed from trial to trial: the first arm's
+        # trials train each seed's base model (into the cache) and end before the other arms,
+        # which start from those models, run beside each other.
+        try:
+            run_stages(stages[:1], results, name="study", resources=dict(study.trial_resources), concurrency=study.concurrency,
+                       retries=study.trial_retries, log=progress, then=the_other_arms if len(stages) > 1 else None)
+        except StageInterrupted as error:
+            raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
+        except StageOutOfSpace as error:
+            raise SweepError(f"{error}; free some space and rerun with --resume to continue") from None
+        write_study_results(study, results)
         return analyse(study, results)
     finally:
         lock.release()
