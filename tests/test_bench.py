@@ -57,9 +57,11 @@ def test_predict_throughput_benchmark_rejects_bad_options_by_name():
 
 
 @pytest.mark.ray
-def test_sweep_efficiency_benchmark_runs_quick_and_prints_json_and_a_table(tmp_path):
+def test_sweep_efficiency_benchmark_runs_quick_and_prints_json_and_a_table(ray_session, tmp_path):
+    import ray
+
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}  # the session's Ray, not one more of its own
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "sweep_efficiency.py"), "--quick", "--out", str(out)],
                             capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -23,14 +23,23 @@ def quiet(text):
     pass
 
 
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    """The hand-made directory (fabricated.py's defaults) with its report written once: the tests
+    that only read that report share it (each report draws every figure, ~3 s)."""
+    results = fabricate(tmp_path_factory.mktemp("reported"))
+    write_report(results, log=quiet)
+    return results
+
+
 # --- the paired change ---------------------------------------------------------------------
 
 
-def test_dpsm_against_the_best_baseline_is_a_per_seed_paired_interval_by_hand(tmp_path):
+def test_dpsm_against_the_best_baseline_is_a_per_seed_paired_interval_by_hand(reported):
     """CE (10.0 every seed) is the best baseline; DPSM's 10.01, 10.02, 10.03 are changes of
     +0.1%, +0.2%, +0.3%: mean 0.2, sd 0.1, half-width t_{0.975,2} * 0.1 / sqrt(3) = 0.2484, so
     the interval [-0.0484, 0.4484] holds 0: not significant."""
-    evals = pd.read_parquet(fabricate(tmp_path) / "evals.parquet")
+    evals = pd.read_parquet(reported / "evals.parquet")
     hps = next(c for c in comparisons(evals) if c["score"] == "hps" and c["label"] == "best baseline")
     half = T_975_2 * 0.1 / math.sqrt(3)
     assert half == pytest.approx(0.2484, abs=1e-4)
@@ -41,8 +50,7 @@ def test_dpsm_against_the_best_baseline_is_a_per_seed_paired_interval_by_hand(tm
     base = next(c for c in comparisons(evals) if c["score"] == "hps" and c["label"] == "the CE base model")
     assert base["against"] == "base" and base["significant"] and base["high"] < 0  # 10.02 against 11: about -8.9%
 
-    write_report(tmp_path, log=quiet)
-    report = (tmp_path / "report.md").read_text()
+    report = (reported / "report.md").read_text()
     assert "| CE (best baseline) | HPS | +0.10, +0.20, +0.30 | +0.20% | [−0.05, +0.45] | 3 | not significant |" in report
     assert "n = 3 seeds" in report
 
@@ -70,12 +78,10 @@ def test_the_table_gives_mean_and_std():
 # --- identical scores ------------------------------------------------------------------------
 
 
-def test_identical_aps_and_raps_get_a_footnote_with_the_reason(tmp_path):
-    fabricate(tmp_path)
-    evals, classes = pd.read_parquet(tmp_path / "evals.parquet"), pd.read_parquet(tmp_path / "classes.parquet")
+def test_identical_aps_and_raps_get_a_footnote_with_the_reason(reported):
+    evals, classes = pd.read_parquet(reported / "evals.parquet"), pd.read_parquet(reported / "classes.parquet")
     assert identical_scores(evals, classes) == [("aps", "raps")]
-    write_report(tmp_path, log=quiet)
-    report = (tmp_path / "report.md").read_text()
+    report = (reported / "report.md").read_text()
     assert "APS and RAPS give identical rows" in report and "k_reg = 5" in report and "every one of the 24 model x re-split evaluations" in report
 
 
@@ -89,9 +95,8 @@ def test_scores_that_differ_on_one_evaluation_get_no_footnote(tmp_path):
 # --- report.md and report.tex ------------------------------------------------------------------
 
 
-def test_the_report_holds_configurations_settings_and_versions(tmp_path):
-    write_report(fabricate(tmp_path), log=quiet)
-    report = (tmp_path / "report.md").read_text()
+def test_the_report_holds_configurations_settings_and_versions(reported):
+    report = (reported / "report.md").read_text()
     section = report.split("## Chosen configurations")[1].split("##")[0]
     assert "| parameter | CE | CUT | DPSM |" in section
     assert "| λ (conformal_weight) | — | **0.2** | **3.24** |" in section  # searched: bold; CE does not read lambda
@@ -111,9 +116,8 @@ def test_an_older_sweep_without_versions_says_not_recorded(tmp_path):
     assert "| dpsm_ray | not recorded |" in versions
 
 
-def test_report_tex_is_a_booktabs_document_in_ascii(tmp_path):
-    write_report(fabricate(tmp_path), log=quiet)
-    tex = (tmp_path / "report.tex").read_text()
+def test_report_tex_is_a_booktabs_document_in_ascii(reported):
+    tex = (reported / "report.tex").read_text()
     assert tex.startswith(r"\documentclass{article}") and r"\usepackage{booktabs}" in tex and tex.rstrip().endswith(r"\end{document}")
     tables = tex.count(r"\begin{tabular}")
     assert tables >= 5 and tex.count(r"\toprule") == tex.count(r"\midrule") == tex.count(r"\bottomrule") == tex.count(r"\end{tabular}") == tables
@@ -127,12 +131,11 @@ def test_report_tex_is_a_booktabs_document_in_ascii(tmp_path):
 # --- figures -------------------------------------------------------------------------------
 
 
-def test_every_figure_is_written_as_png_and_pdf_with_a_section(tmp_path):
-    write_report(fabricate(tmp_path), log=quiet)
-    report = (tmp_path / "report.md").read_text()
+def test_every_figure_is_written_as_png_and_pdf_with_a_section(reported):
+    report = (reported / "report.md").read_text()
     for name in FIGURES:
-        assert (tmp_path / "figures" / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
-        assert (tmp_path / "figures" / f"{name}.pdf").read_bytes().startswith(b"%PDF"), name
+        assert (reported / "figures" / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
+        assert (reported / "figures" / f"{name}.pdf").read_bytes().startswith(b"%PDF"), name
         assert f"](figures/{name}.png)" in report
     assert "No search figures: there is no optuna.db in this directory." in report
 
