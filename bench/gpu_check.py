@@ -105,7 +105,10 @@ def environment(args, out: Path) -> dict:
 
 def gpu_tests(args, out: Path) -> dict:
     log = out / "gpu_tests.log"
-    result = run_logged([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"], log, STEP_TIMEOUT_S["gpu_tests"])
+    # in this one process (-o addopts=): pyproject.toml's addopts start two pytest-xdist workers, and
+    # the lent machine's Python has no pytest-xdist
+    result = run_logged([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=", "tests"], log,
+                        STEP_TIMEOUT_S["gpu_tests"])
     tail = log.read_text().splitlines()
     counts = dict((name, int(number)) for number, name in re.findall(r"(\d+) (passed|failed|skipped|errors?)", " ".join(tail[-3:])))
     return {**result, **counts, "ok": result["exit"] == 0 and not counts.get("failed")}
