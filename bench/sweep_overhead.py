@@ -107,7 +107,8 @@ def floor(results: Path, analysed: dict, out: Path) -> dict:
         sys.exit(f"the floor's Tune experiment failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     ended, reported = map(int, done.stdout.split()[-2:])
     work = analysed["epoch_seconds"] + analysed["final_evaluation_s"]
-    return {"wall_s": round(seconds, 2), "trials": ended, "reports": reported, "floor_plus_work_over_work": round((seconds + work) / work, 2)}
+    wall = round(seconds, 2)  # the ratio from the number the record shows, so that a reader gets the same ratio from it
+    return {"wall_s": wall, "trials": ended, "reports": reported, "floor_plus_work_over_work": round((wall + work) / work, 2)}
 
 
 def records(results: Path) -> list[dict]:
