@@ -45,7 +45,7 @@ SPLITS = ("halves", "batch")  # DPSM's D1 / D2 split of a batch
 SCORE_KINDS = ("hps", "aps", "raps")
 
 # -- datasets --------------------------------------------------------------------------------
-DATASETS = ("digits", "synthetic", "glyphs", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
+DATASETS = ("digits", "synthetic", "glyphs", "fonts", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
 DIGITS_SIZES = {"train": 1000, "val": 300, "cal": 200, "test": 297}  # all 1797 digits
 SYNTHETIC_DEFAULTS = {"classes": 10, "dim": 16, "size": 3000, "noise": 1.0}
 SYNTHETIC_FRACTIONS = {"train": 0.5, "val": 0.15, "cal": 0.1, "test": 0.25}
@@ -53,6 +53,44 @@ GLYPHS_DEFAULTS = {"classes": 100, "train": 20, "noise": 0.2}
 GLYPHS_PER_CLASS_EVAL = {"val": 10, "cal": 10, "test": 20}
 GLYPHS_POOL = 24  # strokes shared by all classes
 GLYPHS_STROKES = 3  # strokes per glyph: C(24, 3) = 2024 distinct glyphs
+# fonts (dpsm_ray/data/fonts.py): the characters that are classes -- digits, Latin, then the Greek
+# and Cyrillic letters whose glyph is not pixel-identical to an earlier class's in at least half of
+# the fonts below (tests/data/test_fonts.py derives this list again from the installed fonts)
+FONT_CLASSES = (
+    "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    "ΓΔΘΛΞΠΣΦΨΩαβγδεζηθικλμνξπρςστυφχψω"
+    "БДЖЗИЙКЛУФЦЧШЩЪЫЬЭЮЯбвгджзийклмнптфцчшщъыьэюя"
+)
+# the typefaces, grouped by design (a clone or sibling of a design is in its group), and the split
+# each design's renders go to: "train", or "held_out" (validation, calibration and test)
+FONT_DESIGNS = {
+    "Helvetica-like sans": ("train", {
+        "Arimo": ("Regular", "Italic", "Bold", "Bold Italic"), "Liberation Sans": ("Regular", "Italic", "Bold", "Bold Italic"),
+        "Liberation Sans Narrow": ("Regular", "Italic", "Bold", "Bold Italic"), "Nimbus Sans": ("Regular", "Italic", "Bold", "Bold Italic"),
+        "Nimbus Sans Narrow": ("Regular", "Oblique", "Bold", "Bold Oblique"), "FreeSans": ("Regular", "Oblique", "Bold", "Bold Oblique")}),
+    "Times-like serif": ("train", {
+        "Tinos": ("Regular", "Italic", "Bold", "Bold Italic"), "Liberation Serif": ("Regular", "Italic", "Bold", "Bold Italic"),
+        "Nimbus Roman": ("Regular", "Italic", "Bold", "Bold Italic"), "FreeSerif": ("Regular", "Italic", "Bold", "Bold Italic")}),
+    "Courier-like mono": ("train", {"Nimbus Mono PS": ("Regular", "Italic", "Bold", "Bold Italic"), "FreeMono": ("Regular", "Oblique", "Bold", "Bold Oblique")}),
+    "DejaVu": ("train", {
+        "DejaVu Sans": ("Book", "Oblique", "Bold", "Bold Oblique", "ExtraLight", "Condensed", "Condensed Oblique", "Condensed Bold", "Condensed Bold Oblique"),
+        "DejaVu Sans Mono": ("Book", "Oblique", "Bold", "Bold Oblique"),
+        "DejaVu Serif": ("Book", "Italic", "Bold", "Bold Italic", "Condensed", "Condensed Italic", "Condensed Bold", "Condensed Bold Italic")}),
+    "Lato": ("train", {"Lato": ("Hairline", "Hairline Italic", "Thin", "Thin Italic", "Light", "Light Italic", "Regular", "Italic", "Medium",
+                                "Medium Italic", "Semibold", "Semibold Italic", "Bold", "Bold Italic", "Heavy", "Heavy Italic", "Black", "Black Italic")}),
+    "Palatino-like serif": ("train", {"P052": ("Roman", "Italic", "Bold", "Bold Italic")}),
+    "Bookman-like serif": ("train", {"URW Bookman": ("Light", "Light Italic", "Demi", "Demi Italic")}),
+    "Zapf Chancery-like script": ("train", {"Z003": ("Medium Italic",)}),
+    "Cousine and Liberation Mono": ("held_out", {"Cousine": ("Regular", "Italic", "Bold", "Bold Italic"), "Liberation Mono": ("Regular", "Italic", "Bold", "Bold Italic")}),
+    "Noto": ("held_out", {
+        "Noto Sans": ("Regular", "Italic", "Bold", "Bold Italic"), "Noto Sans Display": ("Regular", "Italic", "Bold", "Bold Italic"),
+        "Noto Serif": ("Regular", "Italic", "Bold", "Bold Italic"), "Noto Serif Display": ("Regular", "Italic", "Bold", "Bold Italic")}),
+    "Century Schoolbook-like serif": ("held_out", {"C059": ("Roman", "Italic", "Bold", "Bold Italic")}),
+    "Avant Garde-like sans": ("held_out", {"URW Gothic": ("Book", "Book Oblique", "Demi", "Demi Oblique")}),
+}
+# the Debian packages that install them (README, .ci/run)
+FONT_PACKAGES = ("fonts-dejavu-core", "fonts-liberation", "fonts-urw-base35", "fonts-noto-core", "fonts-freefont-ttf", "fonts-croscore", "fonts-lato")
+FONTS_DEFAULTS = {"classes": len(FONT_CLASSES), "train": 2, "eval": 3}  # renders of each class in each training / held-out font
 PAPER_SIZES = {
     "cifar100": {"train": 45000, "val": 5000, "cal": 3000, "test": 7000},
     "caltech101": {"train": 4310, "val": 1256, "cal": 1111, "test": 2000},
@@ -88,8 +126,33 @@ def glyph_sizes(options: dict[str, float]) -> dict[str, int]:
     return {split: options["classes"] * count for split, count in per_class.items()}
 
 
+def font_faces(split: str) -> list[tuple[str, str]]:
+    """The (family, style) faces whose renders go to ``split`` ("train" or "held_out")."""
+    return [(family, style) for where, families in FONT_DESIGNS.values() if where == split for family, styles in families.items() for style in styles]
+
+
+def parse_fonts(spec: str) -> dict[str, float]:
+    """``fonts`` or ``fonts:classes=K,train=R,eval=R`` -> the options (defaults filled in): the
+    first K classes of FONT_CLASSES, R renders of each class in each training / held-out face."""
+    options = dataset_options(spec, FONTS_DEFAULTS)
+    if not (2 <= options["classes"] <= len(FONT_CLASSES) and options["train"] >= 1 and options["eval"] >= 1):
+        raise ValueError(f"dataset: fonts needs 2 <= classes <= {len(FONT_CLASSES)}, train >= 1 and eval >= 1 (renders of a class in each face); got {options}")
+    return options
+
+
+def font_sizes(options: dict[str, float]) -> dict[str, int]:
+    """The four splits' sizes: every render in a training face is a training image; a class's
+    renders in the held-out faces are cut into validation (a sixth), calibration and test (halves
+    of the rest)."""
+    held_out = len(font_faces("held_out")) * options["eval"]
+    val = held_out // 6
+    cal = (held_out - val) // 2
+    per_class = {"train": len(font_faces("train")) * options["train"], "val": val, "cal": cal, "test": held_out - val - cal}
+    return {split: options["classes"] * count for split, count in per_class.items()}
+
+
 # the generated datasets, whose names take options (``synthetic:classes=20``)
-OPTION_PARSERS = {"synthetic": parse_synthetic, "glyphs": parse_glyphs}
+OPTION_PARSERS = {"synthetic": parse_synthetic, "glyphs": parse_glyphs, "fonts": parse_fonts}
 
 
 def check_dataset(name: str) -> str:
@@ -99,7 +162,7 @@ def check_dataset(name: str) -> str:
     if base in OPTION_PARSERS:
         OPTION_PARSERS[base](name)
     elif name != base:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)} (only {' and '.join(OPTION_PARSERS)} take options); got {name!r}")
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)} (only {', '.join(OPTION_PARSERS)} take options); got {name!r}")
     return name
 
 
@@ -113,6 +176,8 @@ def split_sizes(name: str) -> dict[str, int]:
         return dict(PAPER_SIZES[name])
     if name.partition(":")[0] == "glyphs":
         return glyph_sizes(parse_glyphs(name))
+    if name.partition(":")[0] == "fonts":
+        return font_sizes(parse_fonts(name))
     size = parse_synthetic(name)["size"]
     return {split: int(size * fraction) for split, fraction in SYNTHETIC_FRACTIONS.items()}
 
@@ -123,8 +188,8 @@ IMAGENET_HEADS = {"resnet50": "fc", "densenet121": "classifier"}  # the classifi
 MODELS = ("mlp", "mlp_bn", "cnn", *(f"resnet{depth}" for depth in CIFAR_RESNET_DEPTHS), "densenet100", "resnet50", "densenet121", "lenet")
 PRETRAINABLE = tuple(IMAGENET_HEADS)
 # the paper's model for each dataset (its ResNet column); the tabular data take the small MLP, the
-# glyphs the small LeNet, Fashion-MNIST ConfTr's MLP
-DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "glyphs": "lenet", "fashion_mnist": "mlp_bn", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
+# glyphs and the fonts the small LeNet, Fashion-MNIST ConfTr's MLP
+DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "glyphs": "lenet", "fonts": "lenet", "fashion_mnist": "mlp_bn", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
 
 
 def check_model(name: str) -> str:

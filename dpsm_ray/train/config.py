@@ -56,10 +56,12 @@ MAX_SEED = 2**63
 @dataclass(frozen=True)
 class TrainConfig:
     # --- what to train --------------------------------------------------------------------
-    dataset: str = option("digits", "dataset: digits, synthetic[:classes=K,dim=D,size=N,noise=S], cifar100, caltech101, inaturalist (2021), inaturalist2018")
+    dataset: str = option("digits", "dataset: digits, synthetic[:classes=K,dim=D,size=N,noise=S], glyphs[:classes=K,train=N,noise=S], fonts[:classes=K,train=R,eval=R], "
+                          "fashion_mnist, cifar100, caltech101, inaturalist (2021), inaturalist2018")
     data_root: str | None = option(
         None,
-        "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/ (iNaturalist), 2018/ (iNaturalist 2018)",
+        "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/ (iNaturalist), 2018/ (iNaturalist 2018), "
+        "Fashion-MNIST's IDX files; for fonts, the font files (default /usr/share/fonts)",
         type=str,
     )
     download: bool = option(False, "download the dataset into --data-root if it is missing")

@@ -1,0 +1,254 @@
+"""Fonts: a many-class benchmark of real typefaces, made offline.  Each class is a character --
+the digits, the Latin letters, and the Greek and Cyrillic letters that do not look exactly like an
+earlier class (``catalog.FONT_CLASSES``) -- and an image is the character rendered by Pillow in one
+face of an open typeface that Debian packages (``catalog.FONT_PACKAGES``), at 32x32 greyscale
+(white on black), with seeded jitter of its size, position, rotation and stroke width.
+
+    fonts                               141 classes, 2 renders of each in each training face,
+                                        3 in each held-out face
+    fonts:classes=20,train=1,eval=3     the first 20 classes; any of the three options
+
+**Split by design, not by image.**  The typefaces are grouped by design (``catalog.FONT_DESIGNS``:
+metric clones such as Arimo, Liberation Sans, Nimbus Sans and FreeSans are one design, and so are
+a superfamily's siblings), and each design goes whole to training (96 faces) or to the held-out
+pool (32 faces: Cousine and Liberation Mono, Noto, C059, URW Gothic).  Every held-out render of a
+class is cut at random (the run seed) into validation, calibration and test, so calibration and
+test are exchangeable, and a model is always asked about typefaces it never saw.
+
+**Look-alike characters.**  Latin A, Greek Alpha and Cyrillic A are one shape in most fonts: such
+a pair would make two labels for one image.  A Greek or Cyrillic letter is left out when its glyph
+is pixel-identical to an earlier class's (digits, then Latin, Greek, Cyrillic) in at least half of
+the faces (``identical_glyphs``; 34 of 175 candidates).  What remains ambiguous is ambiguous to a
+reader too, and is part of the benchmark: letters that differ by size only (o / O, Cyrillic к / К
+under the size jitter), l / I / 1 in some sans faces, and italic Cyrillic т, п, и against m, n, u.
+
+The renders are a pure function of the options and the font files, made once and cached as one
+uint8 array file (no pickle) under ``$DPSM_RAY_CACHE/fonts`` (default ``~/.cache/dpsm_ray``),
+named by the hash of everything they depend on; the run seed chooses only the split.  Training
+batches are shifted by up to ``AUGMENT_PADDING`` pixels (no flips: a mirrored letter is another
+letter or none).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from dpsm_ray.catalog import (
+    FONT_CLASSES,
+    FONT_DESIGNS,
+    FONT_PACKAGES,
+    font_faces,
+    font_sizes,
+    parse_fonts,
+)
+from dpsm_ray.files import atomic_write, sha256_file
+
+SIZE = 32  # pixels of an image
+SCALE = 2  # rendered at twice the size, then averaged down (anti-aliasing)
+POINT_SIZES = range(34, 47)  # the font size at the rendering scale (cap height ~ 0.4-0.55 of the image)
+ROTATION = 12.0  # degrees, largest rotation either way
+SHIFT = 4  # pixels at the rendering scale, largest shift of the glyph's centre
+STROKES = (0, 1)  # extra stroke width at the rendering scale: thicker or not
+AUGMENT_PADDING = 2
+DATA_SEED = 1234  # the images are fixed by the options; only the split depends on the run seed
+RENDER_VERSION = 1  # bump when the rendering changes: it is part of the cache key
+FONT_ROOT = Path("/usr/share/fonts")
+APT_LINE = "apt-get install " + " ".join(FONT_PACKAGES)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DPSM_RAY_CACHE", Path.home() / ".cache" / "dpsm_ray")) / "fonts"
+
+
+def face_name(path: Path) -> tuple[str, str] | None:
+    """(family, style) of a font file, as its name table gives them (the typographic names where
+    present), or None when fontTools cannot read it."""
+    from fontTools.ttLib import TTFont, TTLibError
+
+    try:
+        with TTFont(path, lazy=True) as font:
+            names = font["name"]
+            family = names.getDebugName(16) or names.getDebugName(1)
+            style = names.getDebugName(17) or names.getDebugName(2)
+    except (TTLibError, OSError, KeyError):
+        return None
+    return (family, style) if family and style else None
+
+
+def find_faces(root: str | os.PathLike | None = None) -> dict[tuple[str, str], Path]:
+    """Every face of ``catalog.FONT_DESIGNS`` -> its file under ``root`` (default /usr/share/fonts);
+    ``FileNotFoundError`` naming the missing faces and the apt line that installs them."""
+    root = Path(root) if root is not None else FONT_ROOT
+    wanted = set(font_faces("train") + font_faces("held_out"))
+    found: dict[tuple[str, str], Path] = {}
+    if root.is_dir():
+        for path in sorted(root.rglob("*")):
+            if path.suffix.lower() in (".ttf", ".otf") and path.is_file():
+                face = face_name(path)
+                if face in wanted:
+                    found.setdefault(face, path)
+    missing = sorted(wanted - set(found))
+    if missing:
+        shown = ", ".join(f"{family} {style}" for family, style in missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise FileNotFoundError(f"dataset fonts: {len(missing)} of its {len(wanted)} font faces are not under {root} ({shown}); "
+                                f"Debian/Ubuntu: {APT_LINE}, or pass --data-root DIR holding them")
+    return found
+
+
+def draw(font_file: Path, character: str, *, point_size: int, angle: float = 0.0, shift: tuple[int, int] = (0, 0), stroke: int = 0):
+    """``character`` in ``font_file``, white on black on a canvas ``SCALE`` times the image's size,
+    centred (Pillow's "mm" anchor: the middle of the line's ascender and descender, so a lowercase
+    letter sits lower than a capital), shifted and rotated: a greyscale PIL image."""
+    from PIL import Image, ImageDraw
+
+    side = SIZE * SCALE
+    image = Image.new("L", (side, side))
+    centre = (side / 2 + shift[0], side / 2 + shift[1])
+    ImageDraw.Draw(image).text(centre, character, fill=255, font=truetype(str(font_file), point_size), anchor="mm", stroke_width=stroke, stroke_fill=255)
+    return image.rotate(angle, resample=Image.Resampling.BILINEAR, center=centre) if angle else image
+
+
+def render(font_file: Path, character: str, **jitter) -> np.ndarray:
+    """``draw``'s image averaged down to uint8 ``[SIZE, SIZE]``."""
+    from PIL import Image
+
+    return np.asarray(draw(font_file, character, **jitter).resize((SIZE, SIZE), Image.Resampling.BOX), dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=512)
+def truetype(path: str, point_size: int):
+    from PIL import ImageFont
+
+    return ImageFont.truetype(path, point_size)
+
+
+def render_face(font_file: Path, classes: str, renders: int, rng: np.random.Generator) -> np.ndarray:
+    """``renders`` jittered images of each of ``classes`` in one face: ``[len(classes) * renders,
+    SIZE, SIZE]``, class by class."""
+    images = np.empty((len(classes) * renders, SIZE, SIZE), dtype=np.uint8)
+    for index in range(len(images)):
+        images[index] = render(font_file, classes[index // renders], point_size=int(rng.choice(POINT_SIZES)), angle=float(rng.uniform(-ROTATION, ROTATION)),
+                               shift=(int(rng.integers(-SHIFT, SHIFT + 1)), int(rng.integers(-SHIFT, SHIFT + 1))), stroke=int(rng.choice(STROKES)))
+    return images
+
+
+def rendering_key(options: dict, faces: dict[tuple[str, str], Path]) -> str:
+    """The hash of everything the renders depend on: the options, the rendering's settings and
+    version, Pillow's and FreeType's versions, and every font file's bytes."""
+    import PIL
+    from PIL import features
+
+    payload = {
+        "options": {k: int(v) for k, v in sorted(options.items())}, "classes": FONT_CLASSES, "version": RENDER_VERSION, "seed": DATA_SEED,
+        "pillow": PIL.__version__, "freetype": features.version("freetype2"),
+        "settings": [SIZE, SCALE, list(POINT_SIZES), ROTATION, SHIFT, list(STROKES)],
+        "faces": [[family, style, sha256_file(faces[(family, style)])] for family, style in font_faces("train") + font_faces("held_out")],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def rendered(options: dict, root: str | os.PathLike | None = None, log=None) -> dict[str, np.ndarray]:
+    """Every render of the options -- ``images`` uint8 ``[N, SIZE, SIZE]``, ``labels``, ``faces``
+    (the index of each image's face in ``font_faces("train") + font_faces("held_out")``) --
+    read from the cache, or rendered and cached (written whole or not at all)."""
+    faces = find_faces(root)
+    path = cache_dir() / f"fonts-{rendering_key(options, faces)}.npz"
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as cached:
+            return {key: cached[key] for key in ("images", "labels", "faces")}
+    classes = FONT_CLASSES[: int(options["classes"])]
+    order = font_faces("train") + font_faces("held_out")
+    if log is not None:
+        log(f"fonts: rendering {len(classes)} characters in {len(order)} font faces (once; cached in {path.parent})")
+    rng = np.random.default_rng(DATA_SEED)
+    images, labels, face_ids = [], [], []
+    for index, face in enumerate(order):
+        renders = int(options["train"] if index < len(font_faces("train")) else options["eval"])
+        images.append(render_face(faces[face], classes, renders, rng))
+        labels.append(np.repeat(np.arange(len(classes), dtype=np.int64), renders))
+        face_ids.append(np.full(len(classes) * renders, index, dtype=np.int64))
+    arrays = {"images": np.concatenate(images), "labels": np.concatenate(labels), "faces": np.concatenate(face_ids)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda handle: np.savez(handle, **arrays))
+    return arrays
+
+
+def held_out_parts(labels: np.ndarray, held_out: np.ndarray, sizes: dict[str, int], classes: int, seed: int) -> list[np.ndarray]:
+    """The held-out images' ids cut into validation, calibration and test, the same number of each
+    class in each (``sizes`` divided by ``classes``), at random by ``seed``."""
+    rng = np.random.default_rng([DATA_SEED, seed])
+    per_class = [sizes[split] // classes for split in ("val", "cal", "test")]
+    parts = [[], [], []]
+    for label in range(classes):
+        ids = rng.permutation(held_out[labels[held_out] == label])
+        bounds = np.cumsum([0, *per_class])
+        for part, start, stop in zip(parts, bounds, bounds[1:]):
+            part.append(ids[start:stop])
+    return [np.sort(np.concatenate(part)) for part in parts]
+
+
+def pixel_statistics(images: np.ndarray) -> tuple[float, float]:
+    """The mean and standard deviation of uint8 ``images`` scaled to 0..1, from the histogram of
+    their values (no float copy of the images)."""
+    counts = np.bincount(images.ravel(), minlength=256).astype(np.float64)
+    values = np.arange(256) / 255.0
+    mean = float(counts @ values / counts.sum())
+    return mean, float(np.sqrt(counts @ (values - mean) ** 2 / counts.sum()))
+
+
+def fonts_transform(images, ids, augment: bool, seed: int, *, spec):
+    """Raw batch -> model input: shifted when training (the padding is the black background), then
+    standardised by the training split's pixel mean and standard deviation (``spec``)."""
+    from dpsm_ray.data.augment import random_crop
+
+    if augment:
+        images = random_crop(images, ids, seed, AUGMENT_PADDING)
+    return spec.apply(images)
+
+
+def load_fonts(spec: str, data_root: str | os.PathLike | None, seed: int, log=None):
+    import torch
+
+    from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
+    from dpsm_ray.data.splits import DataSplits, Split, TensorSource
+
+    options = parse_fonts(spec)
+    classes = int(options["classes"])
+    sizes = font_sizes(options)
+    arrays = rendered(options, data_root, log=log)
+    labels, faces = arrays["labels"], arrays["faces"]
+    train = np.flatnonzero(faces < len(font_faces("train")))
+    parts = [train, *held_out_parts(labels, np.flatnonzero(faces >= len(font_faces("train"))), sizes, classes, seed)]
+    mean, std = pixel_statistics(arrays["images"][train])
+    input_spec = InputSpec((1, SIZE, SIZE), 255.0, mean, std, f"8-bit greyscale pixel values 0..255, white on black, [1, {SIZE}, {SIZE}]",
+                           ImageSpec("L", SIZE))
+    source = TensorSource(torch.from_numpy(arrays["images"][:, None]).contiguous(), torch.from_numpy(labels),
+                          functools.partial(fonts_transform, spec=input_spec))
+    splits = [Split(name, torch.from_numpy(ids), source) for name, ids in zip(("train", "val", "cal", "test"), parts)]
+    return DataSplits(spec, classes, (1, SIZE, SIZE), *splits, input_spec=input_spec, class_names=tuple(FONT_CLASSES[:classes]))
+
+
+def identical_glyphs(faces: dict[tuple[str, str], Path], candidates: str) -> dict[tuple[str, str], int]:
+    """For each pair (earlier, later) of ``candidates`` whose glyphs are pixel-identical in some
+    face (drawn at the middle size, unjittered, before averaging down), the number of such faces: how the look-alike
+    rule of the module docstring chose ``catalog.FONT_CLASSES``."""
+    counts: dict[tuple[str, str], int] = {}
+    point_size = POINT_SIZES[len(POINT_SIZES) // 2]
+    for path in faces.values():
+        images = {}
+        for character in candidates:
+            images.setdefault(draw(path, character, point_size=point_size).tobytes(), []).append(character)
+        for same in images.values():
+            for later in range(1, len(same)):
+                for earlier in same[:later]:
+                    counts[(earlier, same[later])] = counts.get((earlier, same[later]), 0) + 1
+    return counts
+
+
+__all__ = ["APT_LINE", "FONT_DESIGNS", "find_faces", "identical_glyphs", "load_fonts", "render", "rendered"]

@@ -1,0 +1,133 @@
+"""The fonts benchmark on the real font files Debian's packages install (.ci/run installs them;
+without them these tests are skipped, and the missing-files error is checked anyway)."""
+
+import numpy as np
+import pytest
+import torch
+
+from dpsm_ray.catalog import FONT_CLASSES, FONT_DESIGNS, font_faces, split_sizes
+from dpsm_ray.data import check_data_present, fonts, load_splits
+
+
+def installed() -> bool:
+    try:
+        fonts.find_faces()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+needs_fonts = pytest.mark.skipif(not installed(), reason=f"needs the font packages ({fonts.APT_LINE}; .ci/run installs them)")
+CANDIDATES = "".join(map(chr, [*range(0x30, 0x3A), *range(0x41, 0x5B), *range(0x61, 0x7B), *(c for c in range(0x391, 0x3AA) if c != 0x3A2), *range(0x3B1, 0x3CA),
+                               *range(0x410, 0x450)]))  # digits, Latin, Greek (no final-sigma capital), Cyrillic (no Ё)
+SMALL = "fonts:classes=12,train=1,eval=3"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """The first 12 classes, split with two run seeds, rendered once into an empty cache."""
+    cache = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DPSM_RAY_CACHE", str(cache))
+        first = load_splits(SMALL, seed=0)
+        files = list((cache / "fonts").iterdir())
+
+        def no_rendering(*args, **kwargs):
+            raise AssertionError("rendered again instead of reading the cache")
+
+        patch.setattr(fonts, "render_face", no_rendering)
+        again, other = load_splits(SMALL, seed=0), load_splits(SMALL, seed=1)
+    return first, again, other, files
+
+
+def face_of(data, split) -> np.ndarray:
+    arrays = fonts.rendered(fonts.parse_fonts(SMALL))
+    return arrays["faces"][getattr(data, split).ids.numpy()]
+
+
+@needs_fonts
+def test_the_classes_are_the_look_alike_rule_applied_to_the_installed_fonts():
+    """A Greek or Cyrillic letter is a class unless its glyph is pixel-identical to an earlier
+    candidate's in at least half of the faces: Latin A, Greek Alpha and Cyrillic A are one class."""
+    faces = fonts.find_faces()
+    counts = fonts.identical_glyphs(faces, CANDIDATES)
+    dropped = {later for (earlier, later), count in counts.items() if 2 * count >= len(faces)}
+    assert "".join(c for c in CANDIDATES if c not in dropped) == FONT_CLASSES
+    assert len(CANDIDATES) == 175 and len(FONT_CLASSES) == 141
+    assert {"Α", "А", "О", "Ο", "о", "ο"} <= dropped and not {"Ж", "Ф", "Ψ", "λ"} & dropped
+    assert counts[("A", "Α")] >= 64 and counts.get(("m", "т"), 0) < 64  # italic т looks like m in some faces only: it stays
+
+
+@needs_fonts
+def test_renders_are_split_by_design_with_exchangeable_calibration_and_test(small):
+    first, again, other, files = small
+    assert first.sizes() == split_sizes(SMALL) == {"train": 12 * 96, "val": 12 * 16, "cal": 12 * 40, "test": 12 * 40}
+    assert first.num_classes == 12 and first.input_shape == (1, 32, 32) and first.class_names == tuple(FONT_CLASSES[:12])
+    trained = len(font_faces("train"))
+    assert (face_of(first, "train") < trained).all()
+    for split in ("val", "cal", "test"):  # every held-out image is in a face of a held-out design
+        assert (face_of(first, split) >= trained).all()
+        counts = torch.bincount(getattr(first, split).labels, minlength=12)
+        assert (counts == len(getattr(first, split)) // 12).all()
+    held_out_designs = {design for design, (where, _) in FONT_DESIGNS.items() if where == "held_out"}
+    assert held_out_designs == {"Cousine and Liberation Mono", "Noto", "Century Schoolbook-like serif", "Avant Garde-like sans"}
+    ids = {split: set(getattr(first, split).ids.tolist()) for split in ("train", "val", "cal", "test")}
+    assert sum(map(len, ids.values())) == len(set().union(*ids.values()))  # disjoint
+    # the cache gives the same images; another run seed another cut of the same held-out renders
+    assert len(files) == 1 and files[0].suffix == ".npz"
+    for split in ("train", "val", "cal", "test"):
+        assert torch.equal(getattr(first, split).ids, getattr(again, split).ids)
+    assert torch.equal(first.train.ids, other.train.ids) and not torch.equal(first.cal.ids, other.cal.ids)
+    assert set(first.val.ids.tolist()) | set(first.cal.ids.tolist()) | set(first.test.ids.tolist()) == \
+        set(other.val.ids.tolist()) | set(other.cal.ids.tolist()) | set(other.test.ids.tolist())
+
+
+@needs_fonts
+def test_a_batch_is_standardised_by_the_training_split_and_shifted_only_when_training(small):
+    first = small[0]
+    source = first.train.source
+    raw = source.inputs[first.train.ids].float() / 255
+    assert abs(first.input_spec.mean - float(raw.mean())) < 1e-6 and abs(first.input_spec.std - float(raw.std())) < 1e-3
+    positions = torch.arange(16)
+    x, y = next(first.train.batches([positions], augment=False, seed=0))
+    expected = (source.inputs[first.train.ids[:16]].float() / 255 - first.input_spec.mean) / first.input_spec.std
+    assert torch.allclose(x, expected, atol=1e-5) and torch.equal(y, source.labels[first.train.ids[:16]].long())
+    shifted, _ = next(first.train.batches([positions], augment=True, seed=0))
+    assert shifted.shape == x.shape and not torch.equal(shifted, x)
+    # a shift moves the glyph, it does not change its ink
+    ink = lambda batch: (batch * first.input_spec.std + first.input_spec.mean).sum(dim=(1, 2, 3))
+    assert torch.allclose(ink(shifted), ink(x), rtol=0.35)
+
+
+@needs_fonts
+def test_a_render_is_a_centred_white_glyph_on_black_and_the_jitter_moves_it():
+    path = fonts.find_faces()[("DejaVu Sans", "Book")]
+    plain = fonts.render(path, "H", point_size=40)
+    assert plain.shape == (32, 32) and plain.dtype == np.uint8 and plain[0].max() == 0 and plain.max() == 255
+    rows, cols = np.nonzero(plain > 127)
+    assert abs(cols.mean() - 15.5) < 1.5 and abs(rows.mean() - 15.5) < 3  # the "mm" anchor
+    shifted = fonts.render(path, "H", point_size=40, shift=(4, 0))
+    assert abs(np.nonzero(shifted > 127)[1].mean() - cols.mean() - 2) < 0.5  # 4 pixels at twice the size: 2 here
+    assert (fonts.render(path, "H", point_size=40, stroke=1) > 127).sum() > (plain > 127).sum()
+    assert not np.array_equal(fonts.render(path, "H", point_size=40, angle=10), plain)
+
+
+def test_missing_fonts_are_named_with_the_packages_that_install_them(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"dataset fonts: 128 of its 128 font faces are not under .*apt-get install fonts-dejavu-core"):
+        check_data_present("fonts", data_root=str(tmp_path))
+    with pytest.raises(ValueError, match=r"fonts needs 2 <= classes <= 141"):
+        split_sizes("fonts:classes=500")
+    with pytest.raises(ValueError, match=r"unknown fonts option 'noise'"):
+        split_sizes("fonts:noise=1")
+
+
+def test_the_readme_and_ci_install_exactly_the_font_packages():
+    from pathlib import Path
+
+    from dpsm_ray.catalog import FONT_PACKAGES
+
+    root = Path(__file__).resolve().parents[1]
+    readme = " ".join((root / "README.md").read_text().split())
+    assert f"apt-get install {' '.join(FONT_PACKAGES)}" in readme
+    ci = (root / ".ci" / "run").read_text().replace("\\\n", " ")
+    assert all(f" {package} " in f" {' '.join(ci.split())} " for package in FONT_PACKAGES)
