@@ -107,6 +107,19 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log)
 
 
+def pytest_configure(config):
+    """Beside another pytest-xdist worker, this process and every process it starts (sweep
+    drivers, Ray and its trials) compute with one thread: with two threads each, the two workers'
+    torch work oversubscribes the 2 cores -- the ResNet-110 CLI test took 54 s instead of 23 s
+    beside two busy processes (docs/testing.md)."""
+    if getattr(config, "workerinput", {}).get("workercount", 1) > 1:
+        for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(variable, "1")
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 # --- the cluster tests beside pytest-xdist's other worker ------------------------------------
 
 WAITS = pytest.StashKey[bool]()
