@@ -21,6 +21,7 @@ import time
 IMPORT_STARTED = time.time()  # a trial's process imports this module (torch, Ray Tune, the loop) before its first trial
 
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from pathlib import Path
 from ray import tune
 from ray.tune.search import Searcher
 
-from dpsm_ray.files import is_disk_full
+from dpsm_ray.files import DiskFullError, is_disk_full
 from dpsm_ray.methods import outside_cards, register_method
 from dpsm_ray.sweep.ledger import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
@@ -43,6 +44,9 @@ IMPORTED = time.time()
 
 class StageInterrupted(RuntimeError):
     """Tune stopped before every trial of a stage ended (Ctrl-C)."""
+
+
+NEARLY_FULL_BYTES = 1 << 20  # less free than this on the results directory's device: full, for a sweep
 
 
 class StageOutOfSpace(RuntimeError):
@@ -166,8 +170,9 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
         if searcher.error is not None:
             raise searcher.error
     except Exception as error:
-        if is_disk_full(error):
-            raise StageOutOfSpace(disk_full_line(error)) from None
+        line = out_of_space_line(error, recorder.out_of_space, results)
+        if line is not None:
+            raise StageOutOfSpace(line) from None
         raise
     if recorder.out_of_space is not None:
         raise StageOutOfSpace(recorder.out_of_space)
@@ -286,6 +291,20 @@ def fit_keeping_ctrl_c(tuner):
 def trial_dirname(trial) -> str:
     point = trial.config["point"]
     return f"trial_{point['stage']}_{point['index']:04d}_{trial.trial_id}"
+
+
+def out_of_space_line(error: BaseException, seen: str | None, results: Path) -> str | None:
+    """The one line to stop a sweep with when ``error`` ended its Tune run because the disk filled
+    up, else None.  Besides an error that says so: once a trial found the disk full (``seen``), or
+    when the results directory's device is nearly full, Tune's own files written meanwhile are cut
+    short and Tune fails reading them back (an ``EOFError`` from a trial's empty error.pkl)."""
+    if is_disk_full(error):
+        return disk_full_line(error)
+    if seen is not None:
+        return seen
+    if shutil.disk_usage(results).free < NEARLY_FULL_BYTES:
+        return str(DiskFullError(results / "tune"))
+    return None
 
 
 def disk_full_line(error: BaseException) -> str:

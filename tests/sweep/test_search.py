@@ -207,3 +207,28 @@ def test_tune_s_pickle_of_the_searcher_leaves_out_the_sweep_behind_then(tmp_path
     searcher = StageSearcher([(search_stage("search-a", study(tmp_path, "a", total=1)), {})], lambda: [url])
     assert b"s3cret-Pw" not in cloudpickle.dumps(searcher)
     assert searcher.then() == [url]  # the searcher in use keeps it
+
+
+def test_a_tune_run_ended_by_a_full_disk_stops_the_sweep_with_the_full_disk_s_line(tmp_path):
+    """Tune fails reading back its own files cut short by a full disk (an EOFError from a trial's
+    empty error.pkl, seen once in a full run of test_a_full_disk_stops_the_sweep...): the line is
+    the full disk's, not a traceback."""
+    import os
+    import subprocess
+
+    from dpsm_ray.sweep.stage import out_of_space_line
+
+    unrelated = EOFError("Ran out of input")
+    full = OSError(28, "No space left on device")
+    assert "No space left on device" in out_of_space_line(full, None, tmp_path)
+    assert out_of_space_line(unrelated, "no space left on the device of /r/trials.parquet (0 bytes free)", tmp_path).startswith("no space left on the device of /r/")
+    assert out_of_space_line(unrelated, None, tmp_path) is None  # room left: the error is another one
+    if os.geteuid() != 0:
+        return  # the nearly full device below is a small tmpfs, which needs root (CI runs as root)
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount)], check=True)
+    try:
+        assert out_of_space_line(unrelated, None, mount).startswith(f"no space left on the device of {mount / 'tune'} (")
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
