@@ -178,7 +178,7 @@ def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, de
     from dpsm_ray.files import CorruptFileError, is_disk_full
     from dpsm_ray.sweep.progress import Progress
     from dpsm_ray.sweep.protocol import SweepError, run_sweep
-    from dpsm_ray.sweep.spec import SweepFinished
+    from dpsm_ray.sweep.spec import ResultsDirUnusable, SweepFinished
     from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
 
     started = time.perf_counter()
@@ -187,6 +187,8 @@ def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, de
             results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=Progress(lambda line: print(line, flush=True)))
         except SweepFinished as error:  # the command run a second time: show what the first one made
             return show_finished(Path(args.results_dir), str(error), parser.prog)
+        except ResultsDirUnusable as error:  # bad input: 3 says "--resume continues"
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
         except SweepError as error:
             parser.exit(3, f"{parser.prog}: {error}\n")
         except (InsufficientResources, ConnectionError, CorruptFileError) as error:

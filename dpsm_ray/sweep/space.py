@@ -31,7 +31,10 @@ def parse_range(text: str) -> tuple[str, Range]:
         low, high = float(parts[0]), float(parts[1])
     except ValueError:
         raise ValueError(f"--range {text!r}: LOW and HIGH must be numbers") from None
-    return knob, Range(low, high, log=len(parts) == 2 or parts[2] == "log")
+    try:
+        return knob, Range(low, high, log=len(parts) == 2 or parts[2] == "log")
+    except ValueError as error:
+        raise ValueError(f"--range {text!r}: {error}") from None
 
 
 def search_space(method: str, ranges: dict[str, Range] | None = None) -> dict:

@@ -32,6 +32,10 @@ class SweepFinished(SweepError):
     """The results directory holds a finished sweep (not an error: the command was run twice)."""
 
 
+class ResultsDirUnusable(SweepError):
+    """--results-dir cannot be a directory (a file, an unwritable parent): bad input, exit 2."""
+
+
 class SweepInterrupted(SweepError):
     """Tune stopped before every trial of a stage finished (Ctrl-C): rerun with --resume."""
 
@@ -203,10 +207,10 @@ def claim_results_dir(results: Path) -> None:
     """Create the results directory (a clear error where it cannot be one)."""
     try:
         if results.exists() and not results.is_dir():
-            raise SweepError(f"--results-dir {results} is a file, not a directory")
+            raise ResultsDirUnusable(f"--results-dir {results} is a file, not a directory")
         results.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise SweepError(f"cannot create --results-dir {results}: {error.strerror}") from None
+        raise ResultsDirUnusable(f"cannot create --results-dir {results}: {error.strerror}") from None
 
 
 def read_sweep_file(results: Path) -> dict:

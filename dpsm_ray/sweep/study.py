@@ -268,7 +268,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     import sys
     import time
 
-    from dpsm_ray.sweep.spec import SweepError
+    from dpsm_ray.sweep.spec import ResultsDirUnusable, SweepError
     from dpsm_ray.train.config import ConfigError
     from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
 
@@ -317,6 +317,8 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     with leaving_ray_as_it_was():
         try:
             analysis = run_study(study, out, resume=args.resume, log=lambda line: print(line, flush=True))
+        except ResultsDirUnusable as error:  # bad input: 3 says "--resume continues"
+            parser.exit(2, f"{prog}: error: {error}\n")
         except SweepError as error:
             parser.exit(3, f"{prog}: {error}\n")
         except (InsufficientResources, FileNotFoundError, ConnectionError) as error:

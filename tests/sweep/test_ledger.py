@@ -143,8 +143,8 @@ def digits_spec(results: Path) -> SweepSpec:
     (["--seed", "99999999999999999999999"], None, 2, "--seed=99999999999999999999999 is invalid: must be an integer in [0, 2**63"),
     (["--methods", "ce,ce"], None, 2, "must name each method once"),
     (["--optuna-storage", "nonsense"], None, 2, "--optuna-storage='(not a URL)' is invalid: must be a SQLAlchemy database URL"),
-    (["--results-dir", "{tmp}/a_file"], "file", 3, "is a file, not a directory"),
-    (["--results-dir", "{tmp}/" + "x" * 300], None, 3, "cannot create --results-dir"),
+    (["--results-dir", "{tmp}/a_file"], "file", 2, "is a file, not a directory"),  # bad input: 3 would say --resume continues
+    (["--results-dir", "{tmp}/" + "x" * 300], None, 2, "cannot create --results-dir"),
     (["--results-dir", "{tmp}/r", "--resume"], "garbled", 3, "sweep.json is not readable JSON"),
     (["--results-dir", "{tmp}/r", "--resume"], "old", 3, "started by an earlier version of dpsm_ray"),
     (["--results-dir", "{tmp}/r", "--resume"], "truncated-db", 3, "cannot read the Optuna storage sqlite:///"),

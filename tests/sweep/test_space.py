@@ -40,8 +40,8 @@ def test_parse_range_and_errors():
         ("eta=0.1:1", "unknown knob 'eta'"),
         ("lr=0.1", "expected lr=LOW:HIGH"),
         ("lr=a:b", "must be numbers"),
-        ("lr=1:0.1", "finite low < high"),
-        ("lr=0:1", "log-uniform range needs low > 0"),
+        ("lr=1:0.1", r"^--range 'lr=1:0.1': range must have finite low < high"),  # the option named (it said "range" alone)
+        ("lr=0:1", r"^--range 'lr=0:1': a log-uniform range needs low > 0"),
     ]:
         with pytest.raises(ValueError, match=message):
             parse_range(text)
@@ -153,7 +153,7 @@ DEFAULTS = {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits", "epoc
     (["--trials", "0"], "--trials=0 is invalid: must be an integer >= 1"),
     (["--alpha", "1.5"], "--alpha=1.5 is invalid"),
     (["--methods", "ce,foo"], "--methods="),
-    (["--range", "conformal_weight=2:1"], "finite low < high"),
+    (["--range", "conformal_weight=2:1"], "--range 'conformal_weight=2:1': range must have finite low < high"),
     (["--fix", "lr=0.01"], "--fix/--subset/--grid-budget apply to --grid paper"),
     (["--grid", "paper", "--fix", "lr=0.01,0.1"], "give exactly one value"),
     (["--grid", "paper", "--subset", "momentum=0.9"], "unknown grid axis 'momentum'"),
