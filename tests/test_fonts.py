@@ -131,3 +131,11 @@ def test_the_readme_and_ci_install_exactly_the_font_packages():
     assert f"apt-get install {' '.join(FONT_PACKAGES)}" in readme
     ci = (root / ".ci" / "run").read_text().replace("\\\n", " ")
     assert all(f" {package} " in f" {' '.join(ci.split())} " for package in FONT_PACKAGES)
+
+
+def test_an_unreadable_font_file_under_the_folder_is_skipped_not_fatal(tmp_path):
+    (tmp_path / "broken.ttf").write_bytes(b"\x00\x01\x00\x00 not a font")
+    (tmp_path / "empty.otf").write_bytes(b"")
+    assert fonts.face_name(tmp_path / "broken.ttf") is None and fonts.face_name(tmp_path / "empty.otf") is None
+    with pytest.raises(FileNotFoundError, match="128 of its 128 font faces are not under"):
+        fonts.find_faces(tmp_path)

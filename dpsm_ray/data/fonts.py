@@ -69,14 +69,14 @@ def cache_dir() -> Path:
 def face_name(path: Path) -> tuple[str, str] | None:
     """(family, style) of a font file, as its name table gives them (the typographic names where
     present), or None when fontTools cannot read it."""
-    from fontTools.ttLib import TTFont, TTLibError
+    from fontTools.ttLib import TTFont
 
     try:
         with TTFont(path, lazy=True) as font:
             names = font["name"]
             family = names.getDebugName(16) or names.getDebugName(1)
             style = names.getDebugName(17) or names.getDebugName(2)
-    except (TTLibError, OSError, KeyError):
+    except Exception:  # a damaged or unusual file anywhere under the fonts folder is just not one of these faces
         return None
     return (family, style) if family and style else None
 
