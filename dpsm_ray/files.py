@@ -70,6 +70,12 @@ def _corrupt_file(path: str, message: str) -> CorruptFileError:
     return error
 
 
+def cache_home() -> Path:
+    """Where the package caches what it can make again (base models, rendered datasets):
+    ``$DPSM_RAY_CACHE``, default ``~/.cache/dpsm_ray``."""
+    return Path(os.environ.get("DPSM_RAY_CACHE", Path.home() / ".cache" / "dpsm_ray"))
+
+
 def free_space(path: Path) -> str:
     """The free space of the file system holding ``path`` (or its nearest existing parent)."""
     for candidate in (path, *path.parents):

@@ -5,19 +5,11 @@ from __future__ import annotations
 from dpsm_ray.catalog import DATASETS, check_dataset, split_sizes
 from dpsm_ray.data.fonts import find_faces, load_fonts
 from dpsm_ray.data.glyphs import load_glyphs, make_glyphs
-from dpsm_ray.data.splits import (
-    SPLIT_NAMES,
-    DataSplits,
-    FileSource,
-    Split,
-    TensorSource,
-    stratified_partition,
-)
+from dpsm_ray.data.splits import SPLIT_NAMES, DataSplits, FileSource, Split, TensorSource, stratified_partition
 from dpsm_ray.data.tabular import load_digits, load_synthetic, make_synthetic
 from dpsm_ray.data.vision import LOADERS as VISION_LOADERS
 from dpsm_ray.data.vision import PAPER_SIZES, fitted_sizes
 from dpsm_ray.data.vision import check_data_present as check_image_data
-
 
 def check_data_present(name: str, data_root: str | None = None, download: bool = False) -> None:
     """Raise ``FileNotFoundError`` (naming the expected path and ``--download``) if dataset ``name``

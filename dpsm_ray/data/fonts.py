@@ -47,7 +47,7 @@ from dpsm_ray.catalog import (
     font_sizes,
     parse_fonts,
 )
-from dpsm_ray.files import atomic_write, sha256_file
+from dpsm_ray.files import atomic_write, cache_home, sha256_file
 
 SIZE = 32  # pixels of an image
 SCALE = 2  # rendered at twice the size, then averaged down (anti-aliasing)
@@ -63,7 +63,7 @@ APT_LINE = "apt-get install " + " ".join(FONT_PACKAGES)
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DPSM_RAY_CACHE", Path.home() / ".cache" / "dpsm_ray")) / "fonts"
+    return cache_home() / "fonts"
 
 
 def face_name(path: Path) -> tuple[str, str] | None:
@@ -83,8 +83,13 @@ def face_name(path: Path) -> tuple[str, str] | None:
 
 def find_faces(root: str | os.PathLike | None = None) -> dict[tuple[str, str], Path]:
     """Every face of ``catalog.FONT_DESIGNS`` -> its file under ``root`` (default /usr/share/fonts);
-    ``FileNotFoundError`` naming the missing faces and the apt line that installs them."""
-    root = Path(root) if root is not None else FONT_ROOT
+    ``FileNotFoundError`` naming the missing faces and the apt line that installs them.  The folder
+    is read once per process (a few seconds): the data check before a run and the load both ask."""
+    return dict(faces_under(Path(root) if root is not None else FONT_ROOT))
+
+
+@functools.lru_cache(maxsize=4)
+def faces_under(root: Path) -> tuple[tuple[tuple[str, str], Path], ...]:
     wanted = set(font_faces("train") + font_faces("held_out"))
     found: dict[tuple[str, str], Path] = {}
     if root.is_dir():
@@ -98,7 +103,7 @@ def find_faces(root: str | os.PathLike | None = None) -> dict[tuple[str, str], P
         shown = ", ".join(f"{family} {style}" for family, style in missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise FileNotFoundError(f"dataset fonts: {len(missing)} of its {len(wanted)} font faces are not under {root} ({shown}); "
                                 f"Debian/Ubuntu: {APT_LINE}, or pass --data-root DIR holding them")
-    return found
+    return tuple(found.items())
 
 
 def draw(font_file: Path, character: str, *, point_size: int, angle: float = 0.0, shift: tuple[int, int] = (0, 0), stroke: int = 0):

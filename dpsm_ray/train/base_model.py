@@ -14,6 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
+from dpsm_ray.files import cache_home
 from dpsm_ray.methods import method_fields
 from dpsm_ray.models import default_model
 from dpsm_ray.train.config import TrainConfig
@@ -72,7 +73,7 @@ def base_config(config: TrainConfig) -> TrainConfig:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("DPSM_RAY_CACHE", Path.home() / ".cache" / "dpsm_ray")) / "base_models"
+    return cache_home() / "base_models"
 
 
 def cache_entry(config: TrainConfig, cache_dir: str | os.PathLike | None = None) -> Path:
