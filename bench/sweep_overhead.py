@@ -42,9 +42,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpsm_ray.train.loop import EPOCH_TIMINGS
+
 ROOT = Path(__file__).resolve().parents[1]
 TRIAL_PARTS = ("base_model", "load_data", "build", "train", "evaluate", "report", "final_evaluation")
-TIME_COLUMNS = ("trial_id", "wall_seconds", "epoch_seconds", "finished_at", "node_ip")
+TIME_COLUMNS = ("trial_id", "wall_seconds", *EPOCH_TIMINGS, "finished_at", "node_ip")
 ARMS = {"fresh": ["--process-per-trial"], "reused": []}
 CIFAR_ARGS = ["--train-subset", "256", "--epochs", "2", "--methods", "ce", "--trials", "3", "--final-seeds", "1",
               "--init", "scratch", "--gpus-per-worker", "0", "--cpus-per-worker", "1", "--device", "cpu", "--concurrency", "1"]

@@ -26,7 +26,8 @@ import sys
 from dpsm_ray.sweep.study import cli, fidelity_arms
 from dpsm_ray.train.presets import DPSM_CODE_SHARED
 
-EVALUATION = {"val_splits": 5, "eval_splits": 10, "workers": 0, "cpus_per_worker": 1, "data_workers": 0, "seed": 0}
+# diagnostics over the whole training split (the paper's Q_n; the default samples 10000 examples)
+EVALUATION = {"val_splits": 5, "eval_splits": 10, "diagnostic_examples": 0, "workers": 0, "cpus_per_worker": 1, "data_workers": 0, "seed": 0}
 DATASETS = {
     "fashion_mnist": {
         "common": {"dataset": "fashion_mnist", "data_root": "/usr/share/datasets/fashion-mnist", "alpha": 0.01, **DPSM_CODE_SHARED, **EVALUATION},

@@ -38,12 +38,20 @@ class TensorSource:
         return TensorSource(self.inputs.to(device), self.labels.to(device), self.transform)
 
     def batches(self, ids_batches: Sequence[torch.Tensor], *, augment: bool, seed: int) -> Iterator:
-        for ids in ids_batches:
-            ids = ids.to(self.inputs.device)
+        for ids in on_device(ids_batches, self.inputs.device):
             x = self.inputs[ids]
             if self.transform is not None:
                 x = self.transform(x, ids, augment, seed)
             yield x, self.labels[ids]
+
+
+def on_device(ids_batches: Sequence[torch.Tensor], device: torch.device) -> Sequence[torch.Tensor]:
+    """The batches' ids on ``device`` in one copy, not one per batch: a copy from the host blocks
+    the host until the device has run what was queued before it (on a GPU, the previous step)."""
+    if not ids_batches or all(ids.device == device for ids in ids_batches):
+        return ids_batches
+    sizes = [ids.numel() for ids in ids_batches]
+    return torch.cat(list(ids_batches)).to(device).split(sizes)
 
 
 class FileSource:

@@ -47,6 +47,9 @@ EPOCHS = {
     "val_set_size": pa.float64(),
     "val_accuracy": pa.float64(),
     "epoch_seconds": pa.float64(),
+    "train_seconds": pa.float64(),  # the epoch's steps, data included
+    "diagnostics_seconds": pa.float64(),  # the columns q_dataset ... train_set_size_q
+    "validation_seconds": pa.float64(),  # the val_ columns
 }
 
 EVALS = {

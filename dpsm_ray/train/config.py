@@ -107,6 +107,8 @@ class TrainConfig:
     train_subset: int | None = option(None, "train on a stratified subset of N training examples (smoke runs)", type=int)
     # --- evaluation ---------------------------------------------------------------------------
     val_splits: int = option(5, "validation re-splits (calibrate on half of val, measure on the other half)")
+    diagnostic_examples: int = option(10000, "training examples the per-epoch diagnostics of epochs.parquet (Q_n, |q - Q_n|, the figures' losses and sizes) score: a seeded sample "
+                                             "of N, the same every epoch (the whole split when it is no larger); 0 = the whole training split (docs/results.md)")
     eval_splits: int = option(10, "random calibration/test re-splits of the final evaluation")
     eval_scores: tuple[str, ...] = option(SCORE_KINDS, "scores evaluated at the end")
     evaluate_test: bool = option(True, "evaluate on the calibration/test splits at the end (sweeps switch it off while searching)", cli=False)
@@ -245,6 +247,7 @@ def validate(config: TrainConfig) -> None:
     usable = 2 * ((config.train_subset or train_size) // 2)
     need(config.batch_size <= usable, "batch_size", f"must be at most {usable}: each step takes half the batch from each half of the {config.train_subset or train_size} training examples")
     need(integer("val_splits") >= 1, "val_splits", "must be an integer >= 1")
+    need(integer("diagnostic_examples") >= 0 and config.diagnostic_examples != 1, "diagnostic_examples", "must be 0 (the whole training split) or an integer >= 2")
     need(integer("eval_splits") >= 1, "eval_splits", "must be an integer >= 1")
     need(len(config.eval_scores) > 0 and all(s in SCORE_KINDS for s in config.eval_scores), "eval_scores", f"must be a non-empty subset of {', '.join(SCORE_KINDS)}")
     need(integer("workers") >= 0, "workers", "must be an integer >= 0")

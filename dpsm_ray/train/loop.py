@@ -37,12 +37,15 @@ from dpsm_ray.train.lines import EpochLine
 from dpsm_ray.train.step import GraphStep, auto_line, autocast, build_step, graph_capturable, resolve_channels_last
 
 EVAL_BATCH = 512
+# The epoch's wall time and its parts: the columns of epochs.parquet that differ between two runs of
+# the same configuration.
+EPOCH_TIMINGS = ("epoch_seconds", "train_seconds", "diagnostics_seconds", "validation_seconds")
 # Per-epoch columns of epochs.parquet, in order (docs/results.md).
 EPOCH_COLUMNS = (
     "epoch", "lr", "quantile_lr", "upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error",
     "soft_size", "q_dataset_train", "q_error_train", "upper_loss_q", "upper_loss_qn", "upper_gap",
     "lower_loss_q", "lower_loss_qn", "lower_gap", "train_soft_size_q", "train_set_size_q",
-    "val_coverage", "val_set_size", "val_accuracy", "epoch_seconds",
+    "val_coverage", "val_set_size", "val_accuracy", *EPOCH_TIMINGS,
 )
 # Elements of the largest [thresholds, n, K] block the diagnostics evaluate at once.
 DIAGNOSTIC_BLOCK = 2**24
@@ -219,11 +222,14 @@ def train(config: TrainConfig, env) -> RunResult:
                 if isinstance(step, GraphStep):  # it updates the weights itself, reading the lr every batch
                     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
                 scheduler.step()
+        trained = time.perf_counter()  # the epoch's statistics are Python floats: the steps have finished
         row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr, **stats}
         with clock("evaluate"):
             row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
+            diagnosed = time.perf_counter()
             row.update(validation_metrics(model, data.val, data.num_classes, config, env))
-        row["epoch_seconds"] = time.perf_counter() - started
+        ended = time.perf_counter()
+        row.update(epoch_seconds=ended - started, train_seconds=trained - started, diagnostics_seconds=diagnosed - trained, validation_seconds=ended - diagnosed)
         result.epochs.append(row)
         last = epoch == config.epochs - 1
         checkpoint = None
@@ -321,9 +327,19 @@ def train_epoch(model, objective: Objective, train_split: Split, d1, d2, epoch: 
     }, step
 
 
+def diagnostic_sample(train_size: int, config: TrainConfig) -> torch.Tensor | None:
+    """The training positions the epoch diagnostics score, in order: a seeded sample of
+    ``config.diagnostic_examples`` (the same every epoch), or None for the whole split (the
+    setting 0, or a split no larger than the sample)."""
+    if config.diagnostic_examples == 0 or config.diagnostic_examples >= train_size:
+        return None
+    return torch.randperm(train_size, generator=generator(config.seed, "diagnostics"))[: config.diagnostic_examples].sort().values
+
+
 def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env) -> dict:
-    """The quantile's diagnostics at the end of an epoch, from the whole training split in eval
-    mode without augmentation (docs/results.md, epochs.parquet).
+    """The quantile's diagnostics at the end of an epoch, from the training split (or the seeded
+    sample ``diagnostic_sample`` of it, D1 and D2 then their parts in the sample) in eval mode
+    without augmentation (docs/results.md, epochs.parquet).
 
     Against Algorithm 1's lower level on D1: Q_n of D1's scores, the quantile's error, and the soft
     set size of D2 at Q_n.  Against the paper's figures, which take Q_n over the whole training set:
@@ -334,8 +350,18 @@ def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, con
     random calibration batches of the run's size, each quantity averaged over them.  Methods
     without a quantile get NaN for every quantity that needs one.
     """
-    logits = predict(model, data.train, torch.arange(len(data.train)), data.num_classes, env, config.precision)
-    labels = data.train.labels.to(logits.device)
+    sample = diagnostic_sample(len(data.train), config)
+    if sample is not None:  # D1 and D2 as positions within the sample (the whole split where the sample misses one)
+        position = torch.full((len(data.train),), -1, dtype=torch.long)
+        position[sample] = torch.arange(sample.numel())
+        parts = [position[half][position[half] >= 0] for half in (d1, d2)]
+        if min(part.numel() for part in parts) > 0:
+            d1, d2 = parts
+        else:
+            sample = None
+    positions = torch.arange(len(data.train)) if sample is None else sample
+    logits = predict(model, data.train, positions, data.num_classes, env, config.precision)
+    labels = data.train.labels[positions].to(logits.device)
     scores = hps_scores(logits).double()
     train_scores = label_scores(scores, labels)
     d1_scores, device = train_scores[d1.to(logits.device)], logits.device

@@ -82,3 +82,39 @@ def test_augmentation_on_the_gpu_equals_the_cpu():
     on_gpu = cifar100_transform(images.cuda(), ids.cuda(), True, 11)
     assert on_gpu.device.type == "cuda"
     torch.testing.assert_close(on_gpu.cpu(), cifar100_transform(images, ids, True, 11))
+
+
+def tensor_source_batches(device):
+    """Augmented CIFAR-100-shaped batches of uneven sizes from a TensorSource on ``device``."""
+    from dpsm_ray.data import TensorSource
+
+    images = random_images(40)
+    source = TensorSource(images, torch.arange(40) % 7, cifar100_transform).to(device)
+    ids = [torch.tensor([3, 1, 4, 15, 9]), torch.tensor([2, 6, 5]), torch.tensor([35, 8, 39, 0])]
+    return [(x.cpu(), y.cpu()) for x, y in source.batches(ids, augment=True, seed=5)], ids, images
+
+
+def test_a_tensor_source_batch_is_its_examples_augmented_alone():
+    batches, ids, images = tensor_source_batches("cpu")
+    for (x, y), chosen in zip(batches, ids, strict=True):
+        assert torch.equal(y, chosen % 7)
+        for row, example in zip(x, chosen):  # an example's augmentation depends on its id, not its batch
+            assert torch.equal(row, cifar100_transform(images[example : example + 1], example[None], True, 5)[0])
+
+
+def test_batch_ids_go_to_the_device_in_one_copy_in_their_sizes():
+    from dpsm_ray.data.splits import on_device
+
+    ids = [torch.tensor([3, 1, 4, 15, 9]), torch.tensor([2, 6, 5]), torch.tensor([], dtype=torch.long)]
+    moved = on_device(ids, torch.device("meta"))
+    assert [t.device.type for t in moved] == ["meta"] * 3 and [t.numel() for t in moved] == [5, 3, 0]
+    assert on_device(ids, torch.device("cpu")) is ids and on_device([], torch.device("meta")) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tensor_source_batches_on_the_gpu_equal_the_cpu():
+    on_gpu, on_cpu = tensor_source_batches("cuda")[0], tensor_source_batches("cpu")[0]
+    for (x_gpu, y_gpu), (x_cpu, y_cpu) in zip(on_gpu, on_cpu, strict=True):
+        assert torch.equal(y_gpu, y_cpu)
+        torch.testing.assert_close(x_gpu, x_cpu)

@@ -17,6 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from dpsm_ray.train.loop import EPOCH_TIMINGS
+
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A sweep small enough to run several times: 2 methods x 2 Optuna trials, 1 final seed, 2 epochs.
 TINY_SWEEP = ["--methods", "ce,dpsm", "--trials", "2", "--final-seeds", "1", "--base-epochs", "2", "--epochs", "2", "--workers", "0", "--seed", "3"]
 # What may differ between two runs of one sweep: Tune's random trial ids and the clock.
-UNREPEATABLE = ["trial_id", "wall_seconds", "epoch_seconds"]
+UNREPEATABLE = ["trial_id", "wall_seconds", *EPOCH_TIMINGS]
 
 
 def sweep_env() -> dict:

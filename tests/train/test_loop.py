@@ -7,7 +7,7 @@ import torch
 from dpsm_ray.files import CorruptFileError
 from dpsm_ray.results.schema import CLASSES, EPOCHS
 from dpsm_ray.train import DivergedError, LocalEnv, TrainConfig, train
-from dpsm_ray.train.loop import EPOCH_COLUMNS, halves, split_batches, step_batches
+from dpsm_ray.train.loop import EPOCH_COLUMNS, EPOCH_TIMINGS, halves, split_batches, step_batches
 
 QUIET = dict(log=lambda line: None)
 SMALL = dict(dataset="digits", epochs=2, batch_size=64, eval_splits=3, val_splits=2)
@@ -131,7 +131,7 @@ class InterruptingEnv(LocalEnv):
 
 def without_timing(rows):
     """Rows to compare: no wall time, and NaN (a method without a quantile) equal to NaN."""
-    return [{k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items() if k != "epoch_seconds"} for row in rows]
+    return [{k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items() if k not in EPOCH_TIMINGS} for row in rows]
 
 
 @pytest.mark.parametrize("method,changes", [
@@ -241,22 +241,26 @@ def table_data():
     return DataSplits("table", 3, (1,), split, split, split, split)
 
 
-def by_hand(alpha, temperature, weight, d1, d2, quantile):
+def by_hand(alpha, temperature, weight, d1, d2, quantile, sample=range(6)):
     """Every diagnostic with plain floats: HPS scores 1 - softmax, Q_n the ceil(n (1 - alpha))-th
-    smallest label score, the pinball loss rho, the sigmoid soft size."""
-    probs = [[math.exp(v) / sum(math.exp(w) for w in row) for v in row] for row in TABLE_LOGITS]
-    scores = [[1 - p for p in row] for row in probs]
-    label_score = [scores[i][y] for i, y in enumerate(TABLE_LABELS)]
+    smallest label score, the pinball loss rho, the sigmoid soft size; over the table's rows in
+    ``sample`` (D1 and D2: their rows in it)."""
+    sample = list(sample)
+    d1, d2 = [i for i in d1 if i in sample], [i for i in d2 if i in sample]
+    probs = {i: [math.exp(v) / sum(math.exp(w) for w in TABLE_LOGITS[i]) for v in TABLE_LOGITS[i]] for i in sample}
+    scores = {i: [1 - p for p in row] for i, row in probs.items()}
+    label_score = {i: scores[i][TABLE_LABELS[i]] for i in sample}
     kth = lambda values, level: sorted(values)[math.ceil(round(len(values) * level, 9)) - 1]
-    q_d1, q_train = kth([label_score[i] for i in d1], 1 - alpha), kth(label_score, 1 - alpha)
+    q_d1, q_train = kth([label_score[i] for i in d1], 1 - alpha), kth(label_score.values(), 1 - alpha)
     soft = lambda rows, q: sum(1 / (1 + math.exp(-(q - s) / temperature)) for row in rows for s in row) / len(rows)
-    rho = lambda q: sum((1 - alpha) * (s - q) if s >= q else alpha * (q - s) for s in label_score) / 6
-    ce = -sum(math.log(probs[i][y]) for i, y in enumerate(TABLE_LABELS)) / 6
-    hard = sum(s <= quantile for row in scores for s in row) / 6
+    rho = lambda q: sum((1 - alpha) * (s - q) if s >= q else alpha * (q - s) for s in label_score.values()) / len(sample)
+    ce = -sum(math.log(probs[i][TABLE_LABELS[i]]) for i in sample) / len(sample)
+    hard = sum(s <= quantile for row in scores.values() for s in row) / len(sample)
+    scores = list(scores.values())
     return {
         "q_dataset": q_d1,
         "q_dataset_train": q_train,
-        "soft_size": soft([scores[i] for i in d2], q_d1),
+        "soft_size": soft([scores[sample.index(i)] for i in d2], q_d1),
         "q_error": abs(quantile - q_d1),
         "q_error_train": abs(quantile - q_train),
         "upper_loss_q": ce + weight * soft(scores, quantile),
@@ -291,6 +295,25 @@ def test_dpsm_epoch_diagnostics_by_hand():
     for name, value in expected.items():
         assert row[name] == pytest.approx(value, abs=1e-6), name
     assert row["lower_gap"] >= 0  # Q_n minimises the pinball loss
+
+
+def test_dpsm_epoch_diagnostics_on_a_sample_of_the_training_split_by_hand():
+    from dpsm_ray.train.loop import diagnostic_sample
+
+    def set_q(objective):
+        objective.q = torch.tensor(0.5)
+
+    config = TrainConfig(dataset="digits", diagnostic_examples=4)
+    sample = diagnostic_sample(6, config)
+    assert sample.tolist() == sorted(set(sample.tolist())) and sample.numel() == 4 and torch.equal(diagnostic_sample(6, config), sample)
+    assert not torch.equal(sample, diagnostic_sample(6, config.replace(seed=1)))  # seeded by the run seed
+    row, d1, d2 = diagnostics_of("dpsm", set_q, diagnostic_examples=4)
+    expected = by_hand(0.4, 0.2, 0.7, d1, d2, quantile=0.5, sample=sample.tolist())
+    assert expected != by_hand(0.4, 0.2, 0.7, d1, d2, quantile=0.5)  # the sample changes the figures
+    for name, value in expected.items():
+        assert row[name] == pytest.approx(value, abs=1e-6), name
+    # the whole split: the setting 0, or a sample no smaller than the split
+    assert diagnostic_sample(6, config.replace(diagnostic_examples=0)) is None and diagnostic_sample(6, config.replace(diagnostic_examples=6)) is None
 
 
 def test_conftr_epoch_diagnostics_by_hand():
