@@ -41,6 +41,11 @@ STEPS = ("environment", "gpu_tests", "train", "throughput", "packed")
 # packed sweep, P = 2: every P runs the same code, a sweep of its own)
 FULL = {"model": "resnet110", "epochs": 2, "batch": 128, "train_images": 50000, "test_images": 10000, "train_subset": None, "packs": (1, 2, 4)}
 QUICK = {"model": "resnet20", "epochs": 1, "batch": 32, "train_images": 200, "test_images": 100, "train_subset": 64, "packs": (2,)}
+# ``train``'s runs (``--train-variants``): the options of each beside the common ones
+TRAIN_VARIANTS = {"eager_fp32": ["--step", "eager", "--precision", "fp32"],
+                  "graph_bf16_channels_last": ["--step", "graph", "--precision", "bf16", "--channels-last"],
+                  "graph_bf16_full_diagnostics": ["--step", "graph", "--precision", "bf16", "--channels-last", "--diagnostic-examples", "0"],
+                  "auto": ["--step", "auto", "--precision", "auto"]}
 STEP_TIMEOUT_S = {"environment": 120, "gpu_tests": 900, "train": 900, "throughput": 1200, "packed": 1200}
 
 
@@ -50,7 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help=f"small sizes for the CPU dry run: {QUICK}")
     parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated steps to run (default: %(default)s)")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench" / "gpu_check"), help="folder of the summary and logs (default: $OUT, else bench/gpu_check)")
+    parser.add_argument("--train-variants", default=",".join(TRAIN_VARIANTS), help="comma-separated runs of the train step (default: %(default)s)")
     args = parser.parse_args(argv)
+    args.train_variants = [name.strip() for name in args.train_variants.split(",") if name.strip()]
+    if unknown := [name for name in args.train_variants if name not in TRAIN_VARIANTS]:
+        parser.error(f"--train-variants: unknown run {unknown[0]!r}; allowed: {', '.join(TRAIN_VARIANTS)}")
     args.steps = [step.strip() for step in args.steps.split(",") if step.strip()]
     unknown = [step for step in args.steps if step not in STEPS]
     if unknown:
@@ -130,8 +139,13 @@ def epoch_rates(run_dir: Path, train_images: int) -> dict:
 
     epochs = pd.read_parquet(run_dir / "epochs.parquet")
     last = epochs.iloc[-1]  # the last epoch: past graph capture and cuDNN autotuning
-    return {"images_per_s": round(train_images / last.epoch_seconds, 1), "epoch_seconds": [round(s, 2) for s in epochs.epoch_seconds],
-            "ce_loss": [round(v, 4) for v in epochs.ce_loss], "val_set_size": round(float(last.val_set_size), 3)}
+    rates = {"images_per_s": round(train_images / last.epoch_seconds, 1), "epoch_seconds": [round(s, 2) for s in epochs.epoch_seconds],
+             "ce_loss": [round(v, 4) for v in epochs.ce_loss], "val_set_size": round(float(last.val_set_size), 3)}
+    if "train_seconds" in epochs:  # the last epoch by part (the loop's own clock), and the steps' own rate
+        rates["last_epoch_parts"] = {part: round(float(last[part]), 2) for part in ("train_seconds", "diagnostics_seconds", "validation_seconds")}
+        rates["steps_images_per_s"] = round(train_images / last.train_seconds, 1)
+        rates["end_to_end_over_steps"] = round(last.train_seconds / last.epoch_seconds, 3)
+    return rates
 
 
 def trained_images(sizes: dict) -> int:
@@ -145,11 +159,10 @@ def trained_images(sizes: dict) -> int:
 def train(args, out: Path) -> dict:
     sizes, data = args.sizes, cifar100_files(args)
     train_images = trained_images(sizes)
-    variants = {"eager_fp32": ["--step", "eager", "--precision", "fp32"],
-                "graph_bf16_channels_last": ["--step", "graph", "--precision", "bf16", "--channels-last"],
-                "auto": ["--step", "auto", "--precision", "auto"]}
     results = {}
-    for name, options in variants.items():
+    for name, options in TRAIN_VARIANTS.items():
+        if name not in args.train_variants:
+            continue
         if name.startswith("graph") and args.device == "cpu":
             results[name] = {"skipped": "the captured graph needs CUDA"}
             continue
@@ -164,7 +177,7 @@ def train(args, out: Path) -> dict:
             result.update(epoch_rates(run_dir, train_images))
         results[name] = result
     ran = [r for r in results.values() if "exit" in r]
-    plain, fast = results["eager_fp32"].get("images_per_s"), results["graph_bf16_channels_last"].get("images_per_s")
+    plain, fast = (results.get(name, {}).get("images_per_s") for name in ("eager_fp32", "graph_bf16_channels_last"))
     summary = {"train_images": train_images, "variants": results, "ok": bool(ran) and all(r["exit"] == 0 for r in ran)}
     if plain and fast:
         summary["fast_over_plain"] = round(fast / plain, 2)

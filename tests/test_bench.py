@@ -110,9 +110,13 @@ def test_gpu_check_dry_runs_every_step_on_cpu(tmp_path):
     assert json.loads(result.stdout.splitlines()[-7]) == summary  # the JSON line, then the table (a header and 5 rows)
     assert all(summary[step]["ok"] for step in ("environment", "gpu_tests", "train", "throughput", "packed"))
     variants = summary["train"]["variants"]
-    assert variants["graph_bf16_channels_last"] == {"skipped": "the captured graph needs CUDA"}
+    assert variants["graph_bf16_channels_last"] == variants["graph_bf16_full_diagnostics"] == {"skipped": "the captured graph needs CUDA"}
     # auto is eager fp32 on a CPU: the same losses as the plain run
     assert variants["auto"]["ce_loss"] == variants["eager_fp32"]["ce_loss"] and variants["auto"]["images_per_s"] > 0
+    for run in (variants["auto"], variants["eager_fp32"]):  # the last epoch by part, from epochs.parquet
+        parts = run["last_epoch_parts"]
+        assert set(parts) == {"train_seconds", "diagnostics_seconds", "validation_seconds"} and sum(parts.values()) <= run["epoch_seconds"][-1] + 0.02
+        assert run["steps_images_per_s"] >= run["images_per_s"] and 0 < run["end_to_end_over_steps"] <= 1
     assert list(summary["packed"]["sweeps"]) == ["trials_per_gpu_2"]  # --quick's one wave of two trials sharing the GPU
     for packs, sweep in summary["packed"]["sweeps"].items():
         assert sweep["trials_ok"] == sweep["trials"] and sweep["gpu_ids"] == ["0"] and sweep["devices"] == ["cpu"], (packs, sweep)
@@ -125,3 +129,40 @@ def test_gpu_check_dry_runs_every_step_on_cpu(tmp_path):
     assert_throughput_record(record, printed[at + 1:])
     # what comes back from the device tool: at most 8 files, no folders
     assert len(list(out.iterdir())) <= 8 and all(path.is_file() for path in out.iterdir())
+
+
+def test_precision_benchmark_trains_each_seed_in_both_precisions_and_compares_by_seed_sd(tmp_path):
+    """bench/precision.py --device cpu --quick: the CPU twin of the GPU's bf16-against-fp32 check
+    (bf16 autocast on a CPU), its comparison recomputed here from the runs it reports."""
+    import statistics
+
+    out = tmp_path / "precision.json"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "precision.py"), "--device", "cpu", "--quick", "--json-out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads(out.read_text()) and record["benchmark"] == "precision"
+    runs = {(run["precision"], run["seed"]): run for run in record["runs"]}
+    assert sorted(runs) == [("bf16", 0), ("bf16", 1), ("fp32", 0), ("fp32", 1)] and all(run["exit"] == 0 for run in runs.values())
+    # bf16 really ran: each seed's bf16 run ends with another loss than its fp32 twin
+    assert all(runs["bf16", seed]["last_epoch"]["ce_loss"] != runs["fp32", seed]["last_epoch"]["ce_loss"] for seed in (0, 1))
+    for score in ("hps", "aps"):
+        for metric in ("set_size", "coverage"):
+            values = {p: [runs[p, seed]["scores"][score][metric] for seed in (0, 1)] for p in ("fp32", "bf16")}
+            row = record["comparison"][f"{score}_{metric}"]
+            pooled = ((statistics.stdev(values["fp32"]) ** 2 + statistics.stdev(values["bf16"]) ** 2) / 2) ** 0.5
+            difference = statistics.mean(values["bf16"]) - statistics.mean(values["fp32"])
+            assert row["difference"] == pytest.approx(difference) and row["pooled_sd"] == pytest.approx(pooled)
+            assert row["within_one_sd"] == (abs(difference) < pooled or difference == 0)
+    for run in runs.values():  # each epoch by part: the parts are inside the epoch
+        parts = run["epoch_parts"]
+        assert len(parts["epoch_seconds"]) == 2
+        for epoch in range(2):
+            assert sum(parts[name][epoch] for name in ("train_seconds", "diagnostics_seconds", "validation_seconds")) <= parts["epoch_seconds"][epoch] + 0.005
+    table = result.stdout.splitlines()[1:]
+    assert table[0].split()[:3] == ["score", "/", "metric"] and [line.split()[0] for line in table[1:5]] == ["hps_set_size", "hps_coverage", "aps_set_size", "aps_coverage"]
+
+
+def test_precision_benchmark_rejects_bad_options_by_name():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "precision.py"), "--quick", "--seeds", "3"], capture_output=True, text=True)
+    assert result.returncode == 2 and "--seeds: at least two seeds" in result.stderr
