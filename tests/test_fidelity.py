@@ -70,5 +70,8 @@ def test_the_cifar100_fidelity_study_dry_runs_on_a_generated_copy(ray_session, t
     assert {(c["arm"], c["against"]) for c in comparisons} == {(a, r) for r in ("ce", "base") for a in ARMS if a != r}
     assert all(len(c["per_seed"]) == 2 for c in comparisons)
     assert "CE base model, not fine-tuned" in (out / "fidelity.md").read_text()
+    # the compact results regenerate the tables: what docs/ commits and `--report-from` reads
+    printed = subprocess.run([*command[:2], "--quick", "--report-from", str(out / "compact")], capture_output=True, text=True, timeout=300)
+    assert printed.returncode == 0 and printed.stdout == (out / "fidelity.md").read_text(), printed.stderr[-2000:]
     again = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and " done in " not in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]

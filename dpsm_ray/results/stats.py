@@ -27,15 +27,43 @@ def t_interval(values: list[float], level: float = T_LEVEL) -> tuple[float, floa
     return mean, mean - half, mean + half
 
 
-def paired_change(evals, arm: str, against: str, score: str, metric: str = "set_size", by: str = "stage") -> dict:
-    """``arm``'s percent change of the mean ``metric`` against ``against`` (values of the column
-    ``by``: the study's arms are stages, a sweep's methods are methods), per seed, then a t interval
-    over the seeds that have both.  ``significant`` is false when the interval holds 0 or there is
-    no interval (fewer than two seeds)."""
+POWER = 0.8
+
+
+def detectable_effect(values: list[float], level: float = T_LEVEL, power: float = POWER) -> float:
+    """The smallest true mean a two-sided paired t test at ``level`` detects with probability
+    ``power`` from as many replicates as ``values``, at their SD: (t(1 - (1 - level) / 2, n - 1) +
+    t(power, n - 1)) * SD / sqrt(n) (the usual normal-shift approximation; NaN for fewer than two)."""
+    from scipy.special import stdtrit
+
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return (stdtrit(n - 1, (1 + level) / 2) + stdtrit(n - 1, power)) * sd / math.sqrt(n)
+
+
+def per_seed_change(evals, arm: str, against: str, score: str, metric: str = "set_size", by: str = "stage"):
+    """The percent change of ``arm``'s mean ``metric`` against ``against``'s, per seed (a pandas
+    Series indexed by seed; seeds without both, or with a zero reference, left out)."""
     part = evals[evals.score == score]
     per_seed = part.groupby(["seed", by])[metric].mean().unstack(by)
     change = 100 * (per_seed[arm] - per_seed[against]) / per_seed[against]
-    change = change[change.map(math.isfinite)]  # a seed without one of them, or a zero reference
-    mean, low, high = t_interval(change.tolist())
-    return {"score": score, "arm": arm, "against": against, "seeds": len(change), "per_seed": [round(v, 2) for v in change],
-            "mean": mean, "low": low, "high": high, "significant": bool(low > 0 or high < 0)}
+    return change[change.map(math.isfinite)]
+
+
+def summary(values: list[float]) -> dict:
+    """Mean, t interval, significance and detectable effect of per-seed values."""
+    mean, low, high = t_interval(values)
+    return {"seeds": len(values), "mean": mean, "low": low, "high": high, "significant": bool(low > 0 or high < 0), "detectable": detectable_effect(values)}
+
+
+def paired_change(evals, arm: str, against: str, score: str, metric: str = "set_size", by: str = "stage") -> dict:
+    """``arm``'s percent change of the mean ``metric`` against ``against`` (values of the column
+    ``by``: the study's arms are stages, a sweep's methods are methods), per seed, then a t interval
+    over the seeds that have both, and the smallest change those seeds detect with 80% power
+    (``detectable``).  ``significant`` is false when the interval holds 0 or there is no interval
+    (fewer than two seeds)."""
+    change = per_seed_change(evals, arm, against, score, metric, by)
+    return {"score": score, "arm": arm, "against": against, "per_seed": [round(v, 2) for v in change], **summary(change.tolist())}

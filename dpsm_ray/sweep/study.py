@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from dpsm_ray.results.stats import T_LEVEL, paired_change
+from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
 from dpsm_ray.train.config import TrainConfig
 
 REFERENCES = ("ce", "base")  # every arm is compared with CE fine-tuned and with the base model
@@ -52,6 +52,12 @@ class Study:
     trial_retries: int = 2
     address: str | None = None
     resource_timeout: float = 600.0
+    # the analysis only (not part of what a resume must match): (arm, against) comparisons beyond
+    # CE and the base model, and the batch-size prediction's (batch, DPSM arm, ConfTr arm)
+    comparisons: tuple[tuple[str, str], ...] = ()
+    batch_pairs: tuple[tuple[int, str, str], ...] = ()
+    # the mechanism criterion's (DPSM arm, ConfTr arm, CUT arm) at each lambda
+    mechanism: tuple[tuple[str, str, str], ...] = ()
 
     def arm_config(self, arm: Arm, results: Path | None = None) -> TrainConfig:
         """``arm``'s configuration (seed 0), with the base-model cache of ``results``; validated."""
@@ -90,8 +96,12 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
         if marker.exists():
             if not resume:
                 raise SweepError(f"{results} already holds a study; pass --resume to continue it, or choose another --out")
-            if read_checked_json(marker) != described:
-                raise SweepError(f"--resume: the study in {results} was started with other settings; rerun it with the same options")
+            stored = read_checked_json(marker)
+            if not continues(stored, described):
+                raise SweepError(f"--resume: the study in {results} was started with other settings; rerun it with the same options "
+                                 "(a resumed study may add arms, never change one)")
+            if stored != described:
+                write_checked_json(marker, described)  # the arms added now: a later resume must name them too
         elif resume:
             raise SweepError(f"--resume: no study to resume in {results}")
         remove_temporaries(results, skip=("tune",))
@@ -131,6 +141,13 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
         lock.release()
 
 
+def continues(stored: dict, described: dict) -> bool:
+    """Whether ``described`` continues the study ``stored`` describes: the same settings and seeds,
+    every stored arm unchanged; arms may be added (the searched arms, once their sweep is done)."""
+    same = all(stored.get(key) == described.get(key) for key in ("name", "common", "seeds"))
+    return same and all(described["arms"].get(name) == settings for name, settings in stored.get("arms", {}).items())
+
+
 def write_study_results(study: Study, results: Path) -> None:
     from dpsm_ray.results.store import write_parquet
     from dpsm_ray.sweep.collect import FILES, collect
@@ -147,19 +164,65 @@ def write_study_results(study: Study, results: Path) -> None:
 
 # ----------------------------------------------------------------------------- the analysis
 
+# The compact results of a study (``RESULTS/compact/``, small enough to commit beside the doc that
+# quotes them): every model's evaluation rows, and one row per model of its quantile diagnostics.
+COMPACT_EVALS = ("stage", "seed", "score", "split", "set_size", "coverage", "covgap", "accuracy")
+COMPACT_RUNS = ("stage", "seed", "q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size", "q_error_train_all_epochs")
 
-def analyse(study: Study, results: Path) -> dict:
-    """The tables of ``fidelity.md``: each arm's metrics, its per-seed changes against CE and the
-    base model, and the quantile diagnostics of the arms that learn one."""
+
+def write_compact(study: Study, results: Path) -> Path:
+    """``results/compact/``: ``evals.csv`` and ``runs.csv`` from the study's Parquet files and
+    ``arms.json`` (each arm's name, title and settings, in order) -- what ``analyse_tables`` reads,
+    so the tables regenerate from a committed copy exactly as from the whole directory."""
     import pandas as pd
 
+    from dpsm_ray.files import write_json, write_text
+
     evals, epochs = pd.read_parquet(results / "evals.parquet"), pd.read_parquet(results / "epochs.parquet")
+    evals = evals[list(COMPACT_EVALS)].sort_values(["stage", "seed", "score", "split"])
+    ordered = epochs.sort_values(["stage", "seed", "epoch"])
+    runs = ordered.groupby(["stage", "seed"]).tail(1).set_index(["stage", "seed"])
+    runs = runs.assign(q_error_train_all_epochs=ordered.groupby(["stage", "seed"]).q_error_train.mean()).reset_index()[list(COMPACT_RUNS)]
+    folder = results / "compact"
+    folder.mkdir(exist_ok=True)
+    for name, table in (("evals", evals), ("runs", runs)):
+        write_text(folder / f"{name}.csv", table.to_csv(index=False, float_format="%.17g"))
+    write_json(folder / "arms.json", [{"name": arm.name, "title": arm.title, "settings": json.loads(json.dumps(arm.settings, default=list))} for arm in study.arms])
+    return folder
+
+
+def read_compact(folder: Path):
+    """The evaluation rows, the per-model rows and the arms of a study's compact results."""
+    import pandas as pd
+
+    missing = [name for name in ("evals.csv", "runs.csv", "arms.json") if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} holds no study results ({', '.join(missing)} missing): pass a study's compact/ folder")
+    arms = tuple(Arm(arm["name"], arm["title"], arm["settings"]) for arm in json.loads((folder / "arms.json").read_text()))
+    return pd.read_csv(folder / "evals.csv"), pd.read_csv(folder / "runs.csv"), arms
+
+
+def analyse(study: Study, results: Path) -> dict:
+    """Write the compact results, and ``fidelity.json`` / ``fidelity.md`` from them."""
+    from dpsm_ray.files import write_json, write_text
+
+    evals, runs, _ = read_compact(write_compact(study, results))
+    analysis = analyse_tables(study, evals, runs)
+    write_json(results / "fidelity.json", analysis)
+    write_text(results / "fidelity.md", markdown_report(analysis) + "\n")
+    return analysis
+
+
+def analyse_tables(study: Study, evals, runs) -> dict:
+    """The tables of ``fidelity.md``: each arm's metrics, its per-seed changes against CE and the
+    base model and in the study's own comparisons, the batch-size gaps, and the quantile
+    diagnostics of the arms that learn one."""
     present = [arm for arm in study.arms if arm.name in set(evals.stage)]
     scores = [s for s in ("hps", "aps", "raps") if s in set(evals.score)]
     table = []
     for arm in present:
         part = evals[evals.stage == arm.name]
-        row = {"arm": arm.name, "title": arm.title, "models": int(part.run_id.nunique())}
+        row = {"arm": arm.name, "title": arm.title, "models": int(part.seed.nunique())}
         for score in scores:
             values = part[part.score == score]
             row[score] = {"set_size": float(values.set_size.mean()), "set_size_std": float(values.set_size.std(ddof=1)),
@@ -169,21 +232,79 @@ def analyse(study: Study, results: Path) -> dict:
     names = [arm.name for arm in present]
     comparisons = [paired_change(evals, arm, against, score) for against in REFERENCES if against in names
                    for arm in names if arm != against for score in scores]
+    comparisons += [{**paired_change(evals, arm, against, score), "own": True} for arm, against in study.comparisons
+                    if arm in names and against in names for score in scores]
     diagnostics = []
     for arm in present:
-        runs = epochs[epochs.stage == arm.name]
-        if runs.empty or runs.q.isna().all():
+        part = runs[runs.stage == arm.name]
+        if part.empty or part.q.isna().all():
             continue
-        last = runs.sort_values("epoch").groupby("run_id").tail(1)
-        diagnostics.append({"arm": arm.name, **{c: float(last[c].mean()) for c in ("q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size")},
-                            "q_error_train_all_epochs": float(runs.q_error_train.mean())})
-    analysis = {"study": study.name, "dataset": study.common.dataset, "alpha": study.common.alpha, "seeds": list(study.seeds),
-                "eval_splits": study.common.eval_splits, "table": table, "comparisons": comparisons, "diagnostics": diagnostics}
-    from dpsm_ray.files import write_json, write_text
-
-    write_json(results / "fidelity.json", analysis)
-    write_text(results / "fidelity.md", markdown_report(analysis) + "\n")
+        diagnostics.append({"arm": arm.name, **{c: float(part[c].mean()) for c in ("q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size")},
+                            "q_error_train_all_epochs": float(part.q_error_train_all_epochs.mean())})
+    analysis = {"study": study.name, "dataset": study.common.dataset, "alpha": study.common.alpha, "seeds": sorted(int(seed) for seed in set(evals.seed)),
+                "eval_splits": study.common.eval_splits, "table": table, "comparisons": comparisons, "diagnostics": diagnostics,
+                "batch": batch_gaps(study, evals, runs, scores)}
+    analysis["verdicts"] = verdicts(study, analysis, evals)
     return analysis
+
+
+# The pre-registered criterion (docs/fidelity.md, "The decisive test"): the margin DPSM must beat the
+# best searched baseline by, and how far from 1 - alpha an arm's coverage may be and still count.
+CLAIM_MARGIN = 5.0
+COVERAGE_TOLERANCE = 0.005
+SEARCHED_METHODS = ("ce", "conftr", "cut", "dpsm")
+
+
+def verdicts(study: Study, analysis: dict, evals) -> dict:
+    """The criterion's verdicts, where the study has the arms they need: ``claim`` (searched DPSM
+    against the best searched baseline, HPS and APS) and ``mechanism`` (DPSM at the lambda that
+    gives it the smaller HPS sets, against ConfTr and CUT at that lambda)."""
+    rows = {row["arm"]: row for row in analysis["table"]}
+
+    def covered(arm: str, score: str) -> bool:
+        return abs(rows[arm][score]["coverage"] - (1 - study.common.alpha)) <= COVERAGE_TOLERANCE
+
+    result = {}
+    baselines = [f"searched_{m}" for m in SEARCHED_METHODS[:-1] if f"searched_{m}" in rows]
+    if "searched_dpsm" in rows and baselines and all(s in rows["searched_dpsm"] for s in ("hps", "aps")):
+        claim = {}
+        for score in ("hps", "aps"):
+            best = min(baselines, key=lambda arm: rows[arm][score]["set_size"])
+            change = paired_change(evals, "searched_dpsm", best, score)
+            claim[score] = {"against": best, **change, "coverage_ok": covered("searched_dpsm", score)}
+        supported = all(c["coverage_ok"] and c["mean"] <= -CLAIM_MARGIN and c["high"] < 0 for c in claim.values())
+        contradicted = any(c["low"] > -CLAIM_MARGIN for c in claim.values())
+        result["claim"] = {**claim, "verdict": "supported" if supported else "contradicted" if contradicted else "inconclusive"}
+    triples = [t for t in study.mechanism if set(t) <= set(rows)]
+    if triples:
+        dpsm, conftr, cut = min(triples, key=lambda t: rows[t[0]]["hps"]["set_size"])
+        changes = {f"{score}_{other}": paired_change(evals, dpsm, other, score) for score in ("hps", "aps") for other in (conftr, cut)}
+        holds = all(c["high"] < 0 for c in changes.values()) and all(covered(dpsm, score) for score in ("hps", "aps"))
+        result["mechanism"] = {"dpsm": dpsm, "conftr": conftr, "cut": cut, "changes": changes, "verdict": "holds" if holds else "not shown"}
+    return result
+
+
+def batch_gaps(study: Study, evals, runs, scores: list[str]) -> dict | None:
+    """The batch-size prediction (docs/fidelity.md): per batch, the per-seed gap of ConfTr over DPSM
+    in set size, 100 (ConfTr - DPSM) / ConfTr, and the change of that gap from the largest batch to
+    the smallest, per seed; beside them both methods' quantile errors."""
+    pairs = [(batch, dpsm, conftr) for batch, dpsm, conftr in study.batch_pairs if {dpsm, conftr} <= set(evals.stage)]
+    if len(pairs) < 2:
+        return None
+    pairs.sort()
+    result = {"batches": [batch for batch, _, _ in pairs], "scores": {}}
+    for score in scores:
+        gaps = {batch: -per_seed_change(evals, dpsm, conftr, score) for batch, dpsm, conftr in pairs}
+        small, large = gaps[pairs[0][0]], gaps[pairs[-1][0]]
+        change = (small - large).dropna()
+        means = [float(gaps[batch].mean()) for batch, _, _ in pairs]
+        difference = summary(change.tolist())
+        result["scores"][score] = {"gaps": [{"batch": batch, **summary(gaps[batch].tolist())} for batch, _, _ in pairs], "difference": difference,
+                                   "holds": bool(difference["low"] > 0 and all(a >= b for a, b in zip(means, means[1:]))),
+                                   "contradicted": bool(difference["high"] < 0)}
+    result["errors"] = [{"batch": batch, **{f"{name}_q_error_train": float(runs[runs.stage == arm].q_error_train.mean()) for name, arm in (("dpsm", dpsm), ("conftr", conftr))}}
+                        for batch, dpsm, conftr in pairs]
+    return result
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -193,6 +314,10 @@ def fmt(value, digits: int = 2) -> str:
 def interval_text(change: dict) -> str:
     marker = "" if change["significant"] else " (n.s.)"
     return f"{change['mean']:+.1f}% [{fmt(change['low'], 1)}, {fmt(change['high'], 1)}]{marker}"
+
+
+def detectable_text(change: dict) -> str:
+    return f"±{fmt(change['detectable'], 1)}%"
 
 
 def markdown_report(analysis: dict) -> str:
@@ -206,17 +331,54 @@ def markdown_report(analysis: dict) -> str:
         rows.append([f"{row['title']} (`{row['arm']}`)", *[f"{fmt(row[s]['set_size'])} ± {fmt(row[s]['set_size_std'])}" for s in scores],
                      *[fmt(row[s]["coverage"], 3) for s in scores], fmt(row["accuracy"], 3)])
     lines += [markdown(rows), ""]
+    detectable = [f"{s.upper()} detectable" for s in scores]
     for against in REFERENCES:
-        part = [c for c in analysis["comparisons"] if c["against"] == against]
+        part = [c for c in analysis["comparisons"] if c["against"] == against and not c.get("own")]
         if not part:
             continue
         title = "CE fine-tuned (the same protocol)" if against == "ce" else "the CE base model (the paper's CE column)"
         lines += [f"Per-seed change of the set size against {title}, mean [{T_LEVEL:.0%} t interval] over the seeds "
-                  "(negative: smaller sets; n.s.: the interval holds 0).", ""]
-        rows = [["arm", *[s.upper() for s in scores]]]
+                  "(negative: smaller sets; n.s.: the interval holds 0); detectable: the smallest change these seeds detect with 80% power.", ""]
+        rows = [["arm", *[s.upper() for s in scores], *detectable]]
         for arm in dict.fromkeys(c["arm"] for c in part):
-            rows.append([arm, *[interval_text(next(c for c in part if c["arm"] == arm and c["score"] == s)) for s in scores]])
+            mine = {c["score"]: c for c in part if c["arm"] == arm}
+            rows.append([arm, *[interval_text(mine[s]) for s in scores], *[detectable_text(mine[s]) for s in scores]])
         lines += [markdown(rows), ""]
+    own = [c for c in analysis["comparisons"] if c.get("own")]
+    if own:
+        lines += [f"The study's own comparisons: per-seed change of the first arm's set size against the second's, mean [{T_LEVEL:.0%} t interval]; "
+                  "detectable as above.", ""]
+        rows = [["arm", "against", *[s.upper() for s in scores], *detectable]]
+        for arm, against in dict.fromkeys((c["arm"], c["against"]) for c in own):
+            mine = {c["score"]: c for c in own if c["arm"] == arm and c["against"] == against}
+            rows.append([arm, against, *[interval_text(mine[s]) for s in scores], *[detectable_text(mine[s]) for s in scores]])
+        lines += [markdown(rows), ""]
+    if analysis.get("batch"):
+        batch = analysis["batch"]
+        first, last = batch["batches"][0], batch["batches"][-1]
+        lines += [f"The batch-size prediction: ConfTr's set size over DPSM's per seed, 100 (ConfTr - DPSM) / ConfTr, mean [{T_LEVEL:.0%} t interval], "
+                  f"at each batch; its change from batch {last} to batch {first} per seed; the quantile errors at the last epoch "
+                  "(DPSM \\|q - Q_n\\|, ConfTr's mean \\|Q_batch - Q_n\\|).", ""]
+        rows = [["score", *[f"gap at batch {b}" for b in batch["batches"]], f"gap({first}) - gap({last})", "detectable", "prediction"]]
+        for score, part in batch["scores"].items():
+            verdict = "holds" if part["holds"] else "contradicted" if part["contradicted"] else "not shown"
+            rows.append([score.upper(), *[interval_text(g) for g in part["gaps"]],
+                         interval_text(part["difference"]), detectable_text(part["difference"]), verdict])
+        lines += [markdown(rows), ""]
+        rows = [["batch", "DPSM \\|q - Q_n\\|", "ConfTr \\|Q_batch - Q_n\\|"]]
+        rows += [[str(e["batch"]), fmt(e["dpsm_q_error_train"], 4), fmt(e["conftr_q_error_train"], 4)] for e in batch["errors"]]
+        lines += [markdown(rows), ""]
+    verdict = analysis.get("verdicts", {})
+    if "claim" in verdict:
+        claim = verdict["claim"]
+        lines += [f"**The claim** (searched DPSM at least {CLAIM_MARGIN:g}% smaller than the best searched baseline, HPS and APS, "
+                  f"interval below 0, coverage within 1 - alpha ± {COVERAGE_TOLERANCE}): **{claim['verdict']}**. "
+                  + "; ".join(f"{s.upper()}: against `{claim[s]['against']}` {interval_text(claim[s])}, detectable {detectable_text(claim[s])}"
+                              + ("" if claim[s]["coverage_ok"] else ", coverage outside the tolerance") for s in ("hps", "aps")) + ".", ""]
+    if "mechanism" in verdict:
+        mechanism = verdict["mechanism"]
+        lines += [f"**The mechanism** (`{mechanism['dpsm']}`, the lambda with DPSM's smaller HPS sets, smaller than `{mechanism['conftr']}` and "
+                  f"`{mechanism['cut']}`, HPS and APS, intervals below 0): **{mechanism['verdict']}**.", ""]
     if analysis["diagnostics"]:
         lines += ["Quantile diagnostics at the last epoch (mean over seeds): the learned q (DPSM) or batch tau (ConfTr), "
                   "Q_n of the training split, \\|q - Q_n\\| (and its mean over all epochs), the training set size at q, the validation set size.", ""]
@@ -253,6 +415,73 @@ def fidelity_arms(published: bool = False) -> tuple[Arm, ...]:
     return tuple(arms)
 
 
+def decisive_arms() -> tuple[Arm, ...]:
+    """The decisive test's fixed arms (docs/fidelity.md, written before its results): the base
+    model and CE fine-tuned; DPSM with its size term on (CE on the whole batch, T 0.1) against
+    ConfTr and CUT (CUT has no T) at lambda 0.5 and 0.1; from DPSM at lambda 0.5 each of the tex's
+    three changes alone (CE on B1 only; T 1; lambda 0.05); DPSM and ConfTr at lambda 0.5 with batch
+    32 and 512 (the lambda 0.5 arms are batch 128, the study's schedule)."""
+    on = {"method": "dpsm", "ce_batch": "full", "sigmoid_temperature": 0.1}
+    conftr = {"method": "conftr", "sigmoid_temperature": 0.1}
+    arms = [Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": "base", "epochs": 0}), Arm("ce", "CE fine-tuned", {"method": "ce"})]
+    for weight, tag in ((0.5, "l05"), (0.1, "l01")):
+        arms += [Arm(f"dpsm_{tag}", f"DPSM, size term on: CE on the whole batch, T 0.1, lambda {weight:g}", {**on, "conformal_weight": weight}),
+                 Arm(f"conftr_{tag}", f"ConfTr, T 0.1, lambda {weight:g}", {**conftr, "conformal_weight": weight}),
+                 Arm(f"cut_{tag}", f"CUT, lambda {weight:g}", {"method": "cut", "conformal_weight": weight})]
+    arms += [Arm("dpsm_l05_ceb1", "DPSM lambda 0.5 T 0.1, CE on B1 only (the tex's change alone)", {**on, "conformal_weight": 0.5, "ce_batch": "half"}),
+             Arm("dpsm_l05_t1", "DPSM lambda 0.5, T 1 (the tex's change alone)", {**on, "conformal_weight": 0.5, "sigmoid_temperature": 1.0}),
+             Arm("dpsm_l005", "DPSM T 0.1, lambda 0.05 (the tex's change alone)", {**on, "conformal_weight": 0.05})]
+    for batch in (32, 512):
+        arms += [Arm(f"dpsm_l05_b{batch}", f"DPSM lambda 0.5 T 0.1, batch {batch}", {**on, "conformal_weight": 0.5, "batch_size": batch}),
+                 Arm(f"conftr_l05_b{batch}", f"ConfTr lambda 0.5 T 0.1, batch {batch}", {**conftr, "conformal_weight": 0.5, "batch_size": batch})]
+    return tuple(arms)
+
+
+# the decisive test's analysis: its comparisons, the batch-size prediction's pairs, the mechanism's triples
+DECISIVE_ANALYSIS = {
+    "comparisons": (("dpsm_l05", "conftr_l05"), ("dpsm_l05", "cut_l05"), ("dpsm_l01", "conftr_l01"), ("dpsm_l01", "cut_l01"),
+                    ("dpsm_l05_ceb1", "dpsm_l05"), ("dpsm_l05_t1", "dpsm_l05"), ("dpsm_l005", "dpsm_l05"),
+                    ("searched_dpsm", "searched_ce"), ("searched_dpsm", "searched_conftr"), ("searched_dpsm", "searched_cut")),
+    "batch_pairs": ((32, "dpsm_l05_b32", "conftr_l05_b32"), (128, "dpsm_l05", "conftr_l05"), (512, "dpsm_l05_b512", "conftr_l05_b512")),
+    "mechanism": (("dpsm_l05", "conftr_l05", "cut_l05"), ("dpsm_l01", "conftr_l01", "cut_l01")),
+}
+METHOD_TITLES = {"ce": "CE fine-tuned", "conftr": "ConfTr", "cut": "CUT", "dpsm": "DPSM"}
+# the settings a sweep must share with the study for its picks to be the study's searched arms
+SHARED_WITH_THE_SWEEP = ("dataset", "alpha", "model", "init", "base_epochs", "base_lr", "base_batch_size", "base_milestones", "epochs", "batch_size", "milestones", "lr_decay", "lr_schedule")
+
+
+def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm, ...]:
+    """``searched_<method>`` for each of CE, ConfTr, CUT and DPSM that the finished Optuna sweep in
+    ``sweep_dir`` searched: the method at the configuration its search picked (the sweep's own
+    rule, dpsm_ray/sweep/pick.py), re-trained by the study with every seed from the study's base
+    models.  SweepError if the sweep is not one the study can use."""
+    from dpsm_ray.sweep.pick import best_overrides
+    from dpsm_ray.sweep.spec import SweepError, read_sweep_file
+
+    sweep_dir = Path(sweep_dir)
+    if not (sweep_dir / "sweep.json").is_file():
+        raise SweepError(f"--searched-from {sweep_dir}: no sweep there (no sweep.json)")
+    stored = read_sweep_file(sweep_dir)
+    if stored.get("grid"):
+        raise SweepError(f"--searched-from {sweep_dir}: a --grid sweep; the searched arms come from an Optuna search")
+    ours = json.loads(json.dumps(common.to_dict(), default=list))
+    for name in SHARED_WITH_THE_SWEEP:
+        if stored["base"].get(name) != ours[name]:
+            raise SweepError(f"--searched-from {sweep_dir}: its sweep ran with {name}={stored['base'].get(name)!r}, the study with {ours[name]!r}; "
+                             "search with the study's settings")
+    if not (sweep_dir / "trials.parquet").is_file():
+        raise SweepError(f"--searched-from {sweep_dir}: the sweep has no finished search trials yet (no trials.parquet)")
+    arms = []
+    for method in SEARCHED_METHODS:
+        if method in stored.get("methods", ()):
+            overrides = best_overrides(SimpleNamespace(grid=False), sweep_dir, method, log)
+            if overrides is not None:
+                arms.append(Arm(f"searched_{method}", f"{METHOD_TITLES[method]}, searched ({stored['trials']} Optuna trials)", {"method": method, **overrides}))
+    if not arms:
+        raise SweepError(f"--searched-from {sweep_dir}: none of {', '.join(SEARCHED_METHODS)} has a search trial that finished")
+    return tuple(arms)
+
+
 def shortened(arms: tuple[Arm, ...], epochs: int, milestones: tuple[int, ...]) -> tuple[Arm, ...]:
     """The arms with every trained arm cut to ``epochs`` (smoke runs and CI)."""
     return tuple(arm if arm.settings.get("epochs") == 0 else Arm(arm.name, arm.title, {**arm.settings, "epochs": epochs, "milestones": milestones})
@@ -260,11 +489,14 @@ def shortened(arms: tuple[Arm, ...], epochs: int, milestones: tuple[int, ...]) -
 
 
 def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, estimate=None) -> int:
-    """The command line of ``sweeps/fidelity.py`` and ``sweeps/cifar100_fidelity.py``: ``datasets``
-    maps a name to ``{"common": TrainConfig fields, "arms": (Arm, ...), "seeds": n, "concurrency": c,
-    "quick": {"common": ..., "seeds": n, "epochs": e, "milestones": m}}``; ``estimate(study)``, if
-    given, is printed before the study starts."""
+    """The command line of ``sweeps/fidelity.py``, ``sweeps/decisive.py`` and
+    ``sweeps/cifar100_fidelity.py``: ``datasets`` maps a name to ``{"common": TrainConfig fields,
+    "arms": (Arm, ...), "seeds": n, "concurrency": c, "quick": {"common": ..., "seeds": n, "epochs":
+    e, "milestones": m}}`` and optionally the analysis' ``comparisons``, ``batch_pairs`` and
+    ``mechanism`` (``Study``'s) and the results directory's ``prefix`` (default ``fidelity``);
+    ``estimate(study)``, if given, is printed before the study starts."""
     import argparse
+    import dataclasses
     import sys
     import time
 
@@ -283,6 +515,10 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     add("--quick", action="store_true", help="a smoke run at the dataset's small sizes (a training subset, 1-2 epochs, 2 seeds)")
     add("--concurrency", type=int, help="trials at once (default: the dataset's)")
     add("--address", help="a Ray cluster to run on (default: as the sweep scripts)")
+    add("--searched-from", metavar="SWEEP_DIR", help="add the searched arms: each method of this finished Optuna sweep (run with the study's dataset, "
+                                                    "alpha and schedule) at the configuration its search picked, re-trained with every seed")
+    add("--report-from", metavar="FOLDER", help="print the study's tables from its compact results (a study's compact/ folder, e.g. the copy under "
+                                                "docs/results/) and exit: nothing is trained")
     args = parser.parse_args(argv)
     definition = datasets[args.dataset]
     common = {**definition["common"], **(definition["quick"]["common"] if args.quick else {})}
@@ -297,20 +533,37 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
         if unknown:
             parser.error(f"--arms: unknown {', '.join(unknown)}; the arms are {', '.join(arm.name for arm in arms)}")
         arms = tuple(arm for arm in arms if arm.name in wanted)
+    if args.searched_from:  # after the fixed arms, whatever --arms keeps
+        from dpsm_ray.sweep.spec import SweepError
+
+        expected = TrainConfig.from_dict({**common, **({"epochs": definition["quick"]["epochs"], "milestones": definition["quick"]["milestones"]} if args.quick else {})})
+        try:
+            searched = searched_arms(Path(args.searched_from), expected, log=lambda line: print(line, flush=True))
+        except SweepError as error:
+            parser.exit(2, f"{prog}: error: {error}\n")
+        arms = (*arms, *(shortened(searched, definition["quick"]["epochs"], definition["quick"]["milestones"]) if args.quick else searched))
     seeds = args.seeds or (definition["quick"]["seeds"] if args.quick else definition["seeds"])
     if seeds < 2:
         parser.error(f"--seeds must be an integer >= 2 (the intervals are over seeds); got {seeds}")
     try:
         config = TrainConfig.from_dict(common)
-        study = Study(name=f"fidelity-{args.dataset}", common=config, arms=arms, seeds=tuple(range(config.seed, config.seed + seeds)),
+        study = Study(name=f"{definition.get('prefix', 'fidelity')}-{args.dataset}", common=config, arms=arms, seeds=tuple(range(config.seed, config.seed + seeds)),
                       concurrency=args.concurrency or definition.get("concurrency", 1),
                       trial_resources=(("cpu", config.cpus_per_worker), *((("gpu", config.gpus_per_worker),) if config.gpus_per_worker else ())),
-                      address=args.address)
+                      address=args.address, comparisons=tuple(definition.get("comparisons", ())), batch_pairs=tuple(definition.get("batch_pairs", ())),
+                      mechanism=tuple(definition.get("mechanism", ())))
         for arm in study.arms:
             study.arm_config(arm)
     except ConfigError as error:
         parser.exit(2, f"{prog}: error: {error}\n")
-    out = Path(args.out or f"results/fidelity-{args.dataset}{'-quick' if args.quick else ''}")
+    if args.report_from:
+        try:
+            evals, runs, arms = read_compact(Path(args.report_from))
+            print(markdown_report(analyse_tables(dataclasses.replace(study, arms=arms), evals, runs)))
+        except FileNotFoundError as error:
+            parser.exit(2, f"{prog}: error: {error}\n")
+        return 0
+    out = Path(args.out or f"results/{definition.get('prefix', 'fidelity')}-{args.dataset}{'-quick' if args.quick else ''}")
     if estimate is not None:
         print(estimate(study), flush=True)
     started = time.perf_counter()

@@ -1,0 +1,47 @@
+"""Does DPSM's learned quantile make smaller sets than ConfTr and CUT?  The decisive test, offline:
+Fashion-MNIST (real, 10 classes) and fonts (real typefaces, 141 classes); its criterion is in
+docs/fidelity.md, written before any of its results.
+
+    python sweeps/decisive.py --dataset fashion_mnist                    # the fixed arms, 10 seeds
+    dpsm-ray sweep ... (docs/fidelity.md gives the command)              # each method's Optuna search
+    python sweeps/decisive.py --dataset fashion_mnist --searched-from SWEEP_DIR --resume
+                                                                         # + the searched arms, re-trained with the 10 seeds
+    python sweeps/decisive.py --dataset fashion_mnist --report-from docs/results/decisive-fashion_mnist
+                                                                         # the tables again, from the committed results
+    python sweeps/decisive.py ... --quick --arms base,ce,dpsm_l05       # a smoke run
+
+The arms (dpsm_ray/sweep/study.py, ``decisive_arms``): the CE base model and CE fine-tuned; DPSM
+with its size term on (CE on the whole batch, T 0.1) against ConfTr and CUT at lambda 0.5 and 0.1;
+from DPSM at lambda 0.5 each of the tex's three changes alone; DPSM and ConfTr at batch 32 and 512
+beside the batch-128 arms.  Every fine-tuning arm starts, for seed s, from seed s's CE base model,
+fine-tuned as the official DPSM code fine-tunes (40 epochs, batch 128, lr restarted at 0.1 and
+divided by 10 at epoch 25).  The study writes ``fidelity.md`` (the tables and the criterion's
+verdicts) and ``compact/`` (every model's evaluation and quantile diagnostics, small enough to
+commit: ``--report-from`` regenerates the tables from it).
+"""
+
+import sys
+
+from dpsm_ray.sweep.study import DECISIVE_ANALYSIS, cli, decisive_arms
+from dpsm_ray.train.presets import DPSM_CODE_SHARED
+
+# diagnostics over the whole training split: the batch-size prediction reads |q - Q_n|
+EVALUATION = {"val_splits": 5, "eval_splits": 10, "diagnostic_examples": 0, "workers": 0, "cpus_per_worker": 1, "data_workers": 0, "seed": 0}
+QUICK = {"seeds": 2, "epochs": 2, "milestones": (1,)}
+DATASETS = {
+    "fashion_mnist": {
+        # ConfTr's protocol at its alpha: their MLP and CE baseline recipe (the model's defaults)
+        "common": {"dataset": "fashion_mnist", "data_root": "/usr/share/datasets/fashion-mnist", "alpha": 0.01, **DPSM_CODE_SHARED, **EVALUATION},
+        "quick": {"common": {"train_subset": 2000, "base_epochs": 2, "base_milestones": (1,), "eval_splits": 3, "val_splits": 2}, **QUICK},
+    },
+    "fonts": {
+        # the paper's alpha; LeNet, its base model 60 epochs with the lr divided by 10 at 1/2 and 3/4
+        "common": {"dataset": "fonts", "alpha": 0.1, "base_epochs": 60, "base_milestones": (30, 45), **DPSM_CODE_SHARED, **EVALUATION},
+        "quick": {"common": {"dataset": "fonts:classes=20", "base_epochs": 2, "base_milestones": (1,), "eval_splits": 3, "val_splits": 2}, **QUICK},
+    },
+}
+for definition in DATASETS.values():
+    definition.update(arms=decisive_arms(), seeds=10, concurrency=2, prefix="decisive", **DECISIVE_ANALYSIS)
+
+if __name__ == "__main__":
+    sys.exit(cli("sweeps/decisive.py", __doc__.splitlines()[0], DATASETS))

@@ -1,0 +1,206 @@
+"""The decisive test's analysis (dpsm_ray/sweep/study.py, sweeps/decisive.py) by hand: the
+detectable effect, the batch-size gaps, the criterion's verdicts, the searched arms read from a
+sweep, and the tables regenerated from the compact results."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dpsm_ray.results.stats import detectable_effect
+from dpsm_ray.sweep.study import DECISIVE_ANALYSIS, Study, analyse, analyse_tables, decisive_arms, markdown_report, read_compact, searched_arms
+from dpsm_ray.train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SEEDS = (0, 1, 2)
+# per arm: the HPS set size of each seed (APS: the same plus 0.1), identical on both re-splits
+SIZES = {
+    "ce": (2.0, 2.2, 2.1),
+    "dpsm_l05": (1.8, 2.0, 1.9), "conftr_l05": (2.0, 2.2, 2.1), "cut_l05": (1.9, 2.1, 2.0),
+    "dpsm_l05_b32": (1.8, 1.9, 1.9), "conftr_l05_b32": (2.4, 2.5, 2.3),
+    "dpsm_l05_b512": (1.9, 2.0, 2.0), "conftr_l05_b512": (1.95, 2.05, 2.0),
+    "searched_ce": (2.0, 2.1, 2.05), "searched_conftr": (1.9, 2.0, 1.95), "searched_cut": (2.1, 2.2, 2.1), "searched_dpsm": (1.7, 1.8, 1.75),
+}
+
+
+def study(common=None) -> Study:
+    from dpsm_ray.sweep.study import Arm
+
+    arms = {arm.name: arm for arm in decisive_arms()}
+    chosen = tuple(arms.get(name) or Arm(name, name, {"method": name.split("_")[1]}) for name in SIZES)
+    return Study(name="decisive-test", common=common or TrainConfig(dataset="digits", alpha=0.1, eval_splits=2), arms=chosen, seeds=SEEDS, **DECISIVE_ANALYSIS)
+
+
+def tables(coverage=0.9):
+    evals, runs = [], []
+    for arm, sizes in SIZES.items():
+        for seed, size in zip(SEEDS, sizes):
+            for score, shift in (("hps", 0.0), ("aps", 0.1)):
+                evals += [{"stage": arm, "seed": seed, "score": score, "split": split, "set_size": size + shift, "coverage": coverage, "covgap": 1.0, "accuracy": 0.8}
+                          for split in (0, 1)]
+            runs.append({"stage": arm, "seed": seed, "q": 0.5, "q_dataset_train": 0.5, "q_error_train": 0.01 * (seed + 1), "train_set_size_q": size,
+                         "val_set_size": size, "q_error_train_all_epochs": 0.02})
+    return pd.DataFrame(evals), pd.DataFrame(runs)
+
+
+def test_the_detectable_effect_is_the_pre_registered_multiple_of_the_sd():
+    # (t(0.975, 9) + t(0.8, 9)) / sqrt(10) = (2.262157 + 0.883404) / 3.162278 = 0.994714 (t tables)
+    values = [float(v) for v in range(10)]
+    sd = math.sqrt(sum((v - 4.5) ** 2 for v in values) / 9)
+    assert detectable_effect(values) == pytest.approx(0.994714 * sd, rel=1e-5)
+    assert math.isnan(detectable_effect([1.0]))
+
+
+def test_the_batch_gaps_and_their_change_by_hand():
+    analysis = analyse_tables(study(), *tables())
+    batch = analysis["batch"]
+    assert batch["batches"] == [32, 128, 512]
+    gap = lambda conftr, dpsm: [100 * (c - d) / c for c, d in zip(SIZES[conftr], SIZES[dpsm])]
+    small, middle, large = gap("conftr_l05_b32", "dpsm_l05_b32"), gap("conftr_l05", "dpsm_l05"), gap("conftr_l05_b512", "dpsm_l05_b512")
+    hps = batch["scores"]["hps"]
+    for row, expected in zip(hps["gaps"], (small, middle, large)):
+        assert row["mean"] == pytest.approx(sum(expected) / 3) and row["seeds"] == 3
+    change = [s - l for s, l in zip(small, large)]
+    assert hps["difference"]["mean"] == pytest.approx(sum(change) / 3) and hps["difference"]["detectable"] == pytest.approx(detectable_effect(change))
+    # the gap grows as the batch shrinks (means 22.1 > 9.5 > 1.7) and the interval of the change is above 0
+    assert sum(small) > sum(middle) > sum(large) and hps["difference"]["low"] > 0 and hps["holds"] and not hps["contradicted"]
+    assert [e["dpsm_q_error_train"] for e in batch["errors"]] == pytest.approx([0.02] * 3)
+
+
+def test_the_claim_and_the_mechanism_verdicts_by_hand():
+    analysis = analyse_tables(study(), *tables())
+    claim = analysis["verdicts"]["claim"]
+    # the best searched baseline is ConfTr's (1.95 HPS mean); DPSM is (1.75 - 1.95) / 1.95 = -10.3% smaller, every seed alike
+    assert claim["hps"]["against"] == "searched_conftr" and claim["hps"]["mean"] == pytest.approx(100 * (1.75 - 1.95) / 1.95, abs=0.05)
+    assert claim["verdict"] == "supported" and claim["hps"]["coverage_ok"]
+    mechanism = analysis["verdicts"]["mechanism"]
+    assert (mechanism["dpsm"], mechanism["conftr"], mechanism["cut"]) == ("dpsm_l05", "conftr_l05", "cut_l05")  # the lambda 0.1 arms are absent
+    assert mechanism["verdict"] == "holds"
+    # coverage is a precondition: outside 1 - alpha +- 0.005 an arm's smaller sets do not count
+    undercovered = analyse_tables(study(), *tables(coverage=0.88))["verdicts"]
+    assert not undercovered["claim"]["hps"]["coverage_ok"] and undercovered["claim"]["verdict"] == "inconclusive"
+    assert undercovered["mechanism"]["verdict"] == "not shown"
+    report = markdown_report(analysis)
+    assert "**The claim**" in report and "**supported**" in report and "gap(32) - gap(512)" in report and "holds" in report
+
+
+def test_a_contradicted_claim():
+    evals, runs = tables()
+    # searched DPSM 2% smaller than searched ConfTr on every seed: the interval's lower end is above -5%
+    evals.loc[evals.stage == "searched_dpsm", "set_size"] = evals[evals.stage == "searched_conftr"].set_size.to_numpy() * 0.98
+    assert analyse_tables(study(), evals, runs)["verdicts"]["claim"]["verdict"] == "contradicted"
+
+
+def test_the_tables_regenerate_from_the_compact_results(tmp_path):
+    """The study's Parquet files -> compact/ -> fidelity.md; `sweeps/decisive.py --report-from
+    compact/` prints the same tables (the command docs/fidelity.md's tables come from)."""
+    evals, runs = tables()
+    rows = []
+    for run in runs.to_dict("records"):  # two epochs per run: the compact file keeps the last, and the mean error over both
+        rows += [{**run, "epoch": 1, "q_error_train": 0.5}, {**run, "epoch": 2}]
+    evals.assign(run_id="x").to_parquet(tmp_path / "evals.parquet")
+    pd.DataFrame(rows).drop(columns="q_error_train_all_epochs").to_parquet(tmp_path / "epochs.parquet")
+    the_study = study(common=TrainConfig(dataset="fashion_mnist", alpha=0.01, eval_splits=10))
+    analysis = analyse(the_study, tmp_path)
+    compact_evals, compact_runs, arms = read_compact(tmp_path / "compact")
+    assert arms == the_study.arms
+    assert len(compact_evals) == len(evals) and list(compact_runs.columns)[-1] == "q_error_train_all_epochs"
+    assert compact_runs.q_error_train_all_epochs.tolist() == pytest.approx([(0.5 + e) / 2 for e in runs.q_error_train])
+    assert json.loads((tmp_path / "fidelity.json").read_text())["verdicts"]["claim"]["verdict"] == analysis["verdicts"]["claim"]["verdict"]
+    printed = subprocess.run([sys.executable, str(ROOT / "sweeps" / "decisive.py"), "--dataset", "fashion_mnist", "--report-from", str(tmp_path / "compact")],
+                             capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert printed.stdout == (tmp_path / "fidelity.md").read_text()
+
+
+def test_every_decisive_arm_is_a_valid_configuration_on_both_datasets():
+    sys.path.insert(0, str(ROOT / "sweeps"))
+    try:
+        import decisive
+    finally:
+        sys.path.pop(0)
+    for name, definition in decisive.DATASETS.items():
+        common = TrainConfig.from_dict(definition["common"])
+        the_study = Study(name=name, common=common, arms=definition["arms"], seeds=(0,))
+        configs = {arm.name: the_study.arm_config(arm) for arm in the_study.arms}
+        assert configs["dpsm_l05"].sigmoid_temperature == 0.1 and configs["dpsm_l05"].ce_batch == "full" and configs["dpsm_l05"].batch_size == 128
+        assert configs["dpsm_l05_ceb1"].ce_batch == "half" and configs["dpsm_l05_t1"].sigmoid_temperature == 1.0 and configs["dpsm_l005"].conformal_weight == 0.05
+        assert (configs["conftr_l05_b32"].batch_size, configs["dpsm_l05_b512"].batch_size) == (32, 512)
+        assert configs["dpsm_l05"].diagnostic_examples == 0  # |q - Q_n| over the whole training split
+        arms = {arm.name for arm in the_study.arms}
+        assert all(set(pair[1:]) <= arms for pair in definition["batch_pairs"]) and all(set(t) <= arms for t in definition["mechanism"])
+
+
+def write_sweep(folder: Path, base: TrainConfig, methods=("ce", "dpsm"), grid=False) -> None:
+    from dpsm_ray.sweep.spec import LEDGER_FORMAT
+
+    folder.mkdir()
+    (folder / "sweep.json").write_text(json.dumps({"base": json.loads(json.dumps(base.to_dict(), default=list)), "grid": grid, "methods": list(methods),
+                                                   "trials": 2, "ledger": LEDGER_FORMAT}))
+    trials = []
+    for method in methods:
+        for index, (size, lr) in enumerate(((1.5, 0.01), (1.2, 0.03))):
+            config = base.replace(method=method, lr=lr, conformal_weight=0.3 if method == "dpsm" else base.conformal_weight).to_dict()
+            trials.append({"stage": "search", "method": method, "status": "ok", "feasible": True, "val_set_size": size, "val_coverage": 0.9,
+                           "trial_index": index, "trial_id": f"{method}{index}", "epochs_completed": base.epochs, "config_json": json.dumps(config, default=list)})
+    pd.DataFrame(trials).to_parquet(folder / "trials.parquet")
+
+
+def test_the_searched_arms_are_each_methods_pick_from_its_sweep(tmp_path):
+    common = TrainConfig(dataset="digits", alpha=0.1, epochs=3, batch_size=64)
+    write_sweep(tmp_path / "sweep", common)
+    arms = searched_arms(tmp_path / "sweep", common, log=lambda line: None)
+    assert [arm.name for arm in arms] == ["searched_ce", "searched_dpsm"]
+    # each at its pick (the finished feasible trial with the smallest validation set size), only the method's knobs
+    assert arms[0].settings == {"method": "ce", "lr": 0.03}
+    assert arms[1].settings["lr"] == 0.03 and arms[1].settings["conformal_weight"] == 0.3 and set(arms[1].settings) == {"method", "conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"}
+
+
+def test_a_sweep_that_differs_from_the_study_is_refused_naming_the_setting(tmp_path):
+    from dpsm_ray.sweep.spec import SweepError
+
+    common = TrainConfig(dataset="digits", alpha=0.1, epochs=3, batch_size=64)
+    write_sweep(tmp_path / "other", common.replace(alpha=0.05))
+    with pytest.raises(SweepError, match=r"alpha=0.05.*the study with 0.1"):
+        searched_arms(tmp_path / "other", common)
+    write_sweep(tmp_path / "grid", common, grid=True)
+    with pytest.raises(SweepError, match="--grid sweep"):
+        searched_arms(tmp_path / "grid", common)
+    with pytest.raises(SweepError, match="no sweep there"):
+        searched_arms(tmp_path / "nothing", common)
+
+
+def test_the_fashion_mnist_search_config_searches_at_the_study_s_settings():
+    """sweeps/decisive-fashion_mnist-search.yaml, read as the sweep reads it: its base shares every
+    setting the searched arms need with the study (searched_arms would refuse it otherwise)."""
+    sys.path.insert(0, str(ROOT / "sweeps"))
+    try:
+        import decisive
+        import digits
+    finally:
+        sys.path.pop(0)
+    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, build_parser, spec_from_args
+    from dpsm_ray.sweep.options import parse_with_config
+    from dpsm_ray.sweep.study import SHARED_WITH_THE_SWEEP
+
+    parser = build_parser("digits", "", digits.DEFAULTS)
+    args = parse_with_config(parser, "digits", CONFIG_OPTIONS, ["--config", str(ROOT / "sweeps" / "decisive-fashion_mnist-search.yaml")])
+    spec = spec_from_args("digits", args, digits.DEFAULTS)
+    study = TrainConfig.from_dict(decisive.DATASETS["fashion_mnist"]["common"])
+    assert {name: getattr(spec.base, name) for name in SHARED_WITH_THE_SWEEP} == {name: getattr(study, name) for name in SHARED_WITH_THE_SWEEP}
+    assert spec.methods == ("ce", "conftr", "cut", "dpsm") and spec.trials == 8 and not spec.grid and spec.seed == study.seed
+
+
+def test_a_resumed_study_may_add_arms_but_never_change_one():
+    from dpsm_ray.sweep.study import continues
+
+    stored = {"name": "s", "common": {"alpha": 0.1}, "seeds": [0, 1], "arms": {"ce": {"method": "ce"}, "dpsm": {"method": "dpsm"}}}
+    assert continues(stored, stored)
+    assert continues(stored, {**stored, "arms": {**stored["arms"], "searched_dpsm": {"method": "dpsm", "lr": 0.03}}})  # the searched arms, added
+    assert not continues(stored, {**stored, "arms": {"ce": {"method": "ce"}, "dpsm": {"method": "dpsm", "conformal_weight": 0.5}}})  # an arm changed
+    assert not continues(stored, {**stored, "arms": {"ce": {"method": "ce"}}})  # an arm left out
+    assert not continues(stored, {**stored, "seeds": [0, 1, 2]}) and not continues(stored, {**stored, "common": {"alpha": 0.05}})
