@@ -144,14 +144,14 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.export import export_chosen
-    from dpsm_ray.sweep.spec import SweepError
+    from dpsm_ray.results.layout import SWEEP_FILE
 
     results = Path(args.results)
-    if not (results / "sweep.json").is_file():
+    if not (results / SWEEP_FILE).is_file():
         parser.exit(2, f"{parser.prog}: error: {results} is not a sweep's results directory (no sweep.json); a run's --out holds its predictor in {PREDICTOR_DIR}/\n")
     try:
         export_chosen(results, args.method, args.out, seed=args.seed)
-    except (ValueError, FileNotFoundError, SweepError) as error:  # PredictorError and CorruptFileError are ValueErrors
+    except (ValueError, FileNotFoundError) as error:  # PredictorError, CorruptFileError and UnreadableResults are ValueErrors
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     return 0
 

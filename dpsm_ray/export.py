@@ -23,9 +23,7 @@ import torch
 
 from dpsm_ray.files import CorruptFileError, read_checked_json, sha256_file, write_checked_json
 from dpsm_ray.predictor import CARD_FILE, Predictor, PredictorError, pick_device
-
-PREDICTORS = "predictors"
-INDEX_FILE = "index.json"
+from dpsm_ray.results.layout import CHECKPOINT_FILE, INDEX_FILE, PREDICTORS, Ledger, ResultsInUse, ResultsLock, read_index, read_sweep_settings
 CHOICE_RULE = ("the final model with the smallest validation set size among those whose validation coverage reaches the sweep's floor "
                "(1 - alpha - coverage slack, the search's feasibility), else the one with the highest validation coverage; ties go to the "
                "lower seed. Validation data only: test results never choose")
@@ -82,15 +80,12 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
     ``results/predictors/`` and the index naming each method's chosen one (``CHOICE_RULE``);
     returns the index.  A predictor already there for the same run is kept, so running this
     again (a resumed sweep) rewrites only the index."""
-    from dpsm_ray.sweep.ledger import Ledger
-    from dpsm_ray.sweep.spec import read_sweep_file
-    from dpsm_ray.train.env import load_checkpoint
     from dpsm_ray.train.config import TrainConfig
+    from dpsm_ray.train.env import load_checkpoint
     from dpsm_ray.train.loop import load_data
-    from dpsm_ray.train.ray_train import CHECKPOINT_FILE
 
     results = Path(results)
-    settings = read_sweep_file(results)
+    settings = read_sweep_settings(results)
     floor = 1 - settings["base"]["alpha"] - settings["coverage_slack"]
     ledger = Ledger(results)
     loaded = {}  # the final models share their data split: load it once
@@ -140,11 +135,6 @@ def choose(entries: list[dict], floor: float) -> dict[str, str]:
     return chosen
 
 
-def read_index(results: Path) -> dict | None:
-    path = results / PREDICTORS / INDEX_FILE
-    return read_checked_json(path) if path.exists() else None
-
-
 def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLike, seed: int | None = None, log=print) -> Path:
     """Copy the predictor of ``method`` (its chosen final model, or seed ``seed``'s) out of
     the sweep in ``results`` into ``out``, verified and with its provenance; builds the sweep's
@@ -152,8 +142,6 @@ def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLik
     results, out = Path(results), Path(out)
     index = read_index(results)
     if index is None:
-        from dpsm_ray.sweep.ledger import ResultsInUse, ResultsLock
-
         log(f"{results} has no predictors yet: exporting its final models")
         lock = ResultsLock(results)
         try:

@@ -252,3 +252,13 @@ for _card in _BUILT_IN_CARDS:
     register_method(_card)
 BUILT_IN = {card.name: card for card in _BUILT_IN_CARDS}
 BUILT_IN_NAMES = tuple(BUILT_IN)
+
+
+def paper_grid(method: str, fixed: dict[str, object] | None = None, subsets: dict[str, tuple] | None = None) -> dict[str, tuple]:
+    """The paper grid's axes for ``method`` (config field -> values), with some axes fixed to
+    one value or cut down to a subset of their values."""
+    fixed, subsets = fixed or {}, subsets or {}
+    for axis in (*fixed, *subsets):
+        if axis not in PAPER_GRID:
+            raise ValueError(f"grid axis must be one of {', '.join(PAPER_GRID)}; got {axis!r}")
+    return {axis: (fixed[axis],) if axis in fixed else tuple(subsets.get(axis, PAPER_GRID[axis])) for axis in method_card(method).grid_axes}

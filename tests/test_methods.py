@@ -10,7 +10,8 @@ import torch
 from dpsm_ray.methods import BUILT_IN, KNOB_ALIASES, MethodCard, method_card, method_fields, method_names, reads, register_method, unregister_method
 from dpsm_ray.objectives import DPSM, ConfTr, CrossEntropy, build_objective
 from dpsm_ray.objectives.base import Objective
-from dpsm_ray.sweep.space import method_knobs, paper_grid
+from dpsm_ray.methods import paper_grid
+from dpsm_ray.sweep.space import method_knobs
 from dpsm_ray.train.config import TrainConfig, validate
 
 # The tables the cards replaced (train/config.py METHOD_FIELDS, sweep/space.py METHOD_KNOBS and

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pandas as pd
 
-from dpsm_ray.methods import method_names, reads, with_current_knob_names
+from dpsm_ray.methods import DEFAULT_RANGES, method_card, method_names, paper_grid, reads
 from dpsm_ray.results.tables import method_name, method_order, ordered
 
 # The configuration fields the chosen-configuration table shows, with the paper's symbols; a
@@ -38,14 +37,21 @@ PARAMETERS = {
 UNUSED = "—"
 
 
-def read_sweep(results: Path) -> dict | None:
-    """sweep.json's content, or None (a single run's directory, or an unreadable file)."""
-    path = results / "sweep.json"
-    try:
-        sweep = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return with_current_knob_names(sweep) if isinstance(sweep, dict) else None
+VERSIONED = ("dpsm_ray", "torch", "ray", "optuna")
+
+
+def package_versions() -> dict[str, str]:
+    """The installed versions of the packages that decide a sweep's results, and Python's."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
 
 
 def value_text(value) -> str:
@@ -61,14 +67,13 @@ def value_text(value) -> str:
 def searched_fields(sweep: dict | None, method: str) -> list[str]:
     """The TrainConfig fields the sweep searched for ``method`` (its grid axes with more than one
     value, or its Optuna knobs)."""
-    from dpsm_ray.sweep.space import method_knobs, paper_grid
 
     if sweep is None or method not in method_names():
         return []
     if sweep.get("grid"):
         axes = paper_grid(method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])})
         return [axis for axis, values in axes.items() if len(values) > 1]
-    return list(method_knobs(method))
+    return list(method_card(method).knobs)
 
 
 def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[list[list[str]], list[str]] | None:
@@ -127,7 +132,6 @@ def same(a, b) -> bool:
 
 def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
     """The settings of sweep.json that decide the results, one row each."""
-    from dpsm_ray.sweep.space import DEFAULT_RANGES, method_knobs, paper_grid
 
     base = sweep["base"]
     models = sorted(set(evals.model)) if "model" in evals else []
@@ -157,7 +161,7 @@ def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
             axes = paper_grid(method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])})
             space = "; ".join(f"{axis} {{{', '.join(value_text(v) for v in values)}}}" for axis, values in axes.items())
         else:
-            space = "; ".join(f"{knob} ∈ [{ranges[knob].low:g}, {ranges[knob].high:g}]{' log' if ranges[knob].log else ''}" for knob in (method_knobs(method) if method in method_names() else ()))
+            space = "; ".join(f"{knob} ∈ [{ranges[knob].low:g}, {ranges[knob].high:g}]{' log' if ranges[knob].log else ''}" for knob in (method_card(method).knobs if method in method_names() else ()))
         rows.append([f"search space: {method_name(method)}", space])
     first_seed = sweep.get("seed", 0)
     rows += [["final seeds", f"{seeds} (seeds {first_seed}–{first_seed + seeds - 1}), each re-training every method's chosen configuration"],
@@ -174,7 +178,6 @@ def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
 def versions_table(sweep: dict | None) -> list[list[str]]:
     """The versions that ran the sweep (sweep.json, else "not recorded") beside the ones
     installed now, which drew the report."""
-    from dpsm_ray.sweep.spec import package_versions
 
     recorded = (sweep or {}).get("versions") or {}
     installed = package_versions()

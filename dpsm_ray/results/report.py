@@ -21,7 +21,8 @@ import pandas as pd
 from dpsm_ray.files import CorruptFileError, write_text
 from dpsm_ray.methods import outside_cards, reads
 from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
-from dpsm_ray.results.provenance import chosen_configurations, read_sweep, sweep_settings, versions_table
+from dpsm_ray.results.layout import read_index, read_sweep
+from dpsm_ray.results.provenance import chosen_configurations, sweep_settings, versions_table
 from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.store import MANIFEST, verify_manifest
 from dpsm_ray.results.tables import SCORE_ORDER, method_name, method_order, cell, latex_table, latex_text, markdown, ordered, render_columns
@@ -347,8 +348,6 @@ def latex_document(name: str, parts: list[str], search_note: str) -> str:
 def predictors_section(results: Path, log, brief: bool = False) -> list[str]:
     """report.md's lines on the sweep's predictors (``dpsm_ray.export``): the one chosen per
     method, with its validation and test figures; none for a sweep without predictors."""
-    from dpsm_ray.export import read_index
-
     index = read_index(results)
     if index is None:
         return []

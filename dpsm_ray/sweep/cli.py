@@ -210,7 +210,7 @@ def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, de
 
 def show_finished(results: Path, why: str, prog: str) -> int:
     """A finished sweep's report, and how to run another."""
-    from dpsm_ray.sweep.spec import FINISHED_FILE
+    from dpsm_ray.results.layout import FINISHED_FILE
 
     finished = json.loads((results / FINISHED_FILE).read_text())
     report = results / "report.md"

@@ -1,4 +1,4 @@
-"""Rebuild a sweep's Parquet files from its ledger (``dpsm_ray.sweep.ledger``).
+"""Rebuild a sweep's Parquet files from its ledger (``dpsm_ray.results.layout``).
 
 The files are a pure function of the run records on disk (one row per trial, per trial and epoch,
 per final model, score and re-split, and per final model, score, re-split and class), rewritten
@@ -14,7 +14,7 @@ from pathlib import Path
 from dpsm_ray.methods import reads
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
 from dpsm_ray.results.store import run_key, write_parquet
-from dpsm_ray.sweep.ledger import Ledger
+from dpsm_ray.results.layout import Ledger
 from dpsm_ray.sweep.pick import feasible
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.loop import EPOCH_COLUMNS

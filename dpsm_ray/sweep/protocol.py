@@ -10,7 +10,7 @@
    ``predictors/`` (``dpsm_ray.export``); and the report.
 
 The driver holds an exclusive lock on the results directory while it runs.  Every trial's outcome
-is in the ledger (``dpsm_ray.sweep.ledger``) the moment it ends, so ``resume=True`` after any
+is in the ledger (``dpsm_ray.results.layout``) the moment it ends, so ``resume=True`` after any
 interruption -- Ctrl-C, a kill, a full disk, a move of the whole directory -- runs exactly the
 trials that had not ended, each from its last checkpoint, and ends with the rows of an
 uninterrupted sweep.
@@ -47,7 +47,7 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
     ``log`` gets the progress lines (time-stamped, with the sweep's trial counter and estimate);
     ``search_only`` stops after the searches (benchmarks of the search itself)."""
     from dpsm_ray.data import check_data_present
-    from dpsm_ray.sweep.ledger import ResultsInUse, ResultsLock, describe_holder
+    from dpsm_ray.results.layout import ResultsInUse, ResultsLock, describe_holder
     from dpsm_ray.sweep.progress import Progress
 
     log = log if isinstance(log, Progress) else Progress(log)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from dpsm_ray.methods import DEFAULT_RANGES, KNOB_ALIASES, PAPER_GRID, Range, knob_name, method_card  # noqa: F401 -- the knobs live with the cards
+from dpsm_ray.methods import DEFAULT_RANGES, KNOB_ALIASES, PAPER_GRID, Range, knob_name, method_card, paper_grid  # noqa: F401 -- the knobs live with the cards
 
 
 def method_knobs(method: str) -> tuple[str, ...]:
@@ -41,16 +41,6 @@ def search_space(method: str, ranges: dict[str, Range] | None = None) -> dict:
     """Tune search space (config field -> sampler) for ``method``'s knobs."""
     ranges = {**DEFAULT_RANGES, **(ranges or {})}
     return {knob: ranges[knob].to_tune() for knob in method_knobs(method)}
-
-
-def paper_grid(method: str, fixed: dict[str, object] | None = None, subsets: dict[str, tuple] | None = None) -> dict[str, tuple]:
-    """The paper grid's axes for ``method`` (config field -> values), with some axes fixed to
-    one value or cut down to a subset of their values."""
-    fixed, subsets = fixed or {}, subsets or {}
-    for axis in (*fixed, *subsets):
-        if axis not in PAPER_GRID:
-            raise ValueError(f"grid axis must be one of {', '.join(PAPER_GRID)}; got {axis!r}")
-    return {axis: (fixed[axis],) if axis in fixed else tuple(subsets.get(axis, PAPER_GRID[axis])) for axis in method_card(method).grid_axes}
 
 
 def grid_size(axes: dict[str, tuple]) -> int:

@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsm_ray.catalog import PAPER_METHODS
-from dpsm_ray.methods import knob_name, method_names, with_current_knob_names
+from dpsm_ray.methods import knob_name, method_names
+from dpsm_ray.results.layout import FINISHED_FILE, SWEEP_FILE, UnreadableResults, read_sweep_settings
+from dpsm_ray.results.provenance import package_versions
 from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV, masked
-from dpsm_ray.sweep.space import Range, method_knobs, paper_grid
+from dpsm_ray.methods import paper_grid
+from dpsm_ray.sweep.space import Range, method_knobs
 from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, run_demand
@@ -177,9 +180,7 @@ class SweepSpec:
 
 # --- the results directory ------------------------------------------------------------------
 
-SWEEP_FILE = "sweep.json"
-FINISHED_FILE = "finished.json"  # written last, once the report is: the sweep has nothing left to do
-# sweep.json's "ledger" key: the sweep keeps run records under runs/ (dpsm_ray.sweep.ledger); a
+# sweep.json's "ledger" key: the sweep keeps run records under runs/ (dpsm_ray.results.layout); a
 # sweep without it was written by an earlier version, whose state lived in Tune's pickles
 LEDGER_FORMAT = 1
 # Settings a resumed sweep may change: they do not change what any trial computes.
@@ -214,14 +215,11 @@ def claim_results_dir(results: Path) -> None:
 
 
 def read_sweep_file(results: Path) -> dict:
-    path = results / SWEEP_FILE
+    """sweep.json of a sweep this version can resume (SweepError otherwise)."""
     try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise SweepError(f"{path} is not readable JSON ({error}); it holds the sweep's settings: restore it, or start a new --results-dir") from None
-    if not isinstance(stored, dict) or "base" not in stored:
-        raise SweepError(f"{path} does not hold a sweep's settings; restore it, or start a new --results-dir")
-    stored = with_current_knob_names(stored)
+        stored = read_sweep_settings(results)
+    except UnreadableResults as error:
+        raise SweepError(str(error)) from None
     if stored.get("ledger") != LEDGER_FORMAT:
         raise SweepError(f"the sweep in {results} was started by an earlier version of dpsm_ray, whose sweeps this one cannot resume "
                          "(it has no run records); finish it with that version, or start a new --results-dir")
@@ -239,23 +237,6 @@ def sweep_file(spec: SweepSpec, results: Path) -> dict:
         "optuna_storage": masked(spec.optuna_storage) if spec.optuna_storage else None,
         "versions": package_versions(),
     }
-
-
-VERSIONED = ("dpsm_ray", "torch", "ray", "optuna")
-
-
-def package_versions() -> dict[str, str]:
-    """The installed versions of the packages that decide a sweep's results, and Python's."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {"python": platform.python_version()}
-    for name in VERSIONED:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "not installed"
-    return found
 
 
 def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:

@@ -75,7 +75,7 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
     """Run (or continue) every arm of ``study`` into ``results_dir``; returns the analysis."""
     from dpsm_ray.data import check_data_present
     from dpsm_ray.files import read_checked_json, remove_temporaries, write_checked_json
-    from dpsm_ray.sweep.ledger import ResultsInUse, ResultsLock
+    from dpsm_ray.results.layout import ResultsInUse, ResultsLock
     from dpsm_ray.sweep.protocol import quiet_libraries
     from dpsm_ray.sweep.spec import SweepError, SweepInterrupted, claim_results_dir
     from dpsm_ray.sweep.progress import Progress
@@ -151,7 +151,7 @@ def continues(stored: dict, described: dict) -> bool:
 def write_study_results(study: Study, results: Path) -> None:
     from dpsm_ray.results.store import write_parquet
     from dpsm_ray.sweep.collect import FILES, collect
-    from dpsm_ray.sweep.ledger import Ledger
+    from dpsm_ray.results.layout import Ledger
 
     ledger, rows = Ledger(results), {name: [] for name in FILES}
     labelled = SimpleNamespace(name=study.name, coverage_floor=1 - study.common.alpha)
@@ -456,10 +456,11 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
     rule, dpsm_ray/sweep/pick.py), re-trained by the study with every seed from the study's base
     models.  SweepError if the sweep is not one the study can use."""
     from dpsm_ray.sweep.pick import best_overrides
+    from dpsm_ray.results.layout import SWEEP_FILE
     from dpsm_ray.sweep.spec import SweepError, read_sweep_file
 
     sweep_dir = Path(sweep_dir)
-    if not (sweep_dir / "sweep.json").is_file():
+    if not (sweep_dir / SWEEP_FILE).is_file():
         raise SweepError(f"--searched-from {sweep_dir}: no sweep there (no sweep.json)")
     stored = read_sweep_file(sweep_dir)
     if stored.get("grid"):

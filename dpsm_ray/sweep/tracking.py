@@ -29,10 +29,10 @@ from ray.air.integrations.mlflow import MLflowLoggerCallback
 
 from dpsm_ray.files import read_checked_json
 from dpsm_ray.results.schema import EPOCHS
-from dpsm_ray.sweep.ledger import Ledger
+from dpsm_ray.results.layout import RESULT_FILE, Ledger
 from dpsm_ray.sweep.options import parse_tracking
 from dpsm_ray.sweep.stage import trial_config
-from dpsm_ray.train.ray_train import FINISHED, RESULT_FILE, RESUMED
+from dpsm_ray.train.ray_train import FINISHED, RESUMED
 
 FINAL_METRICS = ("coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
 

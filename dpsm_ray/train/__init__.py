@@ -32,11 +32,12 @@ def run_training(config: TrainConfig, out_dir: str | os.PathLike | None = None, 
     (``ray_options``: ``train_distributed``'s keywords).  With ``out_dir`` the run checkpoints
     there and resumes from an existing checkpoint.  With ``init="base"`` the CE base model comes
     from the cache (trained first on a miss)."""
+    from dpsm_ray.results.layout import CHECKPOINT_FILE
     from dpsm_ray.train.env import LocalEnv, pick_device
     from dpsm_ray.train.loop import train
 
     config = resolve_base_model(config, log, **ray_options)
-    checkpoint = Path(out_dir) / "checkpoint.pt" if out_dir is not None else None
+    checkpoint = Path(out_dir) / CHECKPOINT_FILE if out_dir is not None else None
     if config.workers == 0:
         return train(config, LocalEnv(pick_device(config.device), checkpoint, log=log))
     from dpsm_ray.train.ray_train import train_distributed

@@ -18,7 +18,8 @@ from dpsm_ray.files import cache_home
 from dpsm_ray.methods import method_fields
 from dpsm_ray.models import default_model
 from dpsm_ray.train.config import TrainConfig
-from dpsm_ray.train.ray_train import CHECKPOINT_FILE, EPOCHS_FILE, RAY_TRAIN_DIR, RESULT_FILE
+from dpsm_ray.results.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
+from dpsm_ray.train.ray_train import RAY_TRAIN_DIR
 
 # CE training recipes (SPEC section 2: the official code's CIFAR recipes; the 224-pixel models use
 # the standard ImageNet schedule; Fashion-MNIST's MLP ConfTr's; the small models a short

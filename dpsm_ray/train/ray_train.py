@@ -23,14 +23,12 @@ from pathlib import Path
 import torch
 
 from dpsm_ray.files import read_checked_json, write_checked_json
+from dpsm_ray.results.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.env import LocalEnv, ProcessGroupEnv, load_checkpoint, pick_device, save_checkpoint
 from dpsm_ray.train.loop import RunResult, train
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, check_before_start, check_capacity, ensure_ray, run_demand
 
-CHECKPOINT_FILE = "checkpoint.pt"
-EPOCHS_FILE = "epochs.json"
-RESULT_FILE = "result.json"
 RAY_TRAIN_DIR = "ray_train"  # Ray Train's own state, beside the run's files
 # Marks the last report (the results).  Not "done": Tune reads "done" as "stop this trial" and
 # would kill the trial driver while its Train run is still shutting down (leaking its placement group).

@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 from dpsm_ray.sweep.collect import TRIAL_CONFIG_COLUMNS, collect
-from dpsm_ray.sweep.ledger import Ledger
+from dpsm_ray.results.layout import Ledger
 from dpsm_ray.train.config import TrainConfig
 
 

@@ -1,14 +1,24 @@
-"""The sweep's own record of its trials: the single source of truth for what has run.
+"""The results directory's one owner: where everything lives in it, and the one reader of each file
+(docs/results.md).  Everything else asks this module for a path or a file's content.
 
-    RESULTS/runs/<stage>/<index>/checkpoint.pt   the trial's training state (rank 0, every epoch)
+    RESULTS/sweep.json                    the sweep's settings (``read_sweep``, ``read_sweep_settings``)
+    RESULTS/finished.json                 written last: the sweep has nothing left to do
+    RESULTS/runs/<stage>/<index>/         one trial (``Ledger``):
+                                 checkpoint.pt   the trial's training state (rank 0, every epoch)
                                  epochs.json     its epoch rows so far
                                  result.json     its final evaluation rows (final stage)
                                  record.json     written by the driver when the trial ended:
                                                  status (ok | stopped | failed), error, metrics,
                                                  the epochs it reported, the configuration,
                                                  Tune's trial id and node
+    RESULTS/predictors/<name>/            the final models as predictors; ``predictors/index.json``
+                                          names each method's chosen one (``read_index``)
+    RESULTS/.lock                         held by the process that writes the directory (``ResultsLock``)
 
-A trial *ended* exactly when its ``record.json`` exists.  Everything else is derived from these
+A single run's directory (``dpsm-ray train --out``) holds the same ``checkpoint.pt``.
+
+**The ledger.**  The sweep's own record of its trials is the single source of truth for what has
+run.  A trial *ended* exactly when its ``record.json`` exists.  Everything else is derived from these
 files: the Parquet files, a resumed search's Optuna study (a trial it holds without a record is
 proposed again with the same parameters; one finished there but not here is told again, which
 Optuna skips), and ASHA's rungs.  Tune's and Optuna's own saved state is never needed to resume,
@@ -28,13 +38,52 @@ import time
 from pathlib import Path
 
 from dpsm_ray.files import read_checked_json, write_checked_json
-from dpsm_ray.train.ray_train import EPOCHS_FILE, RESULT_FILE
 
+SWEEP_FILE = "sweep.json"
+FINISHED_FILE = "finished.json"  # written last, once the report is: the sweep has nothing left to do
 RUNS = "runs"
 RECORD_FILE = "record.json"
+CHECKPOINT_FILE = "checkpoint.pt"
+EPOCHS_FILE = "epochs.json"
+RESULT_FILE = "result.json"
+PREDICTORS = "predictors"
+INDEX_FILE = "index.json"
+LOCK_FILE = ".lock"
 # TrainConfig fields that may hold a path inside the results directory
 RESULT_PATHS = ("init_checkpoint", "cache_dir")
-LOCK_FILE = ".lock"
+
+
+class UnreadableResults(ValueError):
+    """A file of the results directory that cannot be read as what it should hold."""
+
+
+def read_sweep_settings(results: Path) -> dict:
+    """sweep.json's content, its knobs under their current names (UnreadableResults, naming the
+    file, when it cannot be read)."""
+    from dpsm_ray.methods import with_current_knob_names
+
+    path = results / SWEEP_FILE
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise UnreadableResults(f"{path} is not readable JSON ({error}); it holds the sweep's settings: restore it, or start a new --results-dir") from None
+    if not isinstance(stored, dict) or "base" not in stored:
+        raise UnreadableResults(f"{path} does not hold a sweep's settings; restore it, or start a new --results-dir")
+    return with_current_knob_names(stored)
+
+
+def read_sweep(results: Path) -> dict | None:
+    """sweep.json's content, or None: a single run's directory, or a file that cannot be read."""
+    try:
+        return read_sweep_settings(results) if (results / SWEEP_FILE).exists() else None
+    except (OSError, UnreadableResults):
+        return None
+
+
+def read_index(results: Path) -> dict | None:
+    """predictors/index.json: the sweep's predictors and each method's chosen one; None before any."""
+    path = results / PREDICTORS / INDEX_FILE
+    return read_checked_json(path) if path.exists() else None
 
 
 class Ledger:
