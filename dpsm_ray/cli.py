@@ -19,7 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from dpsm_ray.catalog import version_line
+from dpsm_ray.catalog import BASE_MODEL, METHODS, version_line
 from dpsm_ray.timing import skip_final_collection
 from dpsm_ray.train.config import ConfigError, TrainConfig, calibration_warnings
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reaches the sweep's floor), or --seed S's. Builds RESULTS/predictors/ first for a sweep finished without it.",
     )
     export.add_argument("results", metavar="RESULTS", help="a sweep's --results-dir")
-    export.add_argument("--method", required=True, help="ce, conftr, cut or dpsm")
+    export.add_argument("--method", required=True, help=f"the method whose final model to export: one the sweep ran ({', '.join((*METHODS, BASE_MODEL))})")
     export.add_argument("--seed", type=int, help="that final seed's model instead of the chosen one")
     export.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write (predictor.json and weights.pt)")
     export.set_defaults(handler=cmd_export, parser=export)

@@ -1,7 +1,7 @@
 """Collective operations over data-parallel workers, with a no-op version for one process.
 
 The objectives take a ``Collective`` so that the quantile maths reads the same with one worker or
-many: ``collective.mean`` averages DPSM's pinball gradient over workers (SPEC section 3) and
+many: ``collective.mean`` averages DPSM's pinball gradient over workers (the data order of dpsm_ray/train/loop.py) and
 ``collective.gather`` builds ConfTr's and CUT's global batch.  Imports torch only.
 """
 

@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-# Search knobs and the paper's grid (SPEC section 4, paper appendix D): the cards name theirs among
+# Search knobs and the paper's grid (the paper's appendix D): the cards name theirs among
 # these; dpsm_ray/sweep/space.py builds searches from them.  A knob is named by the ``TrainConfig``
 # field it sets, one name for the CLI (--range, --fix, --subset, the training flags), the logs, the
 # Parquet columns and the docs; the paper's symbol is in each field's help.  The names of earlier

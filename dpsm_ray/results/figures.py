@@ -462,7 +462,7 @@ def restyle_importances(ax, method: str) -> None:
 def save(fig, out: Path, name: str) -> None:
     """``name``.png and ``name``.pdf in ``out``, each written atomically; the figure is closed.
     The layout that drawing the first file computed is kept for the second: computing it again
-    took a fifth of the report's time (issue 26); in the PDFs of a digits sweep's figures it moved
+    took a fifth of the report's time; in the PDFs of a digits sweep's figures it moved
     nothing by more than 1.4 pt (1/72 in), against a layout computed for the PDF itself."""
     import matplotlib.pyplot as plt
 

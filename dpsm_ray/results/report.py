@@ -51,7 +51,7 @@ def load(results: Path, name: str) -> pd.DataFrame:
 def comparisons(evals: pd.DataFrame, metric: str = "set_size") -> list[dict]:
     """DPSM's per-seed paired change of ``metric`` against, per score, the best baseline trained
     by the same protocol (the lowest mean; the base model excluded) and, where it was evaluated,
-    the CE base model (the paper's comparison: SPEC section 7)."""
+    the CE base model (the paper's comparison)."""
     methods = ordered(evals["method"], method_order())
     if "dpsm" not in methods:
         return []
@@ -286,7 +286,7 @@ def write_search_figures(results: Path, sweep: dict | None) -> tuple[list[Figure
 
 def drawing_search_figures(results: Path, sweep: dict | None) -> Callable[[], tuple[list[Figure], str]]:
     """Start ``write_search_figures`` in a second Python process, which draws them while this one
-    draws the others (a digits sweep's report: 11.9 s -> 8.6 s on 2 cores, issue 26); returns the
+    draws the others (a digits sweep's report: 11.9 s -> 8.6 s on 2 cores); returns the
     wait for them.  Drawn here instead, when waited for: on one core, with methods registered
     outside the package (a fresh process would not know their names), or when that process failed
     (so that its error is raised here, as it is).  A subprocess rather than multiprocessing's

@@ -29,7 +29,7 @@ CONFIG_OPTIONS = {
 }
 
 
-# Models whose trials leave a GPU launch-bound at the paper's batch sizes (32x32 inputs; PERF_NOTES.md:
+# Models whose trials leave a GPU launch-bound at the paper's batch sizes (32x32 inputs; bench/README.md:
 # ResNet-110 at batch 128 reaches the large-batch ceiling of an H100 with ~4 captured trials).
 SMALL_MODELS = ("mlp", "cnn", "resnet20", "resnet32", "resnet56", "resnet110", "densenet100")
 SMALL_MODEL_TRIALS_PER_GPU = 4

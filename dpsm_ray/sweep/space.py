@@ -1,4 +1,4 @@
-"""What each method searches over, and the paper's grid (SPEC section 4, paper appendix D).
+"""What each method searches over, and the paper's grid (the paper's appendix D).
 
 A knob is named by the ``TrainConfig`` field it sets (``conformal_weight``, ``lr``, ``quantile_lr``,
 ``sigmoid_temperature``: the paper's lambda, eta, gamma and T).  Ranges default to the paper grid's

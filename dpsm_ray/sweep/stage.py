@@ -11,7 +11,7 @@ A trial's parameters: ``{"bases": {stage: <TrainConfig dict>}, "results": <resul
 "point": {"stage": name, "index": i, "overrides": {field: value}}}`` -- its stage's settings, and
 what the search (or the grid, or the pick) chose for trial ``i`` of that stage.
 With ``workers >= 1`` the trial is a small driver that runs a Ray Train ``TorchTrainer``
-(RAY_NOTES: Train V2 inside Tune); with ``workers == 0`` it trains inside the trial's own process.
+(Ray Train V2 inside Tune); with ``workers == 0`` it trains inside the trial's own process.
 """
 
 from __future__ import annotations

@@ -404,7 +404,7 @@ def fidelity_arms(published: bool = False) -> tuple[Arm, ...]:
         Arm("ce", "CE fine-tuned", {"method": "ce"}),
         Arm("dpsm_official", "DPSM as its official code trains it", {"method": "dpsm", **preset_values("official", "dpsm", schedule=False)}),
         Arm("dpsm", "DPSM at this project's defaults", {"method": "dpsm"}),
-        # the tex's Algorithm 1 as this project followed it until issue 28: CE on B1 only, T 0.1, lambda 0.5
+        # the tex's Algorithm 1 as this project followed it before it trained as the official code does: CE on B1 only, T 0.1, lambda 0.5
         Arm("dpsm_tex", "DPSM, CE on B1 only (the tex), T 0.1, lambda 0.5", {"method": "dpsm", "ce_batch": "half", "sigmoid_temperature": 0.1, "conformal_weight": 0.5}),
         Arm("conftr", "ConfTr as the DPSM paper describes it", {"method": "conftr"}),
         Arm("cut", "CUT", {"method": "cut"}),

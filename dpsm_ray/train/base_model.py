@@ -21,7 +21,7 @@ from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.results.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
 from dpsm_ray.train.ray_train import RAY_TRAIN_DIR
 
-# CE training recipes (SPEC section 2: the official code's CIFAR recipes; the 224-pixel models use
+# CE training recipes (the official code's CIFAR recipes; the 224-pixel models use
 # the standard ImageNet schedule; Fashion-MNIST's MLP ConfTr's; the small models a short
 # constant-rate run).
 BASE_RECIPES = {

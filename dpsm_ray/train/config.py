@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpsm_ray.catalog import (
-    BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, MODELS, PRETRAINABLE, Q_INITS, SCORE_KINDS, SPLITS, check_dataset,
+    BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, DEFAULT_MODELS, METHODS, MODELS, PRETRAINABLE, Q_INITS, SCORE_KINDS, SPLITS, check_dataset,
     default_model, min_calibration_size, split_sizes,
 )
 from dpsm_ray.methods import method_names, reads
@@ -65,7 +65,7 @@ class TrainConfig:
         type=str,
     )
     download: bool = option(False, "download the dataset into --data-root if it is missing")
-    model: str = option("auto", "model architecture; auto picks the dataset's default (mlp; resnet110 for cifar100; resnet50 otherwise)")
+    model: str = option("auto", "model architecture; auto picks the dataset's default (" + ", ".join(f"{d}: {m}" for d, m in DEFAULT_MODELS.items()) + ")")
     pretrained_path: str | None = option(None, "local ImageNet weights (.pth state dict) for resnet50/densenet121; nothing is downloaded", type=str)
     method: str = option("dpsm", f"training objective: {', '.join(METHODS)}; or {BASE_MODEL} (the CE base model itself, evaluated without training: --init base --epochs 0)")
     init: str = option("scratch", "start from random weights (scratch) or fine-tune the cached CE base model (base)")

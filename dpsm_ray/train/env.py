@@ -1,5 +1,5 @@
 """Where a training run executes: in this process (``LocalEnv``) or as a Ray Train worker
-(``dpsm_ray.train.ray_worker``).  The loop talks only to this interface:
+(``dpsm_ray.train.ray_train``).  The loop talks only to this interface:
 
     collective, device, prepare_model(model), load_state(), report(row, checkpoint), log(line),
     check_in_sync(model, objective)

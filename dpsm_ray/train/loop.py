@@ -5,7 +5,7 @@ this process and running as a Ray Train worker -- the collective, the device, wh
 and reports go -- comes in through ``env`` (see ``dpsm_ray.train.env``), so the maths here is the
 same with world size 1 and is testable without Ray.
 
-Data order (SPEC section 3): the training split is cut once, at random, into halves D1 and D2
+Data order (the paper's Algorithm 1; docs/method.md): the training split is cut once, at random, into halves D1 and D2
 (Algorithm 1, line 3).  Each epoch draws one global permutation of each half from the run seed;
 global step i takes the i-th ``batch_size / 2`` block of each, and worker r its contiguous
 ``1 / W`` slice.  No sampler padding; a last partial block is dropped on every worker alike.
@@ -31,6 +31,7 @@ from dpsm_ray.data import DataSplits, Split, load_splits, stratified_partition
 from dpsm_ray.methods import method_fields
 from dpsm_ray.models import build_model, default_model
 from dpsm_ray.objectives import Objective, build_objective, hps_scores
+from dpsm_ray.results.schema import EPOCHS, RUN_KEY
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.train.config import ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine
@@ -40,13 +41,8 @@ EVAL_BATCH = 512
 # The epoch's wall time and its parts: the columns of epochs.parquet that differ between two runs of
 # the same configuration.
 EPOCH_TIMINGS = ("epoch_seconds", "train_seconds", "diagnostics_seconds", "validation_seconds")
-# Per-epoch columns of epochs.parquet, in order (docs/results.md).
-EPOCH_COLUMNS = (
-    "epoch", "lr", "quantile_lr", "upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error",
-    "soft_size", "q_dataset_train", "q_error_train", "upper_loss_q", "upper_loss_qn", "upper_gap",
-    "lower_loss_q", "lower_loss_qn", "lower_gap", "train_soft_size_q", "train_set_size_q",
-    "val_coverage", "val_set_size", "val_accuracy", *EPOCH_TIMINGS,
-)
+# Per-epoch columns of epochs.parquet, in order: the schema's (docs/results.md), without the run's key.
+EPOCH_COLUMNS = tuple(name for name in EPOCHS if name not in RUN_KEY)
 # Elements of the largest [thresholds, n, K] block the diagnostics evaluate at once.
 DIAGNOSTIC_BLOCK = 2**24
 

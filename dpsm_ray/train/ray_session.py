@@ -3,7 +3,7 @@
 A process joins a Ray cluster only when told to (``--address`` or ``RAY_ADDRESS``) or when a
 cluster was started on this machine with ``ray start`` (the head node of a launcher cluster, where
 ``ray submit`` runs the script).  Otherwise it starts an embedded instance of its own: never
-another process's embedded one, which dies with that process (RAY_NOTES: ``address="auto"`` would
+another process's embedded one, which dies with that process (``address="auto"`` would
 join it).
 
 Ray waits forever for resources it does not have (an autoscaler might add them), so before a run

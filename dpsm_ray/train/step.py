@@ -7,7 +7,7 @@ each batch is copied into, SGD with momentum written as in-place ``_foreach`` op
 rate is a device tensor (so the schedule changes it without re-capture), and DPSM's q updated in
 place on the device.  On CUDA (``capture=True``) the whole step is captured once and replayed,
 which removes the launch overhead that dominates small CIFAR models at batch 64-128
-(PERF_NOTES.md).  With ``capture=False`` the same function runs eagerly, which is how its
+(bench/README.md).  With ``capture=False`` the same function runs eagerly, which is how its
 arithmetic is tested against ``EagerStep`` without a GPU.
 
 Both return the objective's detached statistics for the step.
