@@ -25,7 +25,7 @@ import time
 import torch
 
 from dpsm_ray.models import build_model
-from dpsm_ray.predictor import Predictor
+from dpsm_ray.predict.predictor import Predictor
 
 MODELS = {  # name -> (architecture, classes, where its input description comes from)
     "mlp": ("mlp", 10, "digits"),

@@ -114,7 +114,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
             result = run_training(config, out, **ray_options)
             if out is not None:
-                from dpsm_ray.export import predictor_for_run
+                from dpsm_ray.predict.export import predictor_for_run
 
                 write_run(out, result)
                 predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out)})
@@ -143,7 +143,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from dpsm_ray.export import export_chosen
+    from dpsm_ray.predict.export import export_chosen
     from dpsm_ray.results.layout import SWEEP_FILE
 
     results = Path(args.results)
@@ -157,9 +157,9 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from dpsm_ray.inputs import open_inputs
-    from dpsm_ray.predictions import write_sets
-    from dpsm_ray.predictor import Predictor
+    from dpsm_ray.predict.inputs import open_inputs
+    from dpsm_ray.predict.predictions import write_sets
+    from dpsm_ray.predict.predictor import Predictor
 
     try:
         predictor = Predictor.load(args.predictor, device=args.device)
@@ -177,8 +177,8 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 
 def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from dpsm_ray.predictor import Predictor
-    from dpsm_ray.serving import check_port, serve_predictor
+    from dpsm_ray.predict.predictor import Predictor
+    from dpsm_ray.predict.serving import check_port, serve_predictor
 
     try:  # a bad directory or a taken port fails here, in one line, before Ray starts
         Predictor.load(args.predictor, device="cpu")

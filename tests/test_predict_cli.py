@@ -13,8 +13,8 @@ from PIL import Image
 from dpsm_ray.cli import main
 from dpsm_ray.data import load_splits
 from dpsm_ray.models import build_model
-from dpsm_ray.predictions import read_metadata
-from dpsm_ray.predictor import Predictor
+from dpsm_ray.predict.predictions import read_metadata
+from dpsm_ray.predict.predictor import Predictor
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from dpsm_ray.data import load_splits
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import read_checked_json, sha256_file, write_checked_json
 from dpsm_ray.models import build_model
-from dpsm_ray.predictor import CARD_FILE, FORMAT_VERSION, PREDICT_BATCH, WEIGHTS_FILE, InputError, Predictor, PredictorError
+from dpsm_ray.predict.predictor import CARD_FILE, FORMAT_VERSION, PREDICT_BATCH, WEIGHTS_FILE, InputError, Predictor, PredictorError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -313,7 +313,7 @@ def test_from_dpsm_ray_import_predictor_predicts_in_a_fresh_process_without_ray(
 
 
 def test_each_method_s_predictor_is_chosen_on_validation_data_alone():
-    from dpsm_ray.export import choose
+    from dpsm_ray.predict.export import choose
 
     def entry(method, seed, size, cover, test_size):
         return {"name": f"{method}-seed{seed}", "method": method, "seed": seed, "val_set_size": size, "val_coverage": cover,

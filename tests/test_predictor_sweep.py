@@ -30,10 +30,10 @@ from dpsm_ray import reaper
 from dpsm_ray.cli import main
 from dpsm_ray.conformal import resplit
 from dpsm_ray.data import load_splits
-from dpsm_ray.export import CHOICE_RULE
+from dpsm_ray.predict.export import CHOICE_RULE
 from dpsm_ray.results.layout import INDEX_FILE, PREDICTORS
 from dpsm_ray.files import read_checked_json, sha256_file
-from dpsm_ray.predictor import Predictor
+from dpsm_ray.predict.predictor import Predictor
 from dpsm_ray.sweep import run_sweep
 from dpsm_ray.sweep.cli import build_parser, spec_from_args
 from dpsm_ray.train.config import TrainConfig

@@ -80,6 +80,24 @@ def read_sweep(results: Path) -> dict | None:
         return None
 
 
+VERSIONED = ("dpsm_ray", "torch", "ray", "optuna")
+
+
+def package_versions() -> dict[str, str]:
+    """The installed versions of the packages that decide a sweep's results, and Python's: what
+    sweep.json records under ``versions``."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
 def read_index(results: Path) -> dict | None:
     """predictors/index.json: the sweep's predictors and each method's chosen one; None before any."""
     path = results / PREDICTORS / INDEX_FILE

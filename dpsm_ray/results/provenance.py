@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from dpsm_ray.methods import DEFAULT_RANGES, method_card, method_names, paper_grid, reads
+from dpsm_ray.results.layout import package_versions
 from dpsm_ray.results.tables import method_name, method_order, ordered
 
 # The configuration fields the chosen-configuration table shows, with the paper's symbols; a
@@ -35,23 +36,6 @@ PARAMETERS = {
     "init": "init",
 }
 UNUSED = "—"
-
-
-VERSIONED = ("dpsm_ray", "torch", "ray", "optuna")
-
-
-def package_versions() -> dict[str, str]:
-    """The installed versions of the packages that decide a sweep's results, and Python's."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {"python": platform.python_version()}
-    for name in VERSIONED:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "not installed"
-    return found
 
 
 def value_text(value) -> str:

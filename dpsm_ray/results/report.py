@@ -346,7 +346,7 @@ def latex_document(name: str, parts: list[str], search_note: str) -> str:
 
 
 def predictors_section(results: Path, log, brief: bool = False) -> list[str]:
-    """report.md's lines on the sweep's predictors (``dpsm_ray.export``): the one chosen per
+    """report.md's lines on the sweep's predictors (``dpsm_ray.predict.export``): the one chosen per
     method, with its validation and test figures; none for a sweep without predictors."""
     index = read_index(results)
     if index is None:

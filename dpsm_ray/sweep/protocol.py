@@ -7,7 +7,7 @@
    calibration/test data over random re-splits, for HPS, APS and RAPS -- the paper's table;
 4. ``trials.parquet``, ``epochs.parquet``, ``evals.parquet`` and ``classes.parquet``, rebuilt from
    the sweep's ledger after every stage; every final model as a conformal predictor under
-   ``predictors/`` (``dpsm_ray.export``); and the report.
+   ``predictors/`` (``dpsm_ray.predict.export``); and the report.
 
 The driver holds an exclusive lock on the results directory while it runs.  Every trial's outcome
 is in the ledger (``dpsm_ray.results.layout``) the moment it ends, so ``resume=True`` after any
@@ -74,7 +74,7 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
 
 
 def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, search_only: bool) -> Path:
-    from dpsm_ray.export import export_sweep
+    from dpsm_ray.predict.export import export_sweep
     from dpsm_ray.results.report import write_report
     from dpsm_ray.results.store import MANIFEST, verify_manifest
     from dpsm_ray.sweep.collect import FILES, write_results

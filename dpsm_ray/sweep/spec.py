@@ -11,8 +11,7 @@ from pathlib import Path
 
 from dpsm_ray.catalog import PAPER_METHODS
 from dpsm_ray.methods import knob_name, method_names
-from dpsm_ray.results.layout import FINISHED_FILE, SWEEP_FILE, UnreadableResults, read_sweep_settings
-from dpsm_ray.results.provenance import package_versions
+from dpsm_ray.results.layout import FINISHED_FILE, SWEEP_FILE, UnreadableResults, package_versions, read_sweep_settings
 from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV, masked
 from dpsm_ray.methods import paper_grid
 from dpsm_ray.sweep.space import Range, method_knobs

@@ -10,7 +10,7 @@ per Tune trial (Ray Tune's ``MLflowLoggerCallback``, on the driver: the nodes ne
   ``val_set_size``, ``upper_loss``, ``q`` ...);
 - for a final model: ``test_<metric>_<score>`` (coverage, set size, CovGap, SSCV, WSC, accuracy,
   averaged over the calibration/test re-splits, as in ``evals.parquet``), and its exported
-  predictor (``dpsm_ray.export``) as the artifact ``predictor/``.
+  predictor (``dpsm_ray.predict.export``) as the artifact ``predictor/``.
 
 Without a URI: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///RESULTS/mlflow.db``.  A resumed sweep
 opens new runs for the trials it runs again.

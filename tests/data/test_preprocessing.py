@@ -9,7 +9,7 @@ from fake_datasets import write_caltech101, write_cifar100
 
 from dpsm_ray.data import SPLIT_NAMES, load_splits
 from dpsm_ray.data.preprocessing import InputSpec
-from dpsm_ray.inputs import read_image
+from dpsm_ray.predict.inputs import read_image
 
 
 def test_apply_divides_then_standardises_as_written():

@@ -1,4 +1,4 @@
-"""Finished runs as predictors (``dpsm_ray.predictor``): a sweep's final models, a ``dpsm-ray
+"""Finished runs as predictors (``dpsm_ray.predict.predictor``): a sweep's final models, a ``dpsm-ray
 train --out`` run, and ``dpsm-ray export``.
 
 A run's predictor is calibrated on the run's whole calibration split and measured on its test
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from dpsm_ray.files import CorruptFileError, read_checked_json, sha256_file, write_checked_json
-from dpsm_ray.predictor import CARD_FILE, Predictor, PredictorError, pick_device
+from dpsm_ray.predict.predictor import CARD_FILE, Predictor, PredictorError, pick_device
 from dpsm_ray.results.layout import CHECKPOINT_FILE, INDEX_FILE, PREDICTORS, Ledger, ResultsInUse, ResultsLock, read_index, read_sweep_settings
 CHOICE_RULE = ("the final model with the smallest validation set size among those whose validation coverage reaches the sweep's floor "
                "(1 - alpha - coverage slack, the search's feasibility), else the one with the highest validation coverage; ties go to the "

@@ -20,8 +20,8 @@ import sys
 import torch
 
 from dpsm_ray.files import write_bytes
-from dpsm_ray.inputs import InputSource
-from dpsm_ray.predictor import Predictor
+from dpsm_ray.predict.inputs import InputSource
+from dpsm_ray.predict.predictor import Predictor
 
 # inputs above this many forward passes get a progress bar
 PROGRESS_BATCHES = 10

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from dpsm_ray.conformal import SCORE_KINDS
-from dpsm_ray.predictor import InputError, Predictor
+from dpsm_ray.predict.predictor import InputError, Predictor
 
 MAX_BODY_BYTES = 64 * 2**20  # 64 MiB: 4096 CIFAR images as JSON numbers take ~40 MiB
 REQUEST_FIELDS = ("inputs", "score", "ids", "probabilities")
