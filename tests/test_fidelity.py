@@ -51,6 +51,8 @@ def test_the_cifar100_fidelity_study_dry_runs_on_a_generated_copy(ray_session, t
     run = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert run.stdout.startswith("this study trains ") and "GPU-hours" in run.stdout.splitlines()[0]
+    # the base models' rows say they were not trained, not "val size nan"
+    assert "no training epochs, nothing validated" in run.stdout and "val size nan" not in run.stdout
     analysis = json.loads((out / "fidelity.json").read_text())
     assert [row["arm"] for row in analysis["table"]] == ARMS and analysis["seeds"] == [0, 1]
     evals = pd.read_parquet(out / "evals.parquet")

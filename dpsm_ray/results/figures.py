@@ -443,7 +443,7 @@ def restyle_history(ax, method: str, floor: float) -> None:
         legend.remove()
     ax.set_facecolor("white")  # Optuna draws in ggplot's grey; the report's other figures are white
     ax.set_title(f"{name_of(method)}: Optuna search")
-    ax.set_xlabel("trial (trial_index)")
+    ax.set_xlabel("trial_index (from 0: the console's and report's search trial N is N - 1 here)")
     ax.legend(handles=handles, fontsize="small")
 
 

@@ -88,7 +88,8 @@ def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[lis
     for method in trained:
         pick = picked_trial(search[search.method == method], configs[method], searched_fields(sweep, method))
         if pick is not None:
-            notes.append(f"{method_name(method)}: search trial {int(pick.trial_index)} (validation set size {pick.val_set_size:.3f}, "
+            # counted from 1, as the console counts it (trials.parquet's trial_index counts from 0)
+            notes.append(f"{method_name(method)}: search trial {int(pick.trial_index) + 1} (validation set size {pick.val_set_size:.3f}, "
                          f"coverage {pick.val_coverage:.3f})")
     if "base" in configs:
         base = configs["base"]

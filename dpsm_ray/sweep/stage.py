@@ -397,7 +397,10 @@ class LedgerCallback(tune.Callback):
         seconds = duration_text(self.wall_seconds(trial))
         ended = f"done in {seconds}" if status == "ok" else f"stopped by ASHA after {result.get('epoch', 0)}/{config.epochs} epochs, {seconds}"
         knobs = "  ".join(f"{name}={short(getattr(config, name))}" for name in stage.knobs)
-        self.say(trial, f"{ended}  val size {result.get(OBJECTIVE, float('nan')):.3f}  val cov {result.get(CONSTRAINED, float('nan')):.3f}  {knobs}",
+        size, coverage = result.get(OBJECTIVE), result.get(CONSTRAINED)
+        # a run without epochs (the base model, evaluated as it is) has no validation figures: say so, not "nan"
+        validated = f"val size {size:.3f}  val cov {coverage:.3f}" if size is not None and size == size else "no training epochs, nothing validated"
+        self.say(trial, f"{ended}  {validated}  {knobs}",
                  self.log.trial_ended())
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:

@@ -101,7 +101,7 @@ def test_the_report_holds_configurations_settings_and_versions(reported):
     assert "| parameter | CE | CUT | DPSM |" in section
     assert "| λ (conformal_weight) | — | **0.2** | **3.24** |" in section  # searched: bold; CE does not read lambda
     assert "| q_0 (q_init) | — | — | random |" in section and "| η (lr) | **0.02** | **0.03** | **0.01** |" in section
-    assert "DPSM: search trial 0" in section and "the CE base model (3 seeds)" in section
+    assert "DPSM: search trial 1" in section and "the CE base model (3 seeds)" in section
     settings = report.split("## Sweep settings")[1].split("##")[0]
     for text in ("| dataset | digits |", "| scheduler | asha (grace period 1 epochs, reduction factor 3) |", "| search | Optuna TPE, 2 trials per method |",
                  "| alpha | 0.1 |", "slack 0.02", "| search space: DPSM | conformal_weight ∈ [0.1, 4] log; lr ∈ [0.001, 0.1] log; quantile_lr", "| final seeds | 3 (seeds 0–2)"):
