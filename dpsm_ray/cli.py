@@ -178,15 +178,18 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.predict.predictor import Predictor
-    from dpsm_ray.predict.serving import check_port, serve_predictor
+    from dpsm_ray.predict.serving import check_port, serve_predictor, serve_token
 
-    try:  # a bad directory or a taken port fails here, in one line, before Ray starts
+    if args.no_token and args.token_file:
+        parser.exit(2, f"{parser.prog}: error: --no-token and --token-file exclude each other\n")
+    try:  # a bad directory, a taken port or an unusable token file fails here, in one line, before Ray starts
         Predictor.load(args.predictor, device="cpu")
         check_port(args.host, args.port)
+        token, token_file = serve_token(args.host, args.token_file, args.no_token)
     except (ValueError, OSError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     serve_predictor(Path(args.predictor).resolve(), host=args.host, port=args.port, replicas=args.replicas, device=args.device,
-                    cpus_per_replica=args.cpus_per_replica, max_batch=args.max_batch, address=args.address)
+                    cpus_per_replica=args.cpus_per_replica, max_batch=args.max_batch, address=args.address, token=token, token_file=token_file)
     return 0
 
 
@@ -295,11 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
         "process it started.",
     )
     serve.add_argument("predictor", metavar="PREDICTOR", help="a predictor directory")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; 0.0.0.0 opens it to the network)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; 0.0.0.0 opens it to the network, behind a bearer token: --token-file)")
     serve.add_argument("--port", type=port_number, default=8000, help="HTTP port (default: %(default)s)")
     serve.add_argument("--replicas", type=positive_int, default=1, help="model replicas (default: %(default)s)")
     serve.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves for each replica (default: %(default)s)")
     serve.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: the replicas share the GPU when there is one (default: %(default)s)")
+    serve.add_argument("--token-file", metavar="FILE", help="the bearer token every request but GET /health must carry: read from FILE (readable by its owner only), "
+                                                          "or generated into it; default, when --host is not a loopback address: $DPSM_RAY_CACHE/serve-token")
+    serve.add_argument("--no-token", action="store_true", help="serve beyond this machine without a token: anyone who can reach it can query the model")
     serve.add_argument("--max-batch", type=positive_int, default=4096, help="most inputs in one request; more get status 413 (default: %(default)s)")
     serve.add_argument("--address", help="a Ray cluster to run on (default: $RAY_ADDRESS, else one started on this machine with `ray start`, else a Ray instance of its own)")
     serve.set_defaults(handler=cmd_serve, parser=serve)

@@ -183,6 +183,7 @@ class Served:
     """A ``dpsm-ray serve`` command running in a session of its own, its output read by a thread."""
 
     def __init__(self, command: str, cwd: Path, port: int) -> None:
+        self.token: str | None = None  # sent as a bearer token when set
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the dpsm-ray of this environment
         self.port = port
@@ -207,8 +208,11 @@ class Served:
                 assert self.process.poll() is None, "".join(self.output)[-3000:]
         raise AssertionError(f"not serving after {SERVE_START_S}s:\n{''.join(self.output)[-3000:]}")
 
-    def request(self, path: str, body: bytes | None = None) -> tuple[int, dict]:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body, headers={"Content-Type": "application/json"})
+    def request(self, path: str, body: bytes | None = None, token: str | None = None) -> tuple[int, dict]:
+        headers = {"Content-Type": "application/json"}
+        if token or self.token:
+            headers["Authorization"] = f"Bearer {token or self.token}"
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 return response.status, json.loads(response.read())
@@ -240,14 +244,23 @@ def exported(sweep, tmp_path_factory):
 
 
 def test_serve_answers_like_predict_sets_refuses_bad_requests_and_stops_cleanly(exported, tmp_path):
+    """Served to the network (--host 0.0.0.0): every request but GET /health needs the bearer token
+    it generates into --token-file."""
     predictor = Predictor.load(exported, device="cpu")
     x = load_splits("digits", seed=0).test.source.inputs[:40]
-    port = free_port()
-    served = Served(f"dpsm-ray serve {shlex.quote(str(exported))} --port {port}", tmp_path, port)
+    port, token_file = free_port(), tmp_path / "token"
+    served = Served(f"dpsm-ray serve {shlex.quote(str(exported))} --host 0.0.0.0 --port {port} --token-file {token_file}", tmp_path, port)
     try:
         served.wait_until_serving()
-        status, health = served.request("/health")
+        status, health = served.request("/health")  # no token needed
         assert status == 200 and health["status"] == "ok" and health["run_id"] == predictor.card["run_id"] and health["input_shape"] == [1, 8, 8]
+        token = token_file.read_text().strip()
+        assert token_file.stat().st_mode & 0o077 == 0 and token not in "".join(served.output)  # never printed
+        for path, body, sent in (("/predict", json.dumps({"inputs": x[:2].tolist()}).encode(), None), ("/predict", b"{}", "wrong-token-0123456789"),
+                                 ("/nowhere", None, None)):
+            status, answer = served.request(path, body, token=sent)
+            assert status == 401 and "Authorization: Bearer TOKEN" in answer["error"], (path, status, answer)
+        served.token = token
 
         def good_request():
             status, answer = served.post({"inputs": x.tolist()})

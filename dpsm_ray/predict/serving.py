@@ -10,12 +10,25 @@
 ``0 .. n-1``) and ``probabilities`` are optional.  A bad request gets a 4xx status and
 ``{"error": "<one line>"}``; the replica goes on serving.  ``answer`` is the whole request logic,
 without Ray; ``PredictorServer`` puts it on a Serve replica.
+
+**A bearer token** guards every request but ``GET /health`` when the server listens beyond this
+machine (any ``--host`` but a loopback address), or whenever ``--token-file`` is given: requests
+carry ``Authorization: Bearer TOKEN``, others get 401 and a log line without their body.  The token
+is read from ``--token-file`` (a file only its owner may read), or generated into it -- by default
+``$DPSM_RAY_CACHE/serve-token`` -- and never printed; the replicas hold only its SHA-256.
+``--no-token`` serves without one, and says what that opens.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import ipaddress
 import json
+import logging
 import math
+import os
+import secrets
 import signal
 import socket
 import time
@@ -26,6 +39,74 @@ from dpsm_ray.predict.predictor import InputError, Predictor
 
 MAX_BODY_BYTES = 64 * 2**20  # 64 MiB: 4096 CIFAR images as JSON numbers take ~40 MiB
 REQUEST_FIELDS = ("inputs", "score", "ids", "probabilities")
+TOKEN_FILE = "serve-token"  # under the cache folder, when --token-file is not given
+MIN_TOKEN_CHARS = 16
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is an address only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve beyond this machine
+        return False
+
+
+def serve_token(host: str, token_file: str | os.PathLike | None, no_token: bool) -> tuple[str | None, Path | None]:
+    """The token requests must carry and the file it is in; (None, None) without one: on a
+    loopback host unless ``token_file`` is given, or with ``no_token``.  ValueError naming the file
+    when it cannot be used."""
+    from dpsm_ray.files import cache_home
+
+    if no_token:
+        return None, None
+    if token_file is None:
+        if is_loopback(host):
+            return None, None
+        token_file = cache_home() / TOKEN_FILE
+    path = Path(token_file).expanduser()
+    return (read_token(path) if path.exists() else new_token(path)), path
+
+
+def read_token(path: Path) -> str:
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ValueError(f"--token-file {path}: others may read it (mode {mode:o}); chmod 600 {path}, or give another file")
+    token = path.read_text(encoding="utf-8").strip()
+    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+        raise ValueError(f"--token-file {path}: holds no token (one line of at least {MIN_TOKEN_CHARS} characters without spaces)")
+    return token
+
+
+def new_token(path: Path) -> str:
+    """A random token written to ``path``, readable by its owner only, whole or not at all."""
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    handle = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(handle, (token + "\n").encode())
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+    os.replace(part, path)
+    return token
+
+
+def token_digest(token: str | None) -> str | None:
+    return None if token is None else hashlib.sha256(token.encode()).hexdigest()
+
+
+def authorized(header: str | None, digest: str | None) -> bool:
+    """Whether an ``Authorization`` header carries the token whose SHA-256 is ``digest`` (any
+    request passes without a token)."""
+    if digest is None:
+        return True
+    scheme, _, presented = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        return False
+    return hmac.compare_digest(hashlib.sha256(presented.strip().encode()).hexdigest(), digest)
 
 
 def answer(predictor: Predictor, body: bytes, max_batch: int) -> tuple[int, dict]:
@@ -84,18 +165,24 @@ def health(predictor: Predictor, max_batch: int) -> dict:
 class PredictorServer:
     """The Serve replica: one loaded predictor, routes /predict and /health."""
 
-    def __init__(self, predictor_dir: str, device: str, max_batch: int) -> None:
+    def __init__(self, predictor_dir: str, device: str, max_batch: int, token_sha256: str | None = None) -> None:
         self.predictor = Predictor.load(predictor_dir, device=device)
         self.max_batch = max_batch
+        self.token_sha256 = token_sha256
 
     async def __call__(self, request):
         from starlette.responses import JSONResponse
 
         path = request.url.path.rstrip("/")
-        if path == "/health":
-            if request.method != "GET":
-                return JSONResponse({"error": "/health takes a GET"}, status_code=405)
+        if path == "/health" and request.method == "GET":
             return JSONResponse(health(self.predictor, self.max_batch))
+        if not authorized(request.headers.get("authorization"), self.token_sha256):
+            client = request.client.host if request.client else "?"
+            logging.getLogger("dpsm_ray.serve").warning("refused %s %s from %s: no valid bearer token", request.method, path or "/", client)
+            return JSONResponse({"error": "this endpoint needs the header 'Authorization: Bearer TOKEN', the token in the file dpsm-ray serve "
+                                          "named when it started"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if path == "/health":
+            return JSONResponse({"error": "/health takes a GET"}, status_code=405)
         if path != "/predict":
             return JSONResponse({"error": f"no route {path or '/'}: POST /predict or GET /health"}, status_code=404)
         if request.method != "POST":
@@ -120,11 +207,10 @@ def check_port(host: str, port: int) -> None:
 
 
 def serve_predictor(path: Path, *, host: str, port: int, replicas: int, device: str, cpus_per_replica: float, max_batch: int,
-                    address: str | None = None, log=None) -> None:
+                    address: str | None = None, token: str | None = None, token_file: Path | None = None, log=None) -> None:
     """Serve the predictor in ``path`` until Ctrl-C or SIGTERM, then shut Serve and Ray down
-    (``check_port`` first, for a one-line error)."""
-    import logging
-
+    (``check_port`` and ``serve_token`` first, for a one-line error).  With ``token``, every
+    request but GET /health must carry it."""
     import torch
 
     import ray
@@ -145,9 +231,13 @@ def serve_predictor(path: Path, *, host: str, port: int, replicas: int, device: 
         serve.start(http_options={"host": host, "port": port})
         resources = {"num_cpus": cpus_per_replica, "num_gpus": 1 / replicas if device == "cuda" else 0}  # the replicas share one GPU
         deployment = serve.deployment(PredictorServer, name="predictor", num_replicas=replicas, ray_actor_options=resources)
-        serve.run(deployment.bind(str(path), device, max_batch), name="dpsm-ray", route_prefix="/")
+        serve.run(deployment.bind(str(path), device, max_batch, token_digest(token)), name="dpsm-ray", route_prefix="/")
         log(f"serving {path} on {replicas} replica{'s' if replicas > 1 else ''} ({device}): POST http://{host}:{port}/predict, "
             f"GET http://{host}:{port}/health; Ctrl-C stops")
+        if token is not None:
+            log(f"requests but GET /health need the header 'Authorization: Bearer TOKEN', the token in {token_file}")
+        elif not is_loopback(host):
+            log(f"warning: no token (--no-token): anyone who can reach {host}:{port} can query the model and occupy its replicas")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
