@@ -165,7 +165,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         predictor = Predictor.load(args.predictor, device=args.device)
         source = open_inputs(args.input, predictor.input_spec)
         predictor.threshold(args.score)  # an uncalibrated predictor fails before any input is read
-        rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size)
+        rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size, non_empty=args.non_empty)
     except ValueError as error:  # PredictorError, InputError, InputFileError
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     if source.skipped:
@@ -286,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--out", required=True, metavar="FILE", help="the Parquet file to write, e.g. sets.parquet")
     predict.add_argument("--score", default="hps", choices=("hps", "aps", "raps"), help="non-conformity score (default: %(default)s)")
     predict.add_argument("--probabilities", action="store_true", help="add each input's softmax row (list<double>)")
+    predict.add_argument("--non-empty", action="store_true", help="put the top class into every empty set (conservative: coverage only rises; docs/predictor.md)")
     predict.add_argument("--batch-size", type=positive_int, default=512, help="inputs per forward pass (default: %(default)s)")
     predict.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
     predict.set_defaults(handler=cmd_predict, parser=predict)

@@ -48,7 +48,23 @@ def test_npy_rows_are_the_predictor_s_sets_with_names_and_metadata(digits_predic
     assert [r["set"] for r in rows] == expected.lists and [r["set_size"] for r in rows] == [len(s) for s in expected.lists]
     assert [r["set_names"] for r in rows] == [[str(k) for k in s] for s in expected.lists]
     assert [r["top1"] for r in rows] == probs.argmax(1).tolist() and [r["top1_name"] for r in rows] == [str(k) for k in probs.argmax(1).tolist()]
-    assert read_metadata(tmp_path / "sets.parquet") == {"run_id": None, "score": "hps", "alpha": 0.1, "threshold": predictor.thresholds["hps"]}
+    assert read_metadata(tmp_path / "sets.parquet") == {"run_id": None, "score": "hps", "alpha": 0.1, "threshold": predictor.thresholds["hps"], "non_empty": False}
+
+
+def test_non_empty_fills_only_the_empty_sets_with_the_top_class(digits_predictor, tmp_path):
+    _, predictor, x = digits_predictor
+    data = load_splits("digits", seed=0)
+    # at alpha 0.8 the untrained model's HPS threshold leaves some sets empty
+    predictor = predictor.recalibrate(data.cal.source.inputs[data.cal.ids], data.cal.labels, alpha=0.8, example_ids=data.cal.ids)
+    directory = predictor.save(tmp_path / "predictor")
+    numpy.save(tmp_path / "x.npy", x.numpy())
+    plain = predictor.predict_sets(x)
+    assert any(not s for s in plain.lists) and any(s for s in plain.lists)
+    assert predict(directory, "--input", tmp_path / "x.npy", "--out", tmp_path / "sets.parquet", "--non-empty") == 0
+    rows = pq.read_table(tmp_path / "sets.parquet").to_pylist()
+    top1 = predictor.predict_proba(x).argmax(1).tolist()
+    assert [r["set"] for r in rows] == [s if s else [top] for s, top in zip(plain.lists, top1)] and all(r["set_size"] >= 1 for r in rows)
+    assert read_metadata(tmp_path / "sets.parquet")["non_empty"] is True
 
 
 def test_npz_ids_draw_the_aps_uniforms_and_large_inputs_show_progress(digits_predictor, tmp_path, capsys):

@@ -66,6 +66,26 @@ def test_hps_threshold_and_sets_are_split_conformal_by_hand():
     assert lists == [[0, 1]] and mask.tolist() == [[True, True, False]]
 
 
+def test_non_empty_sets_add_the_top_class_to_empty_sets_only_by_hand():
+    # the HPS threshold 0.8 of the test above: 1 - p <= 0.8 needs p >= 0.2
+    p_true = torch.arange(9, 0, -1, dtype=torch.float64) / 10
+    labels = torch.arange(9) % 3
+    probs = torch.zeros(9, 3, dtype=torch.float64)
+    probs[torch.arange(9), labels] = p_true
+    probs[torch.arange(9), (labels + 1) % 3] = 1 - p_true
+    predictor = toy_predictor(0.2).calibrated(probs, labels, 0.2, data="nine points")
+    new = torch.tensor([[0.19, 0.18, 0.63], [0.15, 0.05, 0.80], [0.40, 0.35, 0.25]], dtype=torch.float64)
+    # 1 - p <= 0.8: only 0.63 in the first, only 0.80 in the second, all three in the third
+    assert predictor.sets_from_proba(new, "hps").lists == [[2], [2], [0, 1, 2]]
+    sparse = torch.tensor([[0.19, 0.18, 0.17]], dtype=torch.float64)  # every p < 0.2 (a model output need not sum to 1 here)
+    plain = predictor.sets_from_proba(sparse, "hps")
+    assert plain.lists == [[]] and not plain.mask.any()  # empty: no class within the threshold
+    filled = predictor.sets_from_proba(sparse, "hps", non_empty=True)
+    assert filled.lists == [[0]] and filled.mask.tolist() == [[True, False, False]]  # the top class alone
+    both = torch.cat([new, sparse])
+    assert predictor.sets_from_proba(both, "hps", non_empty=True).lists == [[2], [2], [0, 1, 2], [0]]  # non-empty sets unchanged
+
+
 def test_aps_sets_use_each_input_s_own_uniform_by_hand():
     predictor = toy_predictor(0.2)
     probs = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)

@@ -8,7 +8,8 @@
     top1_name     string         (predictors whose classes have names)
     probabilities list<double>   the softmax row (--probabilities)
 
-The file's schema metadata (``dpsm_ray``) records the predictor's run_id, the score, alpha and q.
+The file's schema metadata (``dpsm_ray``) records the predictor's run_id, the score, alpha, q and
+whether empty sets were given the top class (``non_empty``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dpsm_ray.predict.predictor import Predictor
 PROGRESS_BATCHES = 10
 
 
-def predict_rows(predictor: Predictor, source: InputSource, *, score: str, probabilities: bool, batch_size: int) -> dict[str, list]:
+def predict_rows(predictor: Predictor, source: InputSource, *, score: str, probabilities: bool, batch_size: int, non_empty: bool = False) -> dict[str, list]:
     """The output columns for every input of ``source``, computed chunk by chunk."""
     from tqdm import tqdm
 
@@ -42,7 +43,7 @@ def predict_rows(predictor: Predictor, source: InputSource, *, score: str, proba
     for chunk in source.batches(batch_size):
         probs = predictor.predict_proba(chunk, batch_size=batch_size)
         ids = torch.from_numpy(source.example_ids[start : start + len(chunk)])
-        sets = predictor.sets_from_proba(probs, score, example_ids=ids)
+        sets = predictor.sets_from_proba(probs, score, example_ids=ids, non_empty=non_empty)
         top1 = probs.argmax(dim=1).tolist()
         columns["set"] += sets.lists
         columns["set_size"] += [len(classes) for classes in sets.lists]
@@ -59,18 +60,18 @@ def predict_rows(predictor: Predictor, source: InputSource, *, score: str, proba
 
 
 def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike, *, score: str = "hps", probabilities: bool = False,
-               batch_size: int = 512) -> dict[str, list]:
+               batch_size: int = 512, non_empty: bool = False) -> dict[str, list]:
     """Predict every input of ``source`` and write the rows to the Parquet file ``out``
     (atomically); returns the columns."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = predict_rows(predictor, source, score=score, probabilities=probabilities, batch_size=batch_size)
+    columns = predict_rows(predictor, source, score=score, probabilities=probabilities, batch_size=batch_size, non_empty=non_empty)
     id_type = pa.string() if any(isinstance(i, str) for i in columns["input_id"]) else pa.int64()
     types = {"input_id": id_type, "set": pa.list_(pa.int32()), "set_names": pa.list_(pa.string()), "set_size": pa.int32(), "top1": pa.int32(),
              "top1_name": pa.string(), "probabilities": pa.list_(pa.float64())}
     order = [name for name in ("input_id", "set", "set_names", "set_size", "top1", "top1_name", "probabilities") if name in columns]
-    metadata = {"run_id": predictor.card["run_id"], "score": score, "alpha": predictor.alpha, "threshold": predictor.threshold(score)}
+    metadata = {"run_id": predictor.card["run_id"], "score": score, "alpha": predictor.alpha, "threshold": predictor.threshold(score), "non_empty": non_empty}
     schema = pa.schema([(name, types[name]) for name in order], metadata={"dpsm_ray": json.dumps(metadata)})
     if id_type == pa.string():
         columns["input_id"] = [str(i) for i in columns["input_id"]]

@@ -239,15 +239,24 @@ class Predictor:
                 return self.model(x).float().cpu()
         return self.model(x).float().cpu()
 
-    def predict_sets(self, x, score: str = "hps", *, example_ids=None, batch_size: int = PREDICT_BATCH) -> PredictionSets:
+    def predict_sets(self, x, score: str = "hps", *, example_ids=None, batch_size: int = PREDICT_BATCH, non_empty: bool = False) -> PredictionSets:
         """The prediction set of each raw input: a boolean ``[n, K]`` mask and the lists of its
         classes.  ``example_ids`` (default ``0 .. n-1``) draw the APS/RAPS uniforms: pass stable
-        ids (e.g. dataset indices) for sets that do not depend on an input's position."""
-        return self.sets_from_proba(self.predict_proba(x, batch_size=batch_size), score, example_ids=example_ids)
+        ids (e.g. dataset indices) for sets that do not depend on an input's position.
 
-    def sets_from_proba(self, probs: torch.Tensor, score: str = "hps", *, example_ids=None) -> PredictionSets:
+        A set may be empty: no class scores within the threshold, which split conformal allows (an
+        input unlike the calibration data; at alpha 0.1 an accurate model leaves some sets empty,
+        and those count as misses in the guaranteed coverage).  ``non_empty=True`` puts the top
+        class into every empty set: the sets only grow, so coverage stays at least 1 - alpha
+        (conservative), at the price of sets a little larger than the guarantee needs."""
+        return self.sets_from_proba(self.predict_proba(x, batch_size=batch_size), score, example_ids=example_ids, non_empty=non_empty)
+
+    def sets_from_proba(self, probs: torch.Tensor, score: str = "hps", *, example_ids=None, non_empty: bool = False) -> PredictionSets:
         """``predict_sets`` from probabilities already computed with ``predict_proba``."""
         mask = prediction_sets(self.score_matrix(probs, score, example_ids), self.threshold(score))
+        if non_empty:
+            empty = ~mask.any(dim=1)
+            mask[empty, probs[empty].argmax(dim=1)] = True
         return PredictionSets(mask, mask_lists(mask))
 
     def threshold(self, score: str) -> float:

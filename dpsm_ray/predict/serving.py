@@ -1,13 +1,14 @@
 """``dpsm-ray serve``: a predictor behind a JSON endpoint on Ray Serve (docs/predictor.md).
 
-    POST /predict  {"inputs": [[...], ...], "score": "hps", "ids": [...], "probabilities": false}
+    POST /predict  {"inputs": [[...], ...], "score": "hps", "ids": [...], "probabilities": false, "non_empty": false}
                 -> {"sets": [[3], [1, 7]], "set_size": [1, 2], "top1": [3, 7], "set_names": ..., "top1_name": ...,
                     "score": "hps", "alpha": 0.1, "threshold": 0.83}
     GET  /health   {"status": "ok", "run_id": ..., "classes": K, "input_shape": [...], "thresholds": {...}, ...}
 
 ``inputs`` are raw inputs as ``Predictor.predict_sets`` takes them (``[n, *shape]`` or
 ``[n, features]``); ``score``, ``ids`` (integers drawing the APS/RAPS uniforms, default
-``0 .. n-1``) and ``probabilities`` are optional.  A bad request gets a 4xx status and
+``0 .. n-1``), ``probabilities`` and ``non_empty`` (the top class in every empty set:
+``Predictor.predict_sets``) are optional.  A bad request gets a 4xx status and
 ``{"error": "<one line>"}``; the replica goes on serving.  ``answer`` is the whole request logic,
 without Ray; ``PredictorServer`` puts it on a Serve replica.
 
@@ -38,7 +39,7 @@ from dpsm_ray.conformal import SCORE_KINDS
 from dpsm_ray.predict.predictor import InputError, Predictor
 
 MAX_BODY_BYTES = 64 * 2**20  # 64 MiB: 4096 CIFAR images as JSON numbers take ~40 MiB
-REQUEST_FIELDS = ("inputs", "score", "ids", "probabilities")
+REQUEST_FIELDS = ("inputs", "score", "ids", "probabilities", "non_empty")
 TOKEN_FILE = "serve-token"  # under the cache folder, when --token-file is not given
 MIN_TOKEN_CHARS = 16
 
@@ -131,15 +132,16 @@ def answer(predictor: Predictor, body: bytes, max_batch: int) -> tuple[int, dict
         return 413, {"error": f"{len(inputs)} inputs in one request; at most {max_batch} (dpsm-ray serve --max-batch)"}
     if score not in SCORE_KINDS:
         return 400, {"error": f"\"score\" must be one of {', '.join(SCORE_KINDS)}; got {score!r}"}
-    if not isinstance(request.get("probabilities", False), bool):
-        return 400, {"error": "\"probabilities\" must be true or false"}
+    for flag in ("probabilities", "non_empty"):
+        if not isinstance(request.get(flag, False), bool):
+            return 400, {"error": f"\"{flag}\" must be true or false"}
     try:
         array = np.asarray(inputs)
     except ValueError:  # numpy refuses ragged nesting
         return 400, {"error": f"\"inputs\" must be a rectangular array of numbers, shape [n, {', '.join(map(str, predictor.input_spec.shape))}]"}
     try:
         probs = predictor.predict_proba(array)
-        sets = predictor.sets_from_proba(probs, score, example_ids=request.get("ids"))
+        sets = predictor.sets_from_proba(probs, score, example_ids=request.get("ids"), non_empty=request.get("non_empty", False))
     except InputError as error:
         return 400, {"error": str(error)}
     q = predictor.threshold(score)

@@ -1,5 +1,6 @@
-"""dpsm-ray serve's bearer token without Ray (the served endpoint itself: tests/test_predictor_sweep.py):
-when one is needed, where it comes from, what a request must carry."""
+"""dpsm-ray serve without Ray (the served endpoint itself: tests/test_predictor_sweep.py): the bearer
+token -- when one is needed, where it comes from, what a request must carry -- and the request
+logic's non_empty."""
 
 import hashlib
 import os
@@ -7,7 +8,7 @@ import stat
 
 import pytest
 
-from dpsm_ray.predict.serving import authorized, is_loopback, serve_token, token_digest
+from dpsm_ray.predict.serving import answer, authorized, is_loopback, serve_token, token_digest
 
 
 def test_a_token_is_needed_beyond_this_machine_or_when_a_file_is_given(tmp_path, monkeypatch):
@@ -46,3 +47,27 @@ def test_a_request_passes_with_the_token_only():
     for header in (None, "", "Bearer", "Bearer wrong", "Basic s3cret-token-0123456789", "s3cret-token-0123456789"):
         assert not authorized(header, digest), header
     assert authorized(None, None)  # no token: every request passes
+
+
+def test_a_request_may_ask_for_non_empty_sets():
+    import json
+
+    import torch
+
+    from dpsm_ray.data import load_splits
+    from dpsm_ray.models import build_model
+    from dpsm_ray.predict.predictor import Predictor
+
+    data = load_splits("digits", seed=0)
+    torch.manual_seed(0)
+    model = build_model("mlp", 10, input_shape=data.input_shape)
+    predictor = Predictor.create(model, architecture="mlp", input_spec=data.input_spec, num_classes=10, alpha=0.8, device="cpu")
+    predictor = predictor.recalibrate(data.cal.source.inputs[data.cal.ids], data.cal.labels, example_ids=data.cal.ids)
+    x = data.test.source.inputs[data.test.ids][:50]
+    status, plain = answer(predictor, json.dumps({"inputs": x.tolist()}).encode(), 100)
+    assert status == 200 and [] in plain["sets"]  # alpha 0.8: some sets empty
+    status, filled = answer(predictor, json.dumps({"inputs": x.tolist(), "non_empty": True}).encode(), 100)
+    assert status == 200 and filled["sets"] == [s or [top] for s, top in zip(plain["sets"], plain["top1"])]
+    assert filled["sets"] == predictor.predict_sets(x, non_empty=True).lists
+    status, error = answer(predictor, json.dumps({"inputs": x.tolist(), "non_empty": "yes"}).encode(), 100)
+    assert status == 400 and error["error"] == '"non_empty" must be true or false'
