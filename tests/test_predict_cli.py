@@ -111,7 +111,7 @@ def test_a_folder_of_images_is_read_as_the_predictor_says_and_other_files_are_sk
 
 
 @pytest.mark.parametrize("make,message", [
-    (lambda p: numpy.save(p / "x.npy", numpy.zeros((4, 8, 8))), r"inputs must have shape \[n, 1, 8, 8\] \(or \[n, 64\] flattened\); got \[4, 8, 8\]"),
+    (lambda p: numpy.save(p / "x.npy", numpy.zeros((4, 8, 7))), r"inputs must have shape \[n, 1, 8, 8\] \(or \[n, 8, 8\], or \[n, 64\] flattened\); got \[4, 8, 7\]"),
     (lambda p: numpy.save(p / "x.npy", numpy.array([{"a": 1}], dtype=object), allow_pickle=True), "x.npy cannot be read as a numpy array"),
     (lambda p: numpy.savez(p / "x.npz", a=numpy.zeros((2, 64)), b=numpy.zeros((2, 64))), "an .npz must hold the inputs as 'x'"),
     (lambda p: pq.write_table(pa.table({"f": [1.0]}), p / "x.parquet"), "the predictor takes 64 features .* the table has 1 columns"),

@@ -163,6 +163,9 @@ def test_flat_numpy_features_give_the_same_sets_and_an_input_s_set_does_not_depe
     whole = predictor.predict_sets(raw["test"], "aps", example_ids=ids)
     flat = predictor.predict_sets(raw["test"].reshape(-1, 64).numpy(), "aps", example_ids=ids)
     assert torch.equal(whole.mask, flat.mask) and whole.lists == flat.lists
+    # greyscale images without their channel axis, as scikit-learn's load_digits().images: [n, 8, 8]
+    images = predictor.predict_sets(raw["test"].reshape(-1, 8, 8).numpy(), "aps", example_ids=ids)
+    assert torch.equal(whole.mask, images.mask)
     assert whole.lists == [row.nonzero().flatten().tolist() for row in whole.mask]
     # chunks of 7 give the same probabilities as one forward of each chunk on its own: the uniforms
     # come from the ids, not from positions within a chunk
@@ -208,7 +211,7 @@ def test_bad_inputs_and_labels_are_named_in_one_line(trained, digits):
     data, raw = digits
     predictor = Predictor.load(trained / "predictor")
     cases = [
-        (torch.zeros(3, 8, 8), r"inputs must have shape \[n, 1, 8, 8\] \(or \[n, 64\] flattened\); got \[3, 8, 8\]"),
+        (torch.zeros(3, 8, 7), r"inputs must have shape \[n, 1, 8, 8\] \(or \[n, 8, 8\], or \[n, 64\] flattened\); got \[3, 8, 7\]"),
         (torch.zeros(3, 3, 8, 8), r"got \[3, 3, 8, 8\]: 3 channels where the model takes 1"),
         ([["a", "b"]], "inputs must be numbers"),
         (torch.zeros(2, 64, dtype=torch.bool), "inputs must be numbers .*; got bool"),

@@ -273,7 +273,7 @@ def test_serve_answers_like_predict_sets_refuses_bad_requests_and_stops_cleanly(
         assert status == 200 and answer["sets"] == predictor.predict_sets(x, "aps", example_ids=ids).lists
         assert answer["set_names"] == [[str(k) for k in s] for s in answer["sets"]] and len(answer["probabilities"][0]) == 10
         bad = [
-            (json.dumps({"inputs": [[1.0, 2.0, 3.0]]}).encode(), 400, "inputs must have shape [n, 1, 8, 8] (or [n, 64] flattened); got [1, 3]"),
+            (json.dumps({"inputs": [[1.0, 2.0, 3.0]]}).encode(), 400, "inputs must have shape [n, 1, 8, 8] (or [n, 8, 8], or [n, 64] flattened); got [1, 3]"),
             (json.dumps({"inputs": [["a"] * 64]}).encode(), 400, "inputs must be numbers"),
             (json.dumps({"inputs": [[True] * 64]}).encode(), 400, "inputs must be numbers (integers or floats); got bool"),
             (json.dumps({"inputs": []}).encode(), 400, "empty batch"),

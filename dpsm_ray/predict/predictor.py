@@ -192,12 +192,17 @@ class Predictor:
 
     def check_inputs(self, x) -> torch.Tensor:
         """``x`` as a CPU tensor ``[n, *shape]`` of its own real dtype; ``InputError`` naming the
-        expected shape otherwise (a flat ``[n, features]`` is reshaped)."""
+        expected shape otherwise (a flat ``[n, features]`` is reshaped, and greyscale images
+        ``[n, H, W]`` get their one channel)."""
         shape = self.input_spec.shape
-        expected = f"[n, {', '.join(map(str, shape))}]" + (f" (or [n, {self.input_spec.features}] flattened)" if len(shape) > 1 else "")
+        greyscale = len(shape) == 3 and shape[0] == 1
+        others = ([f"[n, {shape[1]}, {shape[2]}]"] if greyscale else []) + ([f"[n, {self.input_spec.features}] flattened"] if len(shape) > 1 else [])
+        expected = f"[n, {', '.join(map(str, shape))}]" + (f" (or {', or '.join(others)})" if others else "")
         tensor = as_number_tensor(x, "inputs")
         if tensor.ndim >= 1 and tuple(tensor.shape[1:]) == shape:
             pass
+        elif greyscale and tensor.ndim == 3 and tuple(tensor.shape[1:]) == shape[1:]:
+            tensor = tensor.unsqueeze(1)  # e.g. scikit-learn's load_digits().images, [n, 8, 8]
         elif tensor.ndim == 2 and tensor.shape[1] == self.input_spec.features:
             tensor = tensor.reshape(-1, *shape)
         else:
