@@ -301,24 +301,29 @@ def test_the_readme_s_use_the_result_commands_run_verbatim(sweep, tmp_path):
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Use the result"):]
     section = section[: section.index("\n## ", 1)]
-    commands = [line.strip() for line in section.splitlines() if line.startswith("    dpsm-ray ")]
-    assert [c.split()[1] for c in commands] == ["export", "predict", "serve"]
+    commands = [line.strip() for line in section.splitlines() if line.startswith(("    dpsm-ray ", "    python -c "))]
+    assert [c.split()[1] for c in commands] == ["-c", "export", "predict", "serve"]
     shutil.copytree(results, tmp_path / "results" / "digits", ignore=shutil.ignore_patterns(".lock"))
-    from sklearn.datasets import load_digits
-
-    numpy.save(tmp_path / "digits.npy", load_digits().data[:10])
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    for command in commands[:2]:
+    for command in commands[:3]:
         result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, f"{command}:\n{result.stderr[-3000:]}"
+    from sklearn.datasets import load_digits
+
+    assert numpy.array_equal(numpy.load(tmp_path / "digits.npy"), load_digits().data[:10])
     sets = pd.read_parquet(tmp_path / "sets.parquet")
     predictor = Predictor.load(tmp_path / "predictors" / "dpsm", device="cpu")
     assert sets.set.map(list).tolist() == predictor.predict_sets(numpy.load(tmp_path / "digits.npy")).lists
     assert list(sets.columns) == ["input_id", "set", "set_names", "set_size", "top1", "top1_name"]
+    # the section's Python block, as written
+    block = section[section.index("```python\n") + len("```python\n") : section.index("```", section.index("```python\n") + 3)]
+    result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert Predictor.load(tmp_path / "predictors" / "dpsm-mine", device="cpu").alpha == 0.05
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", 8000)) != 0, "port 8000, which the README's serve command uses, is taken on this machine"
-    served = Served(commands[2], tmp_path, 8000)
+    served = Served(commands[3], tmp_path, 8000)
     try:
         served.wait_until_serving()
         status, answer = served.post({"inputs": numpy.load(tmp_path / "digits.npy").tolist()})
