@@ -5,9 +5,12 @@ shown once in a while instead of one line each.
     [0:00:41] base model: epoch 14/30  val size 1.21  (9s per epoch, about 2m24s left)
     [0:03:05] search-ce 2/4  done in 31s  val size 1.230  val cov 0.905  lr=0.0123  | trial 2/20, about 9m10s left
 
-The estimate is the trials left times the time per trial ended so far in this run (wall time
-since the first trial of this run started, over the trials that ended since): it counts the
-start-up of each trial and the work between stages, and gets better as trials end.
+The estimate is the trials left times the time between trial ends in this run: the wall time from
+the first trial that ended to the latest, over the trials that ended after the first.  That counts
+concurrency (trials ending side by side), the work between stages and each trial's own start-up,
+but not the first trial's wait for Ray, the data and the base model, which made an estimate from
+the first trial alone several times too long; so the first trial's line has no estimate.  It does
+not count the end of the sweep (the predictors, the report: tens of seconds).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Progress:
         self.done = 0  # trials ended, in this run or (resumed) before it
         self.ended_now = 0  # trials ended in this run
         self.first_launch: float | None = None  # when this run's first trial started
+        self.first_end: float | None = None  # when this run's first trial ended
         self._last_epoch_line = -float("inf")
 
     def __call__(self, line: str) -> None:
@@ -75,13 +79,15 @@ class Progress:
         """Count one ended trial; the counter and estimate to append to its line."""
         self.done += 1
         self.ended_now += 1
+        if self.first_end is None:
+            self.first_end = self.clock()
         left = self.left_seconds()
         return f"trial {self.done}/{self.total}" + (f", about {duration_text(left)} left" if left is not None and self.done < self.total else "")
 
     def left_seconds(self) -> float | None:
-        if not self.ended_now or self.first_launch is None:
+        if self.ended_now < 2 or self.first_end is None:
             return None
-        per_trial = (self.clock() - self.first_launch) / self.ended_now
+        per_trial = (self.clock() - self.first_end) / (self.ended_now - 1)
         return max(0, self.total - self.done) * per_trial
 
     # -- the base model's epochs ----------------------------------------------------------------

@@ -31,19 +31,21 @@ def test_every_line_carries_the_time_since_the_sweep_started():
     assert lines == ["[0:00:00] search-ce: 4 trials", "[0:01:15] final: 2 methods"]
 
 
-def test_the_counter_spans_the_stages_and_the_estimate_is_trials_left_times_time_per_trial():
+def test_the_counter_spans_the_stages_and_the_estimate_is_trials_left_times_the_time_between_trial_ends():
     log, _, clock = progress()
     log.plan(10)
     log.already_ended(2)  # a resumed sweep: two trials ended in an earlier run
     clock.now += 5
     log.launched()  # this run's first trial starts 5 s in
-    clock.now += 30
-    assert log.trial_ended() == "trial 3/10, about 3m30s left"  # 7 left x 30 s
-    clock.now += 10
-    assert log.trial_ended() == "trial 4/10, about 2m00s left"  # 6 left x (40 s / 2)
+    clock.now += 30  # the first trial took 30 s, most of it waiting for Ray, the data and the base model
+    assert log.trial_ended() == "trial 3/10"  # no estimate from the first trial alone
+    clock.now += 4
+    assert log.trial_ended() == "trial 4/10, about 24s left"  # 6 left x 4 s between ends (not 6 x 17 s)
+    clock.now += 0
+    assert log.trial_ended() == "trial 5/10, about 10s left"  # two trials side by side: 5 left x (4 s / 2)
     log.replan(planned=4, actual=3)  # a method whose every search trial failed: one final trial fewer
     assert log.total == 9
-    for _ in range(4):
+    for _ in range(3):
         log.trial_ended()
     assert log.trial_ended() == "trial 9/9"  # nothing left: no estimate
 
