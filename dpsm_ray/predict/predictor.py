@@ -294,7 +294,11 @@ class Predictor:
         ceil((n + 1)(1 - alpha))-th smallest calibration score.  Alpha outside (0, 1) raises the
         conformal core's ValueError; with fewer than 1/alpha - 1 points q is infinite, as there
         (every set holds every class), and a warning says so.  ``data`` describes the calibration
-        data in the card."""
+        data in the card.
+
+        The guarantee needs points the model never trained on, exchangeable with the inputs to come:
+        on training points the model is more confident than on new ones, q comes out too small and
+        coverage falls short (measured on digits: 0.944 at a 0.95 target)."""
         labels = check_labels(y_cal, self.num_classes)
         probs = self.predict_proba(x_cal)
         if len(labels) != len(probs):
