@@ -441,22 +441,46 @@ def restyle_history(ax, method: str, floor: float) -> None:
         ax.get_legend().remove()
     for legend in list(ax.figure.legends):
         legend.remove()
-    ax.set_facecolor("white")  # Optuna draws in ggplot's grey; the report's other figures are white
+    for drawn in ax.lines:  # the best value so far holds until a better trial: a step, not a slope
+        drawn.set_drawstyle("steps-post")
+    plain_axes(ax)
     ax.set_title(f"{name_of(method)}: Optuna search")
     ax.set_xlabel("trial_index (from 0: the console's and report's search trial N is N - 1 here)")
     ax.legend(handles=handles, fontsize="small")
 
 
-def restyle_importances(ax, method: str) -> None:
-    from matplotlib.patches import Patch
+def plain_axes(ax, integer_x: bool = True) -> None:
+    """Optuna's plots drawn like the report's others: white, a black frame and black text, whole
+    trial numbers, and no marker on the frame."""
+    from matplotlib.ticker import MaxNLocator
 
+    ax.set_facecolor("white")  # Optuna draws in ggplot's grey
+    for spine in ax.spines.values():
+        spine.set_visible(True)
+        spine.set_color("black")
+    ax.tick_params(colors="black")
+    for text in (ax.title, ax.xaxis.label, ax.yaxis.label):
+        text.set_color("black")
+    ax.grid(True, color="#e5e5e5", linewidth=0.6)
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.margins(x=0.06, y=0.1)
+
+
+def restyle_importances(ax, method: str) -> None:
     for bar in ax.patches:
         bar.set_facecolor(method_style(method).color)
-    ax.set_facecolor("white")
+    plain_axes(ax, integer_x=False)
+    for text in ax.texts:  # Optuna's value labels sit on the bars' ends: a little gap, in black
+        text.set_color("black")
+        x, y = text.get_position()
+        text.set_position((x + 0.01, y))
+    ax.set_xlim(0, max(1.0, ax.get_xlim()[1]) * 1.08)
     ax.set_title(f"{name_of(method)}: parameter importance", loc="left")
     ax.set_xlabel("importance for the validation set size (normalised)")
     ax.set_ylabel("searched parameter")
-    ax.legend(handles=[Patch(facecolor=method_style(method).color, label=name_of(method))], fontsize="small", loc="best")
+    if ax.get_legend() is not None:  # one method: a legend of one entry says nothing the title does not
+        ax.get_legend().remove()
 
 
 def save(fig, out: Path, name: str) -> None:
