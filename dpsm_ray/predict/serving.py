@@ -246,8 +246,31 @@ def serve_predictor(path: Path, *, host: str, port: int, replicas: int, device: 
         log("stopping")
     finally:
         if ray.is_initialized():
-            serve.shutdown()
-            ray.shutdown()
+            with silenced_output():  # Serve's teardown makes Ray report the controller it kills as a failed task
+                serve.shutdown()
+                ray.shutdown()
+
+
+class silenced_output:
+    """This process's stdout and stderr (the file descriptors: Ray's log monitor writes to them from
+    its own thread) sent to /dev/null inside the block, and restored after it."""
+
+    def __enter__(self):
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = [os.dup(fd) for fd in (1, 2)]
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
 
 
 def _interrupt(signum, frame) -> None:
