@@ -112,6 +112,24 @@ def test_a_render_is_a_centred_white_glyph_on_black_and_the_jitter_moves_it():
     assert not np.array_equal(fonts.render(path, "H", point_size=40, angle=10), plain)
 
 
+@needs_fonts
+def test_each_render_is_its_jittered_glyph_dimmed_and_noised_by_the_seeded_generator():
+    path = fonts.find_faces()[("DejaVu Sans", "Book")]
+    images = fonts.render_face(path, "AB", 2, np.random.default_rng(7))
+    replay = np.random.default_rng(7)  # the same draws, in the order the docstring gives them
+    for index, character in enumerate("AABB"):
+        jitter = dict(point_size=int(replay.choice(fonts.POINT_SIZES)), angle=float(replay.uniform(-fonts.ROTATION, fonts.ROTATION)),
+                      shift=(int(replay.integers(-fonts.SHIFT, fonts.SHIFT + 1)), int(replay.integers(-fonts.SHIFT, fonts.SHIFT + 1))),
+                      stroke=int(replay.choice(fonts.STROKES)))
+        glyph = fonts.render(path, character, **jitter)
+        ink = replay.uniform(*fonts.CONTRAST)
+        expected = np.clip(np.rint(glyph * ink + replay.normal(0.0, fonts.NOISE, size=glyph.shape)), 0, 255).astype(np.uint8)
+        assert np.array_equal(images[index], expected)
+        # the black background now holds the noise: max(0, N(0, 50)), mean 50 / sqrt(2 pi) = 19.9, zero half the time
+        background = images[index][glyph == 0].astype(float)
+        assert abs(background.mean() - fonts.NOISE / np.sqrt(2 * np.pi)) < 4 and 0.4 < (background == 0).mean() < 0.6
+
+
 def test_missing_fonts_are_named_with_the_packages_that_install_them(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"dataset fonts: 128 of its 128 font faces are not under .*apt-get install fonts-dejavu-core"):
         check_data_present("fonts", data_root=str(tmp_path))
