@@ -27,7 +27,7 @@ def ray_session(pytestconfig):
 # training steps, method cards, search spaces, the predictor and the watchdog -- no Ray, about 25 s
 # on 2 cores
 QUICK = ("conformal/", "objectives/", "models/", "data/", "train/test_config.py", "train/test_step.py", "test_methods.py",
-         "sweep/test_space.py", "test_predictor.py", "test_timing.py", "test_reaper.py")
+         "sweep/test_space.py", "test_predictor.py", "test_serving.py", "test_timing.py", "test_reaper.py")
 
 
 def under_tests(path) -> str:
