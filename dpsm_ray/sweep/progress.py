@@ -48,7 +48,6 @@ class Progress:
         self.total = 0  # trials in the whole sweep (the stages not built yet as planned)
         self.done = 0  # trials ended, in this run or (resumed) before it
         self.ended_now = 0  # trials ended in this run
-        self.first_launch: float | None = None  # when this run's first trial started
         self.first_end: float | None = None  # when this run's first trial ended
         self._last_epoch_line = -float("inf")
 
@@ -70,10 +69,6 @@ class Progress:
     def already_ended(self, count: int) -> None:
         """``count`` trials that a resumed sweep finds ended."""
         self.done += count
-
-    def launched(self, when: float | None = None) -> None:
-        if self.first_launch is None:
-            self.first_launch = self.clock() if when is None else when
 
     def trial_ended(self) -> str:
         """Count one ended trial; the counter and estimate to append to its line."""

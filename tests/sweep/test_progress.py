@@ -35,9 +35,7 @@ def test_the_counter_spans_the_stages_and_the_estimate_is_trials_left_times_the_
     log, _, clock = progress()
     log.plan(10)
     log.already_ended(2)  # a resumed sweep: two trials ended in an earlier run
-    clock.now += 5
-    log.launched()  # this run's first trial starts 5 s in
-    clock.now += 30  # the first trial took 30 s, most of it waiting for Ray, the data and the base model
+    clock.now += 35  # this run's first trial ends 35 s in, most of it spent waiting for Ray, the data and the base model
     assert log.trial_ended() == "trial 3/10"  # no estimate from the first trial alone
     clock.now += 4
     assert log.trial_ended() == "trial 4/10, about 24s left"  # 6 left x 4 s between ends (not 6 x 17 s)
