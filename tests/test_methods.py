@@ -53,8 +53,11 @@ def test_the_loop_asks_the_objective_what_it_learns():
     assert dpsm.learned_quantile() == pytest.approx(float(dpsm.q)) and ce.learned_quantile() is None
     assert dpsm.quantile_lr == 0.05 and ce.quantile_lr != ce.quantile_lr  # NaN
     assert dpsm.start_line(scores).startswith("q_0 ")
-    assert ce.training_quantiles(scores, scores, 10, torch.Generator()) is None
-    assert conftr.training_quantiles(scores, scores, 10, torch.Generator().manual_seed(0)).shape == (20,)
+    assert ce.training_quantiles(scores, scores, 10, torch.Generator(), 100) is None
+    every = conftr.training_quantiles(scores, scores, 10, torch.Generator().manual_seed(0), 100)
+    assert every.shape == (20,)  # 101 scores in batches of 5: all 20 whole batches
+    # at most `batches` of them: the first of the same random order, so a sample of the 20
+    assert torch.equal(conftr.training_quantiles(scores, scores, 10, torch.Generator().manual_seed(0), 7), every[:7])
     with pytest.raises(TypeError, match="no method reads"):
         build_objective("dpsm", **common, quantile_rate=0.1)
 

@@ -68,10 +68,11 @@ class Objective:
         mean of the steps' ``quantile`` stats."""
         return None
 
-    def training_quantiles(self, d1_scores: torch.Tensor, train_scores: torch.Tensor, batch_size: int, generator: torch.Generator) -> torch.Tensor | None:
+    def training_quantiles(self, d1_scores: torch.Tensor, train_scores: torch.Tensor, batch_size: int, generator: torch.Generator,
+                           batches: int) -> torch.Tensor | None:
         """The quantile(s) the method trains with at the current model, on the HPS scores of D1
         and of the whole training split (epochs.parquet's q diagnostics); None where it has none
-        on that scale.  ``generator`` draws any random batches."""
+        on that scale.  ``generator`` draws any random batches, at most ``batches`` of them."""
         return None
 
     def start_line(self, d1_scores: torch.Tensor) -> str | None:

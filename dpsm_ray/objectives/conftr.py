@@ -58,13 +58,15 @@ class ConfTr(Objective):
     def batch_quantile(self, calibration_scores):
         return batch_quantile(calibration_scores, self.alpha, self.sort_temperature)
 
-    def training_quantiles(self, d1_scores, train_scores, batch_size, generator):
+    def training_quantiles(self, d1_scores, train_scores, batch_size, generator, batches):
         """Batch quantiles of the calibration pool (D1 for the halves split, else the whole
-        training split) cut into random batches of the run's calibration size."""
+        training split) cut into random disjoint batches of the run's calibration size: all of
+        them, or the first ``batches`` of the random order (an unbiased sample of them: each
+        diagnostic is a mean over the quantiles, and its cost grows with their number)."""
         pool = d1_scores if self.split == "halves" else train_scores
         half = batch_size // 2
         order = torch.randperm(pool.numel(), generator=generator).to(pool.device)
-        usable = (pool.numel() // half) * half
+        usable = min(pool.numel() // half, batches) * half
         return self.batch_quantile(pool[order[:usable]].reshape(-1, half)).detach()
 
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:

@@ -56,7 +56,7 @@ class DPSM(Objective):
     def learned_quantile(self) -> float | None:
         return float(self.q)
 
-    def training_quantiles(self, d1_scores, train_scores, batch_size, generator):
+    def training_quantiles(self, d1_scores, train_scores, batch_size, generator, batches):
         return self.q.detach().double().reshape(1)
 
     def start_line(self, d1_scores: torch.Tensor) -> str | None:

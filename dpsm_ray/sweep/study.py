@@ -420,21 +420,25 @@ def decisive_arms() -> tuple[Arm, ...]:
     model and CE fine-tuned; DPSM with its size term on (CE on the whole batch, T 0.1) against
     ConfTr and CUT (CUT has no T) at lambda 0.5 and 0.1; from DPSM at lambda 0.5 each of the tex's
     three changes alone (CE on B1 only; T 1; lambda 0.05); DPSM and ConfTr at lambda 0.5 with batch
-    32 and 512 (the lambda 0.5 arms are batch 128, the study's schedule)."""
+    32 and 512 (the lambda 0.5 arms are batch 128, the study's schedule).  In the order they run:
+    the lambda 0.1 arms last, as the criterion's budget rule cuts them first."""
     on = {"method": "dpsm", "ce_batch": "full", "sigmoid_temperature": 0.1}
     conftr = {"method": "conftr", "sigmoid_temperature": 0.1}
+    def mechanism(weight: float, tag: str) -> list[Arm]:
+        return [Arm(f"dpsm_{tag}", f"DPSM, size term on: CE on the whole batch, T 0.1, lambda {weight:g}", {**on, "conformal_weight": weight}),
+                Arm(f"conftr_{tag}", f"ConfTr, T 0.1, lambda {weight:g}", {**conftr, "conformal_weight": weight}),
+                Arm(f"cut_{tag}", f"CUT, lambda {weight:g}", {"method": "cut", "conformal_weight": weight})]
+
     arms = [Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": "base", "epochs": 0}), Arm("ce", "CE fine-tuned", {"method": "ce"})]
-    for weight, tag in ((0.5, "l05"), (0.1, "l01")):
-        arms += [Arm(f"dpsm_{tag}", f"DPSM, size term on: CE on the whole batch, T 0.1, lambda {weight:g}", {**on, "conformal_weight": weight}),
-                 Arm(f"conftr_{tag}", f"ConfTr, T 0.1, lambda {weight:g}", {**conftr, "conformal_weight": weight}),
-                 Arm(f"cut_{tag}", f"CUT, lambda {weight:g}", {"method": "cut", "conformal_weight": weight})]
+    arms += mechanism(0.5, "l05")
     arms += [Arm("dpsm_l05_ceb1", "DPSM lambda 0.5 T 0.1, CE on B1 only (the tex's change alone)", {**on, "conformal_weight": 0.5, "ce_batch": "half"}),
              Arm("dpsm_l05_t1", "DPSM lambda 0.5, T 1 (the tex's change alone)", {**on, "conformal_weight": 0.5, "sigmoid_temperature": 1.0}),
              Arm("dpsm_l005", "DPSM T 0.1, lambda 0.05 (the tex's change alone)", {**on, "conformal_weight": 0.05})]
     for batch in (32, 512):
         arms += [Arm(f"dpsm_l05_b{batch}", f"DPSM lambda 0.5 T 0.1, batch {batch}", {**on, "conformal_weight": 0.5, "batch_size": batch}),
                  Arm(f"conftr_l05_b{batch}", f"ConfTr lambda 0.5 T 0.1, batch {batch}", {**conftr, "conformal_weight": 0.5, "batch_size": batch})]
-    return tuple(arms)
+    # last: the criterion's budget rule cuts them first (docs/fidelity.md)
+    return tuple(arms + mechanism(0.1, "l01"))
 
 
 # the decisive test's analysis: its comparisons, the batch-size prediction's pairs, the mechanism's triples
