@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from dpsm_ray.models import build_model
+from dpsm_ray.cards import score_names
+from dpsm_ray.cards import build_model
 from dpsm_ray.predict.predictor import Predictor
 
 MODELS = {  # name -> (architecture, classes, where its input description comes from)
@@ -63,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--batch-sizes needs a size >= 1 for every model; got {args.batch_sizes!r}")
     args.batch_sizes = sizes
     args.scores = args.scores.split(",")
-    bad = [s for s in args.scores if s not in ("hps", "aps", "raps")]
+    bad = [s for s in args.scores if s not in score_names()]
     if bad:
         parser.error(f"--scores: unknown {', '.join(bad)}; allowed: hps, aps, raps")
     if args.batches < 1 or args.warmup < 0:
@@ -77,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def input_spec(dataset: str):
     if dataset == "digits":
-        from dpsm_ray.data import load_splits
+        from dpsm_ray.cards import load_splits
 
         return load_splits("digits", seed=0).input_spec
     from dpsm_ray.data.vision import CIFAR100_INPUT

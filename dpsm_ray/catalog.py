@@ -1,8 +1,8 @@
-"""The names and sizes the command line checks, known without importing torch or Ray.
+"""The facts the command line checks, known without importing torch or Ray.
 
-Methods, scores, datasets and their split sizes, models: defined once here and re-exported by the
-modules that implement them (``dpsm_ray.objectives``, ``conformal``, ``data``, ``models``), so that
-``--help``, ``--version`` and every argument error answer before torch is imported.
+The methods' options, the built-in datasets' sizes and options, the conformal basics: what the
+cards (``dpsm_ray.cards``, ``dpsm_ray.methods``) and the CLI read, so that ``--help``,
+``--version`` and every argument error answer before torch is imported.
 """
 
 from __future__ import annotations
@@ -42,10 +42,8 @@ CONFTR_SPLITS = ("halves", "batch")
 CUT_SCORES = ("hps", "aps")
 Q_INITS = ("dataset", "zero", "random")
 SPLITS = ("halves", "batch")  # DPSM's D1 / D2 split of a batch
-SCORE_KINDS = ("hps", "aps", "raps")
 
 # -- datasets --------------------------------------------------------------------------------
-DATASETS = ("digits", "synthetic", "glyphs", "fonts", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018")
 DIGITS_SIZES = {"train": 1000, "val": 300, "cal": 200, "test": 297}  # all 1797 digits
 SYNTHETIC_DEFAULTS = {"classes": 10, "dim": 16, "size": 3000, "noise": 1.0}
 SYNTHETIC_FRACTIONS = {"train": 0.5, "val": 0.15, "cal": 0.1, "test": 0.25}
@@ -91,6 +89,10 @@ FONT_DESIGNS = {
 # the Debian packages that install them (README, .ci/run)
 FONT_PACKAGES = ("fonts-dejavu-core", "fonts-liberation", "fonts-urw-base35", "fonts-noto-core", "fonts-freefont-ttf", "fonts-croscore", "fonts-lato")
 FONTS_DEFAULTS = {"classes": len(FONT_CLASSES), "train": 2, "eval": 3}  # renders of each class in each training / held-out font
+IMAGE_TITLES = {  # the image datasets read from files (dpsm_ray/data/vision.py)
+    "cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)",
+    "inaturalist2018": "iNaturalist 2018 (Fungi)", "fashion_mnist": "Fashion-MNIST",
+}
 PAPER_SIZES = {
     "cifar100": {"train": 45000, "val": 5000, "cal": 3000, "test": 7000},
     "caltech101": {"train": 4310, "val": 1256, "cal": 1111, "test": 2000},
@@ -151,59 +153,9 @@ def font_sizes(options: dict[str, float]) -> dict[str, int]:
     return {split: options["classes"] * count for split, count in per_class.items()}
 
 
-# the generated datasets, whose names take options (``synthetic:classes=20``)
-OPTION_PARSERS = {"synthetic": parse_synthetic, "glyphs": parse_glyphs, "fonts": parse_fonts}
-
-
-def check_dataset(name: str) -> str:
-    base = name.partition(":")[0]
-    if base not in DATASETS:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {name!r}")
-    if base in OPTION_PARSERS:
-        OPTION_PARSERS[base](name)
-    elif name != base:
-        raise ValueError(f"dataset must be one of {', '.join(DATASETS)} (only {', '.join(OPTION_PARSERS)} take options); got {name!r}")
-    return name
-
-
-def split_sizes(name: str) -> dict[str, int]:
-    """Sizes of the four splits of ``name``, known without loading any data (for the image
-    datasets, the paper's sizes: a smaller copy on disk gets them scaled down)."""
-    check_dataset(name)
-    if name == "digits":
-        return dict(DIGITS_SIZES)
-    if name in PAPER_SIZES:
-        return dict(PAPER_SIZES[name])
-    if name.partition(":")[0] == "glyphs":
-        return glyph_sizes(parse_glyphs(name))
-    if name.partition(":")[0] == "fonts":
-        return font_sizes(parse_fonts(name))
-    size = parse_synthetic(name)["size"]
-    return {split: int(size * fraction) for split, fraction in SYNTHETIC_FRACTIONS.items()}
-
-
 # -- models ----------------------------------------------------------------------------------
 CIFAR_RESNET_DEPTHS = (20, 32, 56, 110)
 IMAGENET_HEADS = {"resnet50": "fc", "densenet121": "classifier"}  # the classifier layer a new head replaces
-MODELS = ("mlp", "mlp_bn", "cnn", *(f"resnet{depth}" for depth in CIFAR_RESNET_DEPTHS), "densenet100", "resnet50", "densenet121", "lenet")
-PRETRAINABLE = tuple(IMAGENET_HEADS)
-# the paper's model for each dataset (its ResNet column); the tabular data take the small MLP, the
-# glyphs and the fonts the small LeNet, Fashion-MNIST ConfTr's MLP
-DEFAULT_MODELS = {"digits": "mlp", "synthetic": "mlp", "glyphs": "lenet", "fonts": "lenet", "fashion_mnist": "mlp_bn", "cifar100": "resnet110", "caltech101": "resnet50", "inaturalist": "resnet50", "inaturalist2018": "resnet50"}
-
-
-def check_model(name: str) -> str:
-    if name not in MODELS:
-        raise ValueError(f"model must be one of {', '.join(MODELS)}; got {name!r}")
-    return name
-
-
-def default_model(dataset: str) -> str:
-    """The model ``--model auto`` picks for ``dataset`` (``synthetic:...`` counts as synthetic)."""
-    base = dataset.partition(":")[0]
-    if base not in DEFAULT_MODELS:
-        raise ValueError(f"dataset must be one of {', '.join(DEFAULT_MODELS)}; got {dataset!r}")
-    return DEFAULT_MODELS[base]
 
 
 # -- split conformal -------------------------------------------------------------------------

@@ -19,9 +19,10 @@ import sys
 import warnings
 from pathlib import Path
 
+from dpsm_ray.cards import score_names
 from dpsm_ray.catalog import BASE_MODEL, METHODS, version_line
 from dpsm_ray.timing import skip_final_collection
-from dpsm_ray.train.config import ConfigError, TrainConfig, calibration_warnings
+from dpsm_ray.train.config import ConfigError, TrainConfig, calibration_warnings, field_help
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
@@ -55,7 +56,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     for field in dataclasses.fields(TrainConfig):
         if not field.metadata.get("cli", True):
             continue
-        flag, default, help_text = _flag(field), field.default, field.metadata["help"]
+        flag, default, help_text = _flag(field), field.default, field_help(field.name)
         kwargs = {"dest": field.name, "default": argparse.SUPPRESS, "help": f"{help_text} (default: {default})"}
         if isinstance(default, bool):
             parser.add_argument(flag, action="store_true", **kwargs)
@@ -96,7 +97,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         fail(parser, error)
     import pandas as pd
 
-    from dpsm_ray.data import check_data_present
+    from dpsm_ray.cards import check_data_present
     from dpsm_ray.files import CorruptFileError, is_disk_full
     from dpsm_ray.results import write_run
     from dpsm_ray.results.tables import format_summary, summarise
@@ -284,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("predictor", metavar="PREDICTOR", help="a predictor directory (dpsm-ray export --out, RESULTS/predictors/NAME, a run's --out/predictor)")
     predict.add_argument("--input", required=True, metavar="PATH", help=".npy, .npz (array 'x', optional integer 'ids'), .parquet (one column per feature, optional 'id'), or a folder of images")
     predict.add_argument("--out", required=True, metavar="FILE", help="the Parquet file to write, e.g. sets.parquet")
-    predict.add_argument("--score", default="hps", choices=("hps", "aps", "raps"), help="non-conformity score (default: %(default)s)")
+    predict.add_argument("--score", default="hps", choices=score_names(), help="non-conformity score (default: %(default)s)")
     predict.add_argument("--probabilities", action="store_true", help="add each input's softmax row (list<double>)")
     predict.add_argument("--non-empty", action="store_true", help="put the top class into every empty set (conservative: coverage only rises; docs/predictor.md)")
     predict.add_argument("--batch-size", type=positive_int, default=512, help="inputs per forward pass (default: %(default)s)")

@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from dpsm_ray.catalog import FONT_CLASSES, FONT_DESIGNS, font_faces, split_sizes
-from dpsm_ray.data import check_data_present, fonts, load_splits
+from dpsm_ray.cards import split_sizes
+from dpsm_ray.catalog import FONT_CLASSES, FONT_DESIGNS, font_faces
+from dpsm_ray.cards import check_data_present, load_splits
+from dpsm_ray.data import fonts
 
 
 def installed() -> bool:

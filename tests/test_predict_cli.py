@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from dpsm_ray.cli import main
-from dpsm_ray.data import load_splits
-from dpsm_ray.models import build_model
+from dpsm_ray.cards import load_splits
+from dpsm_ray.cards import build_model
 from dpsm_ray.predict.predictions import read_metadata
 from dpsm_ray.predict.predictor import Predictor
 

@@ -17,10 +17,9 @@ import torch
 
 from dpsm_ray.cli import main
 from dpsm_ray.conformal import check_alpha, evaluate, example_uniforms
-from dpsm_ray.data import load_splits
+from dpsm_ray.cards import build_model, load_splits, score_functions
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import read_checked_json, sha256_file, write_checked_json
-from dpsm_ray.models import build_model
 from dpsm_ray.predict.predictor import CARD_FILE, FORMAT_VERSION, PREDICT_BATCH, WEIGHTS_FILE, InputError, Predictor, PredictorError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +104,7 @@ def test_sets_equal_the_evaluation_s_on_the_same_split(trained, digits):
     x = torch.cat([raw["cal"], raw["test"]])
     y, ids = torch.cat([data.cal.labels, data.test.labels]), torch.cat([data.cal.ids, data.test.ids])
     probs = predictor.predict_proba(x)
-    rows = evaluate(probs, y, 0.1, splits=2, cal_fraction=len(data.cal) / len(x), seed=predictor.uniform_seed, example_ids=ids)
+    rows = evaluate(probs, y, 0.1, scores=score_functions(), splits=2, cal_fraction=len(data.cal) / len(x), seed=predictor.uniform_seed, example_ids=ids)
     from dpsm_ray.conformal import resplit
 
     cal, test = resplit(len(x), 2, len(data.cal) / len(x), predictor.uniform_seed)
@@ -224,7 +223,7 @@ def test_bad_inputs_and_labels_are_named_in_one_line(trained, digits):
         predictor.recalibrate(raw["cal"][:10], torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 10]))
     with pytest.raises(InputError, match="y_cal must hold one label per input: 10 inputs, 9 labels"):
         predictor.recalibrate(raw["cal"][:10], data.cal.labels[:9])
-    with pytest.raises(ValueError, match="score kind must be one of hps, aps, raps; got 'lac'"):
+    with pytest.raises(ValueError, match="score must be one of hps, aps, raps; got 'lac'"):
         predictor.predict_sets(raw["test"][:2], "lac")
     empty = predictor.predict_sets(raw["test"][:0])
     assert empty.mask.shape == (0, 10) and empty.lists == []

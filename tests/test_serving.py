@@ -54,8 +54,8 @@ def test_a_request_may_ask_for_non_empty_sets():
 
     import torch
 
-    from dpsm_ray.data import load_splits
-    from dpsm_ray.models import build_model
+    from dpsm_ray.cards import load_splits
+    from dpsm_ray.cards import build_model
     from dpsm_ray.predict.predictor import Predictor
 
     data = load_splits("digits", seed=0)

@@ -30,18 +30,15 @@ from dpsm_ray.conformal.quantile import (
     smooth_quantile,
     soft_sort,
 )
-from dpsm_ray.conformal.scores import RAPS_K_REG, RAPS_LAMBDA, SCORE_KINDS, check_score_kind, example_uniforms, label_scores, score_matrix
+from dpsm_ray.conformal.scores import aps_matrix, example_uniforms, hps_matrix, label_scores
 
 __all__ = [
     "CLASS_COLUMNS",
     "EVAL_COLUMNS",
-    "RAPS_K_REG",
-    "RAPS_LAMBDA",
-    "SCORE_KINDS",
     "SSCV_BINS",
     "accuracy",
+    "aps_matrix",
     "check_alpha",
-    "check_score_kind",
     "class_counts",
     "class_coverage",
     "class_set_size",
@@ -56,13 +53,13 @@ __all__ = [
     "evaluate_classes",
     "example_uniforms",
     "hard_batch_quantile",
+    "hps_matrix",
     "label_scores",
     "min_calibration_size",
     "pinball_grad",
     "pinball_loss",
     "prediction_sets",
     "resplit",
-    "score_matrix",
     "set_size",
     "smooth_quantile",
     "soft_set_size",

@@ -8,7 +8,9 @@ import torch
 
 from dpsm_ray.conformal.metrics import accuracy, class_coverage, class_counts, class_set_size, coverage, covered, covgap, prediction_sets, set_size, sscv, wsc
 from dpsm_ray.conformal.quantile import check_alpha, conformal_quantile
-from dpsm_ray.conformal.scores import RAPS_K_REG, RAPS_LAMBDA, SCORE_KINDS, check_score_kind, example_uniforms, label_scores, score_matrix
+from collections.abc import Callable, Mapping
+
+from dpsm_ray.conformal.scores import example_uniforms, label_scores
 
 EVAL_COLUMNS = ("score", "split", "alpha", "n_cal", "n_test", "q", "coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
 CLASS_COLUMNS = ("score", "split", "label", "n_test", "coverage", "set_size")
@@ -28,21 +30,21 @@ def resplit(n: int, splits: int, cal_fraction: float, seed: int, device: torch.d
     return order[:, :n_cal], order[:, n_cal:]
 
 
-def calibrated_sets(probs, labels, alpha, *, scores, splits, cal_fraction, seed, example_ids, raps_lambda, raps_k_reg) -> Iterator:
+def calibrated_sets(probs, labels, alpha, *, scores, splits, cal_fraction, seed, example_ids) -> Iterator:
     """For each score: the re-splits' calibration/test indices, the conformal quantile of each
     calibration part ``[R]`` and the prediction sets of its test part ``[R, n_test, K]`` (what
     :func:`evaluate` and :func:`evaluate_classes` share)."""
     check_alpha(alpha)
-    for kind in scores:
-        check_score_kind(kind)
+    if not isinstance(scores, Mapping) or not scores or not all(callable(matrix) for matrix in scores.values()):
+        raise ValueError("scores must map each score's name to its function (probs [n, K], u [n]) -> scores [n, K] (dpsm_ray.cards.score_functions)")
     if probs.ndim != 2 or labels.shape != probs.shape[:1]:
         raise ValueError(f"probs must be [n, K] and labels [n]; got {tuple(probs.shape)} and {tuple(labels.shape)}")
     n = probs.shape[0]
     cal, test = resplit(n, splits, cal_fraction, seed, probs.device)
     ids = torch.arange(n, device=probs.device) if example_ids is None else example_ids
     u = example_uniforms(seed, ids).to(probs.device)
-    for kind in scores:
-        all_scores = score_matrix(probs, kind, u=u, raps_lambda=raps_lambda, raps_k_reg=raps_k_reg)
+    for kind, matrix in scores.items():
+        all_scores = matrix(probs, u)
         q = conformal_quantile(label_scores(all_scores, labels)[cal], alpha)
         yield kind, cal, test, q, prediction_sets(all_scores[test], q)
 
@@ -52,14 +54,12 @@ def evaluate(
     labels: torch.Tensor,
     alpha: float,
     *,
-    scores: tuple[str, ...] = SCORE_KINDS,
+    scores: Mapping[str, Callable],
     splits: int = 10,
     cal_fraction: float = 0.3,
     seed: int = 0,
     features: torch.Tensor | None = None,
     example_ids: torch.Tensor | None = None,
-    raps_lambda: float = RAPS_LAMBDA,
-    raps_k_reg: int = RAPS_K_REG,
     wsc_delta: float = 0.1,
     wsc_directions: int = 256,
 ) -> list[dict]:
@@ -67,13 +67,14 @@ def evaluate(
 
     ``probs`` ``[n, K]`` are softmax outputs on the pooled calibration + test points; each re-split
     calibrates on ``round(cal_fraction * n)`` of them and tests on the rest (the paper: 10 re-splits).
-    APS/RAPS uniforms are drawn per example from ``(seed, example_ids)`` (default ``arange(n)``), so
-    they do not depend on order or batching.  WSC slabs live in ``features`` (default: the
+    ``scores`` maps each score's name to its function ``(probs [n, K], u [n]) -> scores [n, K]``
+    (``dpsm_ray.cards.score_functions`` gives the cards').  APS/RAPS uniforms are drawn per example
+    from ``(seed, example_ids)`` (default ``arange(n)``), so they do not depend on order or batching.  WSC slabs live in ``features`` (default: the
     log-probabilities, i.e. the model's logit space).
     """
     features = probs.clamp(min=1e-30).log() if features is None else features
     rows = []
-    protocol = dict(scores=scores, splits=splits, cal_fraction=cal_fraction, seed=seed, example_ids=example_ids, raps_lambda=raps_lambda, raps_k_reg=raps_k_reg)
+    protocol = dict(scores=scores, splits=splits, cal_fraction=cal_fraction, seed=seed, example_ids=example_ids)
     for kind, cal, test, q, sets in calibrated_sets(probs, labels, alpha, **protocol):
         test_labels = labels[test]
         metrics = {
@@ -97,19 +98,17 @@ def evaluate_classes(
     labels: torch.Tensor,
     alpha: float,
     *,
-    scores: tuple[str, ...] = SCORE_KINDS,
+    scores: Mapping[str, Callable],
     splits: int = 10,
     cal_fraction: float = 0.3,
     seed: int = 0,
     example_ids: torch.Tensor | None = None,
-    raps_lambda: float = RAPS_LAMBDA,
-    raps_k_reg: int = RAPS_K_REG,
 ) -> list[dict]:
     """One row per (score, re-split, class): the class's test points, their coverage (NaN when
     the test part has none) and their average set size -- the same re-splits, uniforms and sets
     as :func:`evaluate` with the same arguments."""
     rows = []
-    protocol = dict(scores=scores, splits=splits, cal_fraction=cal_fraction, seed=seed, example_ids=example_ids, raps_lambda=raps_lambda, raps_k_reg=raps_k_reg)
+    protocol = dict(scores=scores, splits=splits, cal_fraction=cal_fraction, seed=seed, example_ids=example_ids)
     num_classes = probs.shape[1]
     for kind, _, test, _, sets in calibrated_sets(probs, labels, alpha, **protocol):
         test_labels = labels[test]

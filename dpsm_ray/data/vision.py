@@ -34,16 +34,11 @@ from pathlib import Path
 
 import torch
 
-from dpsm_ray.catalog import PAPER_SIZES
+from dpsm_ray.catalog import IMAGE_TITLES, PAPER_SIZES
 from dpsm_ray.data.augment import random_crop_flip
 from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
 from dpsm_ray.data.splits import DataSplits, FileSource, Split, TensorSource, stratified_partition
 from dpsm_ray.seeding import derive_seed
-
-TITLES = {
-    "cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)",
-    "inaturalist2018": "iNaturalist 2018 (Fungi)", "fashion_mnist": "Fashion-MNIST",
-}
 
 # per-channel statistics of the 50000 CIFAR-100 training images
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
@@ -87,12 +82,12 @@ def fitted_sizes(sizes: Sequence[int], available: int) -> list[int]:
 
 def check_data_root(name: str, data_root: str | Path | None) -> Path:
     if data_root is None:
-        raise FileNotFoundError(f"dataset {name} is read from files: pass --data-root DIR (and --download to fetch {TITLES[name]} into it)")
+        raise FileNotFoundError(f"dataset {name} is read from files: pass --data-root DIR (and --download to fetch {IMAGE_TITLES[name]} into it)")
     return Path(data_root)
 
 
 def missing(name: str, path: Path, detail: str = "") -> FileNotFoundError:
-    return FileNotFoundError(f"{TITLES[name]} not found at {path}{detail}; pass --download to fetch it into --data-root")
+    return FileNotFoundError(f"{IMAGE_TITLES[name]} not found at {path}{detail}; pass --download to fetch it into --data-root")
 
 
 def non_empty_dir(path: Path) -> bool:

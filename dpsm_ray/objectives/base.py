@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from dpsm_ray.collective import LocalCollective
-from dpsm_ray.conformal import score_matrix
+from dpsm_ray.conformal import hps_matrix
 
 
 @dataclass
@@ -25,7 +25,7 @@ class ObjectiveOutput:
 
 def hps_scores(logits: torch.Tensor) -> torch.Tensor:
     """Training score of every label: HPS on softmax probabilities, ``[n, K]``."""
-    return score_matrix(logits.softmax(dim=1), "hps")
+    return hps_matrix(logits.softmax(dim=1))
 
 
 class Objective:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from dpsm_ray.catalog import CE_BATCHES, CUT_SCORES
-from dpsm_ray.conformal import label_scores, score_matrix, soft_sort
+from dpsm_ray.conformal import aps_matrix, label_scores, soft_sort
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, check_choice, hps_scores, step_cross_entropy
 from dpsm_ray.seeding import counter_uniforms, derive_seed
 
@@ -61,7 +61,7 @@ class CUT(Objective):
         else:
             self.prepare(logits2.device)
             u = self.uniforms(logits2.shape[0], logits2.device)
-            local_scores = label_scores(score_matrix(logits2.softmax(dim=1), "aps", u=u), labels2)
+            local_scores = label_scores(aps_matrix(logits2.softmax(dim=1), u), labels2)
             self.steps.add_(1)
         scores = self.collective.gather(local_scores)
         return self._output(ce, ks_to_uniform(scores, self.sort_temperature))

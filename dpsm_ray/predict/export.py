@@ -33,7 +33,7 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
     """The model of a finished run (``TrainConfig`` ``config``, weights ``model_state``) as a
     predictor calibrated on the run's calibration split and measured on its test split.
     ``data``: the run's ``DataSplits`` when already loaded (on the CPU)."""
-    from dpsm_ray.models import build_model, default_model
+    from dpsm_ray.cards import build_model, default_model
     from dpsm_ray.train.env import LocalEnv
     from dpsm_ray.train.loop import load_data, predict
     from dpsm_ray.train.step import resolve_precision

@@ -33,9 +33,9 @@ from typing import NamedTuple
 import torch
 
 from dpsm_ray import __version__
+from dpsm_ray.cards import check_score, model_names, score_card, score_matrix, score_names
 from dpsm_ray.conformal import (
-    RAPS_K_REG, RAPS_LAMBDA, SCORE_KINDS, check_alpha, check_score_kind, conformal_quantile, coverage, example_uniforms, label_scores, min_calibration_size,
-    prediction_sets, score_matrix, set_size,
+    check_alpha, conformal_quantile, coverage, example_uniforms, label_scores, min_calibration_size, prediction_sets, set_size,
 )
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import CorruptFileError, atomic_write, read_checked_json, sha256_file, write_checked_json
@@ -97,7 +97,7 @@ class Predictor:
                uniform_seed: int = 0, precision: str = "fp32", method: str | None = None, seed: int | None = None, run_id: str | None = None,
                training_config: dict | None = None, provenance: dict | None = None, device: str | torch.device = "auto") -> Predictor:
         """An uncalibrated predictor around ``model`` (which must be ``architecture`` built by
-        ``dpsm_ray.models.build_model`` for ``input_spec.shape``): ``recalibrate`` it before
+        ``dpsm_ray.cards.build_model`` for ``input_spec.shape``): ``recalibrate`` it before
         asking for sets."""
         card = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "package_version": __version__,
@@ -114,7 +114,7 @@ class Predictor:
         """The predictor in directory ``path``.  Refuses, with ``PredictorError`` naming the file:
         a missing file, a ``predictor.json`` changed after it was written or of a newer format,
         and weights whose sha256 differs from the recorded one (checked before they are read)."""
-        from dpsm_ray.models import build_model
+        from dpsm_ray.cards import build_model
 
         directory = Path(path)
         card_path = directory / CARD_FILE
@@ -265,7 +265,7 @@ class Predictor:
         return PredictionSets(mask, mask_lists(mask))
 
     def threshold(self, score: str) -> float:
-        kind = check_score_kind(score)
+        kind = check_score(score)
         if kind not in self.card["scores"]:
             have = ", ".join(self.card["scores"]) or "none"
             raise PredictorError(f"this predictor has no calibrated threshold for {kind} (it has: {have}); call recalibrate(x_cal, y_cal) first")
@@ -273,18 +273,17 @@ class Predictor:
 
     def score_matrix(self, probs: torch.Tensor, score: str, example_ids=None) -> torch.Tensor:
         """S(x, y) of every class, ``[n, K]``, with the uniforms of ``example_ids``."""
-        kind = check_score_kind(score)
+        kind = check_score(score)
         if probs.ndim != 2 or probs.shape[1] != self.num_classes:
             raise InputError(f"probabilities must have shape [n, {self.num_classes}]; got {list(probs.shape)}")
         ids = check_ids(example_ids, len(probs))
         u = example_uniforms(self.uniform_seed, ids)
-        raps_lambda, raps_k_reg = self.raps_parameters()
-        return score_matrix(probs, kind, u=u, raps_lambda=raps_lambda, raps_k_reg=raps_k_reg)
+        return score_matrix(probs, kind, u=u if score_card(kind).randomised else None, parameters=self.score_parameters(kind))
 
-    def raps_parameters(self) -> tuple[float, int]:
-        """RAPS's (lambda, k_reg): the card's, or the sweep's evaluation defaults."""
-        raps = self.card["scores"].get("raps", {})
-        return raps.get("lambda", RAPS_LAMBDA), raps.get("k_reg", RAPS_K_REG)
+    def score_parameters(self, kind: str) -> dict:
+        """The score's own hyperparameters (RAPS's lambda and k_reg): as calibrated, else its card's."""
+        entry = self.card["scores"].get(kind, {})
+        return {name: entry.get(name, default) for name, default in score_card(kind).parameters.items()}
 
     # ------------------------------------------------------------------ calibrating
 
@@ -311,12 +310,10 @@ class Predictor:
         check_alpha(alpha)
         labels = check_labels(labels, self.num_classes)
         scores = {}
-        for kind in SCORE_KINDS:
+        for kind in score_names():
             q = float(conformal_quantile(label_scores(self.score_matrix(probs, kind, example_ids), labels), alpha))
-            entry = {"threshold": q if math.isfinite(q) else None, "calibration_points": len(labels), "randomised": kind != "hps"}
-            if kind == "raps":
-                entry["lambda"], entry["k_reg"] = self.raps_parameters()
-            scores[kind] = entry
+            scores[kind] = {"threshold": q if math.isfinite(q) else None, "calibration_points": len(labels), "randomised": score_card(kind).randomised,
+                            **self.score_parameters(kind)}
         if len(labels) < min_calibration_size(alpha):
             warnings.warn(f"alpha={alpha:g} needs at least {min_calibration_size(alpha)} calibration points for a finite threshold; with {len(labels)} "
                           "every prediction set holds every class", stacklevel=3)
@@ -402,8 +399,6 @@ def mask_lists(mask: torch.Tensor) -> list[list[int]]:
 def check_card(card, where: str) -> None:
     """Raise ``PredictorError`` naming ``where`` and the field unless ``card`` is a predictor
     card this version reads."""
-    from dpsm_ray.models import MODELS
-
     def need(ok: bool, field: str, allowed: str) -> None:
         if not ok:
             raise PredictorError(f"{where}: field {field} {allowed}")
@@ -418,7 +413,8 @@ def check_card(card, where: str) -> None:
     missing = [field for field in CARD_FIELDS if field not in card]
     need(not missing, missing[0] if missing else "", "is missing")
     model = card["model"]
-    need(isinstance(model, dict) and model.get("architecture") in MODELS, "model.architecture", f"must be one of {', '.join(MODELS)}")
+    need(isinstance(model, dict) and model.get("architecture") in model_names(), "model.architecture",
+         f"must be one of {', '.join(model_names())} (a model of your own: register_model its card before loading); got {model.get('architecture') if isinstance(model, dict) else None!r}")
     need(isinstance(model.get("num_classes"), int) and model["num_classes"] >= 2, "model.num_classes", "must be an integer >= 2")
     need(model.get("precision") in PRECISIONS, "model.precision", f"must be one of {', '.join(PRECISIONS)}")
     try:
@@ -432,15 +428,18 @@ def check_card(card, where: str) -> None:
     need(isinstance(alpha, float) and 0 < alpha < 1, "alpha", "must be a number in the open interval (0, 1)")
     need(isinstance(card["uniform_seed"], int), "uniform_seed", "must be an integer")
     scores = card["scores"]
-    need(isinstance(scores, dict) and set(scores) <= set(SCORE_KINDS), "scores", f"must be an object keyed by {', '.join(SCORE_KINDS)}")
+    need(isinstance(scores, dict) and set(scores) <= set(score_names()), "scores",
+         f"must be an object keyed by {', '.join(score_names())} (a score of your own: register_score its card before loading)")
     for kind, entry in scores.items():
         threshold = entry.get("threshold", "missing") if isinstance(entry, dict) else "missing"
         need(threshold is None or (isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and math.isfinite(threshold)),
              f"scores.{kind}.threshold", "must be a finite number, or null for an infinite threshold")
         need(isinstance(entry.get("calibration_points"), int), f"scores.{kind}.calibration_points", "must be an integer")
-        if kind == "raps":
-            need(isinstance(entry.get("lambda"), (int, float)) and entry["lambda"] >= 0, "scores.raps.lambda", "must be a number >= 0")
-            need(isinstance(entry.get("k_reg"), int) and entry["k_reg"] >= 0, "scores.raps.k_reg", "must be an integer >= 0")
+        for name, default in score_card(kind).parameters.items():
+            value = entry.get(name)
+            integral = isinstance(default, int)
+            need(isinstance(value, int if integral else (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0,
+                 f"scores.{kind}.{name}", f"must be {'an integer' if integral else 'a number'} >= 0")
     weights = card["weights"]
     need(isinstance(weights, dict) and isinstance(weights.get("file"), str) and Path(weights["file"]).name == weights["file"] and weights["file"] not in ("", ".", ".."),
          "weights.file", "must be a file name inside the predictor directory")

@@ -35,7 +35,6 @@ import socket
 import time
 from pathlib import Path
 
-from dpsm_ray.conformal import SCORE_KINDS
 from dpsm_ray.predict.predictor import InputError, Predictor
 
 MAX_BODY_BYTES = 64 * 2**20  # 64 MiB: 4096 CIFAR images as JSON numbers take ~40 MiB
@@ -130,8 +129,8 @@ def answer(predictor: Predictor, body: bytes, max_batch: int) -> tuple[int, dict
         return 400, {"error": "empty batch: \"inputs\" holds no input"}
     if len(inputs) > max_batch:
         return 413, {"error": f"{len(inputs)} inputs in one request; at most {max_batch} (dpsm-ray serve --max-batch)"}
-    if score not in SCORE_KINDS:
-        return 400, {"error": f"\"score\" must be one of {', '.join(SCORE_KINDS)}; got {score!r}"}
+    if score not in predictor.card["scores"]:  # the scores it was calibrated for
+        return 400, {"error": f"\"score\" must be one of {', '.join(predictor.card['scores'])}; got {score!r}"}
     for flag in ("probabilities", "non_empty"):
         if not isinstance(request.get(flag, False), bool):
             return 400, {"error": f"\"{flag}\" must be true or false"}

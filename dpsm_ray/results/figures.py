@@ -23,7 +23,8 @@ import pandas as pd
 
 from dpsm_ray.files import atomic_write
 from dpsm_ray.methods import BUILT_IN, method_card, method_names
-from dpsm_ray.results.tables import SCORE_ORDER, figure_name, method_order, ordered
+from dpsm_ray.cards import score_names
+from dpsm_ray.results.tables import figure_name, method_order, ordered
 
 FORMATS = ("png", "pdf")
 # a panel whose series' typical values differ by more than this factor gets a log y-axis
@@ -194,7 +195,7 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
 
     alpha = context.alpha
     methods = ordered(evals["method"], method_order())
-    scores = ordered(evals["score"], SCORE_ORDER)
+    scores = ordered(evals["score"], score_names())
     counts = counts_text(evals, methods)
 
     for metric, title, label in (("coverage", "Coverage", COVERAGE_LABEL), ("set_size", "Average prediction set size", SIZE_LABEL)):
@@ -323,7 +324,7 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
         # one value per final model and class: its mean over the re-splits
         per_class = classes.groupby(["method", "score", "run_id", "label"])[["coverage", "set_size"]].mean().reset_index()
         class_methods = ordered(per_class["method"], method_order())
-        class_scores = ordered(per_class["score"], SCORE_ORDER)
+        class_scores = ordered(per_class["score"], score_names())
         fig, axes = plt.subplots(2, len(class_scores), figsize=(4 * len(class_scores), 7.5), squeeze=False, sharey="row", layout="constrained")
         for row, (metric, label) in enumerate((("coverage", "class-conditional test coverage"), ("set_size", "class-wise " + SIZE_LABEL))):
             data = {s: [per_class[(per_class.method == m) & (per_class.score == s)][metric].dropna().to_numpy() for m in class_methods] for s in class_scores}

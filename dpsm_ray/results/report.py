@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpsm_ray import cards
+from dpsm_ray.cards import score_card, score_names
 from dpsm_ray.files import CorruptFileError, write_text
 from dpsm_ray.methods import outside_cards, reads
 from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
@@ -25,7 +27,7 @@ from dpsm_ray.results.layout import read_index, read_sweep
 from dpsm_ray.results.provenance import chosen_configurations, sweep_settings, versions_table
 from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.store import MANIFEST, verify_manifest
-from dpsm_ray.results.tables import SCORE_ORDER, method_name, method_order, cell, latex_table, latex_text, markdown, ordered, render_columns
+from dpsm_ray.results.tables import method_name, method_order, cell, latex_table, latex_text, markdown, ordered, render_columns
 
 # the metrics two scores must agree on, on every evaluation, to be called identical
 AGREEING = ("coverage", "set_size", "covgap", "sscv", "wsc")
@@ -57,7 +59,7 @@ def comparisons(evals: pd.DataFrame, metric: str = "set_size") -> list[dict]:
         return []
     baselines = [m for m in methods if m not in ("dpsm", "base")]
     found = []
-    for score in ordered(evals["score"], SCORE_ORDER):
+    for score in ordered(evals["score"], score_names()):
         means = evals[evals.score == score].groupby("method")[metric].mean()
         if not math.isfinite(means.get("dpsm", math.nan)):
             continue
@@ -84,7 +86,7 @@ def paper_table(evals: pd.DataFrame, metric: str = "set_size", digits: int = 2) 
     """Rows: methods; columns: scores; then DPSM's per-seed paired change against the best baseline
     and against the CE base model (``comparisons``), mean [95% t interval]."""
     methods = ordered(evals["method"], method_order())
-    scores = ordered(evals["score"], SCORE_ORDER)
+    scores = ordered(evals["score"], score_names())
     rows = [["method", *(s.upper() for s in scores)]]
     for method in methods:
         rows.append([method_name(method)] + [cell(evals[(evals.method == method) & (evals.score == s)][metric], digits) for s in scores])
@@ -118,7 +120,7 @@ def comparison_caption(found: list[dict]) -> str:
 def details_table(evals: pd.DataFrame) -> list[list[str]]:
     rows = [["method", "score", "coverage", "set size", "CovGap %", "SSCV", "WSC", "accuracy", "models"]]
     for method in ordered(evals["method"], method_order()):
-        for score in ordered(evals["score"], SCORE_ORDER):
+        for score in ordered(evals["score"], score_names()):
             part = evals[(evals.method == method) & (evals.score == score)]
             rows.append([
                 method_name(method), score.upper(), cell(part.coverage, 3), cell(part.set_size, 2), cell(part.covgap, 2),
@@ -134,7 +136,7 @@ def identical_scores(evals: pd.DataFrame, classes: pd.DataFrame) -> list[tuple[s
     """Pairs of scores whose evaluations agree on every one of AGREEING, for every model and
     re-split of every method (and, where classes.parquet is there, on every class's coverage and
     set size): as far as the result files can tell, the same prediction sets."""
-    scores = ordered(evals["score"], SCORE_ORDER)
+    scores = ordered(evals["score"], score_names())
     pairs = []
     for i, first in enumerate(scores):
         for second in scores[i + 1:]:
@@ -153,8 +155,7 @@ def agree(frame: pd.DataFrame, first: str, second: str, key: list[str], columns)
 
 def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: pd.DataFrame) -> str | None:
     """The footnote for identical scores, with what was measured and why they can agree."""
-    from dpsm_ray.conformal import RAPS_K_REG, RAPS_LAMBDA
-
+    raps = score_card("raps").parameters
     if not pairs:
         return None
     evaluations = evals[evals.score == pairs[0][0]][["run_id", "split"]].drop_duplicates()
@@ -167,9 +168,9 @@ def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: p
         if {first, second} == {"aps", "raps"}:
             labels = classes.label.nunique() if not classes.empty else None
             accuracy = evals.accuracy.min()
-            text += (f" The reason: RAPS's score is APS's plus λ·max(0, rank(y) − k_reg) with λ = {RAPS_LAMBDA:g}, k_reg = {RAPS_K_REG} "
+            text += (f" The reason: RAPS's score is APS's plus λ·max(0, rank(y) − k_reg) with λ = {raps['lambda']:g}, k_reg = {raps['k_reg']} "
                      "(dpsm_ray/conformal/scores.py), so it differs from APS only where a label ranked below the top "
-                     f"{RAPS_K_REG} enters a calibration score or a set; here that changed no result"
+                     f"{raps['k_reg']} enters a calibration score or a set; here that changed no result"
                      + (f" (the models rank {labels} classes, and the least accurate has test accuracy {accuracy:.3f})" if labels else
                         f" (the least accurate model has test accuracy {accuracy:.3f})") + ". It is not a bug.")
         notes.append(text)
@@ -298,7 +299,7 @@ def drawing_search_figures(results: Path, sweep: dict | None) -> Callable[[], tu
     if drawn is None:
         return lambda: ([], note)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < 2 or outside_cards():
+    if cores < 2 or outside_cards() or cards.outside_cards():  # a child process would not know them
         return lambda: write_search_figures(results, sweep)
     package_root = str(Path(__file__).resolve().parents[2])  # the child imports this very dpsm_ray
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}

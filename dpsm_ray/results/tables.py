@@ -62,9 +62,6 @@ def figure_name(method: str) -> str:
     if method == BASE_MODEL:
         return BASE_TITLES[1]
     return next((card.short_title or card.title for card in cards() if card.name == method), method)
-SCORE_ORDER = ("hps", "aps", "raps")
-
-
 def ordered(values, order) -> list:
     present = list(dict.fromkeys(values))
     return [v for v in order if v in present] + [v for v in present if v not in order]

@@ -11,12 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-from dpsm_ray.catalog import PAPER_METHODS, default_model, version_line
+from dpsm_ray.cards import default_model, model_card, model_names
+from dpsm_ray.catalog import PAPER_METHODS, version_line
 from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_config
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_range
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.timing import skip_final_collection
-from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.train.config import ConfigError, TrainConfig, field_help
 from dpsm_ray.train.presets import PRESET_NAMES
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
@@ -29,16 +30,17 @@ CONFIG_OPTIONS = {
 }
 
 
-# Models whose trials leave a GPU launch-bound at the paper's batch sizes (32x32 inputs; bench/README.md:
-# ResNet-110 at batch 128 reaches the large-batch ceiling of an H100 with ~4 captured trials).
-SMALL_MODELS = ("mlp", "cnn", "resnet20", "resnet32", "resnet56", "resnet110", "densenet100")
-SMALL_MODEL_TRIALS_PER_GPU = 4
-
-
 def trials_per_gpu(model: str) -> int:
-    """The default packing factor: trials sharing one GPU for ``model`` (the ImageNet-size
-    models fill a GPU on their own)."""
-    return SMALL_MODEL_TRIALS_PER_GPU if model in SMALL_MODELS else 1
+    """The default packing factor: trials sharing one GPU for ``model`` (its card's)."""
+    return model_card(model).trials_per_gpu
+
+
+def packing_help() -> str:
+    """Each model's default packing, grouped: "4 for mlp, ...; 1 for resnet50, densenet121"."""
+    groups: dict[int, list[str]] = {}
+    for name in model_names():
+        groups.setdefault(trials_per_gpu(name), []).append(name)
+    return "; ".join(f"{count} for {', '.join(names)}" for count, names in sorted(groups.items(), reverse=True))
 
 
 def packed_gpus_per_worker(values: dict, explicit: bool, packing: str) -> float:
@@ -112,9 +114,9 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--download", action="store_true", help="download the dataset into --data-root if it is missing")
     add("--preset", choices=PRESET_NAMES, help="official: each method's objective settings as its official code has them (DPSM's T 1, lambda 0.05, "
         "q step 0.01, CE on the whole batch, each batch split in place; docs/method.md), under what the search sets; the schedule stays the script's")
-    add("--trials-per-gpu", default="auto", metavar="N|auto", help=f"single-worker GPU trials packed on one GPU (each asks for 1/N of it); auto: {SMALL_MODEL_TRIALS_PER_GPU} for the 32x32 models, 1 for resnet50/densenet121; --gpus-per-worker overrides (default: %(default)s)")
+    add("--trials-per-gpu", default="auto", metavar="N|auto", help="single-worker GPU trials packed on one GPU (each asks for 1/N of it); auto: the model card's (" + packing_help() + "); --gpus-per-worker overrides (default: %(default)s)")
     for option, kind in CONFIG_OPTIONS.items():
-        help_text = f"{TrainConfig.__dataclass_fields__[option].metadata['help']} (default: {defaults['config'].get(option, TrainConfig.__dataclass_fields__[option].default)})"
+        help_text = f"{field_help(option)} (default: {defaults['config'].get(option, TrainConfig.__dataclass_fields__[option].default)})"
         how = {"action": "store_true"} if kind is bool else {"type": kind}
         add("--" + option.replace("_", "-"), **how, default=argparse.SUPPRESS, help=help_text)
     return parser

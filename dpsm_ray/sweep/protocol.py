@@ -46,7 +46,7 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
     """Run (or, with ``resume``, continue) ``spec`` into ``results_dir``; returns that directory.
     ``log`` gets the progress lines (time-stamped, with the sweep's trial counter and estimate);
     ``search_only`` stops after the searches (benchmarks of the search itself)."""
-    from dpsm_ray.data import check_data_present
+    from dpsm_ray.cards import check_data_present
     from dpsm_ray.results.layout import ResultsInUse, ResultsLock, describe_holder
     from dpsm_ray.sweep.progress import Progress
 

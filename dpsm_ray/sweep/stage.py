@@ -30,7 +30,7 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from dpsm_ray.files import DiskFullError, is_disk_full
-from dpsm_ray.methods import outside_cards, register_method
+from dpsm_ray import cards, methods
 from dpsm_ray.results.layout import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers
@@ -73,12 +73,13 @@ def trial_config(params: dict) -> TrainConfig:
     return TrainConfig.from_dict({**params["bases"][point["stage"]], **point["overrides"]})
 
 
-def run_trial(params: dict, methods=()) -> None:
+def run_trial(params: dict, outside=()) -> None:
     """The Tune trainable.  Errors propagate: Tune retries the trial, then reports the error.
-    ``methods``: the cards registered outside the package in the driver, registered here too."""
+    ``outside``: the cards (methods, models, datasets, scores) registered outside the package in
+    the driver, registered here too."""
     started = time.time()
-    for card in methods:
-        register_method(card, replace=True)
+    for card in outside:
+        cards.register_card(card)
     config = trial_config(params)
     stage, index = params["point"]["stage"], params["point"]["index"]
     run_dir = Ledger(Path(params["results"])).run_dir(stage, index)
@@ -149,9 +150,10 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
     # on a cluster short trials may all run on the nodes whose processes started first.
     reuse = reuse and all(stage.base.workers == 0 for stage in stages)
     searcher = StageSearcher(pending, next_stages if then is not None else None)
-    # methods registered outside the package travel with the trainable (the trial's process has
+    # cards registered outside the package travel with the trainable (the trial's process has
     # only the built-in cards); without any, the trainable is the plain function
-    trainable = tune.with_parameters(run_trial, methods=outside_cards()) if outside_cards() else run_trial
+    outside = (*methods.outside_cards(), *cards.outside_cards())
+    trainable = tune.with_parameters(run_trial, outside=outside) if outside else run_trial
     tuner = tune.Tuner(
         tune.with_resources(trainable, resources),
         param_space={"results": str(results)},

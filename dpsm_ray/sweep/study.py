@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from dpsm_ray.cards import score_names
 from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
 from dpsm_ray.train.config import TrainConfig
 
@@ -73,7 +74,7 @@ class Study:
 
 def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = False, log=print) -> dict:
     """Run (or continue) every arm of ``study`` into ``results_dir``; returns the analysis."""
-    from dpsm_ray.data import check_data_present
+    from dpsm_ray.cards import check_data_present
     from dpsm_ray.files import read_checked_json, remove_temporaries, write_checked_json
     from dpsm_ray.results.layout import ResultsInUse, ResultsLock
     from dpsm_ray.sweep.protocol import quiet_libraries
@@ -218,7 +219,7 @@ def analyse_tables(study: Study, evals, runs) -> dict:
     base model and in the study's own comparisons, the batch-size gaps, and the quantile
     diagnostics of the arms that learn one."""
     present = [arm for arm in study.arms if arm.name in set(evals.stage)]
-    scores = [s for s in ("hps", "aps", "raps") if s in set(evals.score)]
+    scores = [s for s in score_names() if s in set(evals.score)]
     table = []
     for arm in present:
         part = evals[evals.stage == arm.name]
@@ -251,6 +252,7 @@ def analyse_tables(study: Study, evals, runs) -> dict:
 # The pre-registered criterion (docs/fidelity.md, "The decisive test"): the margin DPSM must beat the
 # best searched baseline by, and how far from 1 - alpha an arm's coverage may be and still count.
 CLAIM_MARGIN = 5.0
+CRITERION_SCORES = ("hps", "aps")  # the scores the criterion judges (docs/fidelity.md)
 COVERAGE_TOLERANCE = 0.005
 SEARCHED_METHODS = ("ce", "conftr", "cut", "dpsm")
 
@@ -266,9 +268,9 @@ def verdicts(study: Study, analysis: dict, evals) -> dict:
 
     result = {}
     baselines = [f"searched_{m}" for m in SEARCHED_METHODS[:-1] if f"searched_{m}" in rows]
-    if "searched_dpsm" in rows and baselines and all(s in rows["searched_dpsm"] for s in ("hps", "aps")):
+    if "searched_dpsm" in rows and baselines and all(s in rows["searched_dpsm"] for s in CRITERION_SCORES):
         claim = {}
-        for score in ("hps", "aps"):
+        for score in CRITERION_SCORES:
             best = min(baselines, key=lambda arm: rows[arm][score]["set_size"])
             change = paired_change(evals, "searched_dpsm", best, score)
             claim[score] = {"against": best, **change, "coverage_ok": covered("searched_dpsm", score)}
@@ -278,8 +280,8 @@ def verdicts(study: Study, analysis: dict, evals) -> dict:
     triples = [t for t in study.mechanism if set(t) <= set(rows)]
     if triples:
         dpsm, conftr, cut = min(triples, key=lambda t: rows[t[0]]["hps"]["set_size"])
-        changes = {f"{score}_{other}": paired_change(evals, dpsm, other, score) for score in ("hps", "aps") for other in (conftr, cut)}
-        holds = all(c["high"] < 0 for c in changes.values()) and all(covered(dpsm, score) for score in ("hps", "aps"))
+        changes = {f"{score}_{other}": paired_change(evals, dpsm, other, score) for score in CRITERION_SCORES for other in (conftr, cut)}
+        holds = all(c["high"] < 0 for c in changes.values()) and all(covered(dpsm, score) for score in CRITERION_SCORES)
         result["mechanism"] = {"dpsm": dpsm, "conftr": conftr, "cut": cut, "changes": changes, "verdict": "holds" if holds else "not shown"}
     return result
 
@@ -323,7 +325,7 @@ def detectable_text(change: dict) -> str:
 def markdown_report(analysis: dict) -> str:
     from dpsm_ray.results.report import markdown
 
-    scores = [s for s in ("hps", "aps", "raps") if analysis["table"] and s in analysis["table"][0]]
+    scores = [s for s in score_names() if analysis["table"] and s in analysis["table"][0]]
     lines = [f"**{analysis['dataset']}, alpha {analysis['alpha']:g}**: {len(analysis['seeds'])} training seeds x {analysis['eval_splits']} "
              "calibration/test re-splits; set size mean ± std over seeds and re-splits.", ""]
     rows = [["arm", *[f"{s.upper()} size" for s in scores], *[f"{s.upper()} coverage" for s in scores], "accuracy"]]
@@ -374,7 +376,7 @@ def markdown_report(analysis: dict) -> str:
         lines += [f"**The claim** (searched DPSM at least {CLAIM_MARGIN:g}% smaller than the best searched baseline, HPS and APS, "
                   f"interval below 0, coverage within 1 - alpha ± {COVERAGE_TOLERANCE}): **{claim['verdict']}**. "
                   + "; ".join(f"{s.upper()}: against `{claim[s]['against']}` {interval_text(claim[s])}, detectable {detectable_text(claim[s])}"
-                              + ("" if claim[s]["coverage_ok"] else ", coverage outside the tolerance") for s in ("hps", "aps")) + ".", ""]
+                              + ("" if claim[s]["coverage_ok"] else ", coverage outside the tolerance") for s in CRITERION_SCORES) + ".", ""]
     if "mechanism" in verdict:
         mechanism = verdict["mechanism"]
         lines += [f"**The mechanism** (`{mechanism['dpsm']}`, the lambda with DPSM's smaller HPS sets, smaller than `{mechanism['conftr']}` and "

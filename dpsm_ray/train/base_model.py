@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dpsm_ray.files import cache_home
 from dpsm_ray.methods import method_fields
-from dpsm_ray.models import default_model
+from dpsm_ray.cards import default_model
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.results.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
 from dpsm_ray.train.ray_train import RAY_TRAIN_DIR

@@ -13,10 +13,9 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from dpsm_ray.catalog import (
-    BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, DEFAULT_MODELS, METHODS, MODELS, PRETRAINABLE, Q_INITS, SCORE_KINDS, SPLITS, check_dataset,
-    default_model, min_calibration_size, split_sizes,
-)
+from dpsm_ray import cards
+from dpsm_ray.catalog import BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS, SPLITS, min_calibration_size
+from dpsm_ray.cards import check_dataset, default_model, model_names, pretrainable_models, score_names, split_sizes
 from dpsm_ray.methods import method_names, reads
 
 
@@ -28,10 +27,31 @@ class ConfigError(ValueError):
         super().__init__(f"{name}={value!r} is invalid: {allowed}")
 
 
-def option(default, help: str, **metadata):
+def option(default, help, **metadata):
+    """A config field: its default and help text (a string, or a function returning one where
+    the text lists cards, so that cards registered later show in ``--help``)."""
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
     return field(default=default, metadata={"help": help, **metadata})
+
+
+def field_help(name: str) -> str:
+    """The help text of config field ``name``."""
+    text = TrainConfig.__dataclass_fields__[name].metadata["help"]
+    return text() if callable(text) else text
+
+
+def datasets_help() -> str:
+    described = []
+    for name in cards.dataset_names():
+        options = cards.dataset_card(name).options
+        described.append(name if options is None else f"{name}[:{','.join(f'{key}={value:g}' for key, value in options.items())}]")
+    return "dataset: " + ", ".join(described)
+
+
+def models_help() -> str:
+    defaults = ", ".join(f"{name}: {cards.default_model(name)}" for name in cards.dataset_names())
+    return f"model architecture: {', '.join(model_names())}; auto picks the dataset's default ({defaults})"
 
 
 PRECISIONS = ("fp32", "bf16")
@@ -56,8 +76,7 @@ MAX_SEED = 2**63
 @dataclass(frozen=True)
 class TrainConfig:
     # --- what to train --------------------------------------------------------------------
-    dataset: str = option("digits", "dataset: digits, synthetic[:classes=K,dim=D,size=N,noise=S], glyphs[:classes=K,train=N,noise=S], fonts[:classes=K,train=R,eval=R], "
-                          "fashion_mnist, cifar100, caltech101, inaturalist (2021), inaturalist2018")
+    dataset: str = option("digits", datasets_help)
     data_root: str | None = option(
         None,
         "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/ (iNaturalist), 2018/ (iNaturalist 2018), "
@@ -65,8 +84,8 @@ class TrainConfig:
         type=str,
     )
     download: bool = option(False, "download the dataset into --data-root if it is missing")
-    model: str = option("auto", "model architecture; auto picks the dataset's default (" + ", ".join(f"{d}: {m}" for d, m in DEFAULT_MODELS.items()) + ")")
-    pretrained_path: str | None = option(None, "local ImageNet weights (.pth state dict) for resnet50/densenet121; nothing is downloaded", type=str)
+    model: str = option("auto", models_help)
+    pretrained_path: str | None = option(None, lambda: f"local ImageNet weights (.pth state dict) for {'/'.join(pretrainable_models())}; nothing is downloaded", type=str)
     method: str = option("dpsm", f"training objective: {', '.join(METHODS)}; or {BASE_MODEL} (the CE base model itself, evaluated without training: --init base --epochs 0)")
     init: str = option("scratch", "start from random weights (scratch) or fine-tune the cached CE base model (base)")
     init_checkpoint: str | None = option(None, "weights to start from; set from --init base by the base-model cache", cli=False)
@@ -110,7 +129,7 @@ class TrainConfig:
     diagnostic_examples: int = option(10000, "training examples the per-epoch diagnostics of epochs.parquet (Q_n, |q - Q_n|, the figures' losses and sizes) score: a seeded sample "
                                              "of N, the same every epoch (the whole split when it is no larger); 0 = the whole training split (docs/results.md)")
     eval_splits: int = option(10, "random calibration/test re-splits of the final evaluation")
-    eval_scores: tuple[str, ...] = option(SCORE_KINDS, "scores evaluated at the end")
+    eval_scores: tuple[str, ...] = option(tuple(score_names()), lambda: f"scores evaluated at the end: {', '.join(score_names())}")
     evaluate_test: bool = option(True, "evaluate on the calibration/test splits at the end (sweeps switch it off while searching)", cli=False)
     # --- execution ----------------------------------------------------------------------------
     workers: int = option(0, "Ray Train data-parallel workers; 0 trains in this process")
@@ -207,9 +226,9 @@ def validate(config: TrainConfig) -> None:
     except ValueError as error:
         raise ConfigError("dataset", config.dataset, str(error).partition("; got")[0]) from None
     train_size = split_sizes(config.dataset)["train"]
-    need(config.model in ("auto", *MODELS), "model", f"must be one of auto, {', '.join(MODELS)}")
-    need(config.pretrained_path is None or config.model in PRETRAINABLE or (config.model == "auto" and default_model(config.dataset) in PRETRAINABLE),
-         "pretrained_path", f"only applies to the models {', '.join(PRETRAINABLE)}")
+    need(config.model in ("auto", *model_names()), "model", f"must be one of auto, {', '.join(model_names())}")
+    model = default_model(config.dataset) if config.model == "auto" else config.model
+    need(config.pretrained_path is None or model in pretrainable_models(), "pretrained_path", f"only applies to the models {', '.join(pretrainable_models())}")
     need(config.method in (*method_names(), BASE_MODEL), "method", f"must be one of {', '.join(method_names())}, or {BASE_MODEL}")
     need(config.init in ("scratch", "base"), "init", "must be one of scratch, base")
     need(config.base_epochs is None or (isinstance(config.base_epochs, int) and config.base_epochs >= 1), "base_epochs", "must be an integer >= 1")
@@ -249,7 +268,7 @@ def validate(config: TrainConfig) -> None:
     need(integer("val_splits") >= 1, "val_splits", "must be an integer >= 1")
     need(integer("diagnostic_examples") >= 0 and config.diagnostic_examples != 1, "diagnostic_examples", "must be 0 (the whole training split) or an integer >= 2")
     need(integer("eval_splits") >= 1, "eval_splits", "must be an integer >= 1")
-    need(len(config.eval_scores) > 0 and all(s in SCORE_KINDS for s in config.eval_scores), "eval_scores", f"must be a non-empty subset of {', '.join(SCORE_KINDS)}")
+    need(len(config.eval_scores) > 0 and all(s in score_names() for s in config.eval_scores), "eval_scores", f"must be a non-empty subset of {', '.join(score_names())}")
     need(integer("workers") >= 0, "workers", "must be an integer >= 0")
     need(config.workers == 0 or config.batch_size % (2 * config.workers) == 0, "batch_size",
          f"must be divisible by 2 * workers = {2 * config.workers} (each worker takes batch_size / workers, half from D1 and half from D2)")

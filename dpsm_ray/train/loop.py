@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpsm_ray.conformal import empirical_quantile, evaluate, evaluate_classes, label_scores, pinball_loss, prediction_sets, set_size, soft_set_size
-from dpsm_ray.data import DataSplits, Split, load_splits, stratified_partition
+from dpsm_ray.cards import build_model, default_model, load_splits, score_functions
+from dpsm_ray.data import DataSplits, Split, stratified_partition
 from dpsm_ray.methods import method_fields
-from dpsm_ray.models import build_model, default_model
 from dpsm_ray.objectives import Objective, build_objective, hps_scores
 from dpsm_ray.results.schema import EPOCHS, RUN_KEY
 from dpsm_ray.seeding import derive_seed, generator
@@ -417,7 +417,7 @@ def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig,
         logits.double().softmax(dim=1).cpu(),
         val.labels,
         config.alpha,
-        scores=("hps",),
+        scores=score_functions(("hps",)),
         splits=config.val_splits,
         cal_fraction=0.5,
         seed=derive_seed(config.seed, "val"),
@@ -438,7 +438,7 @@ def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> tuple
     probs = torch.cat([predict(model, s, torch.arange(len(s)), data.num_classes, env, config.precision) for s in (data.cal, data.test)]).double().softmax(dim=1).cpu()
     labels = torch.cat([data.cal.labels, data.test.labels])
     protocol = dict(
-        scores=config.eval_scores,
+        scores=score_functions(config.eval_scores),
         splits=config.eval_splits,
         cal_fraction=len(data.cal) / (len(data.cal) + len(data.test)),
         seed=config.seed,

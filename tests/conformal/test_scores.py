@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from dpsm_ray.conformal import example_uniforms, label_scores, prediction_sets, score_matrix
+from dpsm_ray.cards import score_matrix
+from dpsm_ray.conformal import example_uniforms, label_scores, prediction_sets
 
 
 def slow_aps(probs, u, raps_lambda=0.0, k_reg=0):
@@ -42,7 +43,7 @@ def test_aps_ties_rank_lower_class_index_first():
 
 def test_raps_penalises_ranks_beyond_k_reg_by_hand():
     probs = torch.tensor([[0.3, 0.2, 0.15, 0.1, 0.09, 0.08, 0.05, 0.03]], dtype=torch.float64)
-    scores = score_matrix(probs, "raps", raps_lambda=0.01, raps_k_reg=5)
+    scores = score_matrix(probs, "raps", parameters={"lambda": 0.01, "k_reg": 5})
     cumulative = probs.cumsum(1)
     penalty = torch.tensor([[0, 0, 0, 0, 0, 0.01, 0.02, 0.03]], dtype=torch.float64)
     assert torch.allclose(scores, cumulative + penalty)
@@ -55,7 +56,7 @@ def test_aps_and_raps_match_slow_reference(kind, raps_lambda, k_reg):
     probs[0, :3] = probs[0, 3]  # a few exact ties
     probs[0] = probs[0] / probs[0].sum()
     u = torch.rand(40, generator=generator, dtype=torch.float64)
-    fast = score_matrix(probs, kind, u=u, raps_lambda=raps_lambda, raps_k_reg=k_reg)
+    fast = score_matrix(probs, kind, u=u, parameters={"lambda": raps_lambda, "k_reg": k_reg} if kind == "raps" else None)
     assert torch.allclose(fast, slow_aps(probs, u, raps_lambda, k_reg), atol=1e-12)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpsm_ray.data import load_splits, split_sizes
+from dpsm_ray.cards import load_splits, split_sizes
 from dpsm_ray.data.vision import FASHION_MNIST_FILES, load_fashion_mnist
 
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")

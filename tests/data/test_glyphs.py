@@ -3,9 +3,11 @@ import math
 import pytest
 import torch
 
-from dpsm_ray.data import SPLIT_NAMES, check_dataset, load_splits, make_glyphs, split_sizes
+from dpsm_ray.cards import check_dataset, load_splits, split_sizes
+
+from dpsm_ray.data import SPLIT_NAMES, make_glyphs
 from dpsm_ray.data.glyphs import AUGMENT_PADDING, PER_CLASS_EVAL, POOL, SIZE, STROKES, glyph_strokes, parse_glyphs
-from dpsm_ray.models import build_model, default_model
+from dpsm_ray.cards import build_model, default_model
 
 SMALL = "glyphs:classes=5,train=4"
 

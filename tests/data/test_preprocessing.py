@@ -7,7 +7,9 @@ import pytest
 import torch
 from fake_datasets import write_caltech101, write_cifar100
 
-from dpsm_ray.data import SPLIT_NAMES, load_splits
+from dpsm_ray.cards import load_splits
+
+from dpsm_ray.data import SPLIT_NAMES
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.predict.inputs import read_image
 

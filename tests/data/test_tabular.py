@@ -2,7 +2,9 @@ import pytest
 import numpy as np
 import torch
 
-from dpsm_ray.data import SPLIT_NAMES, load_splits, make_synthetic, split_sizes, stratified_partition
+from dpsm_ray.cards import load_splits, split_sizes
+
+from dpsm_ray.data import SPLIT_NAMES, make_synthetic, stratified_partition
 
 
 def test_stratified_partition_is_disjoint_sized_and_stratified():

@@ -6,7 +6,9 @@ from fake_datasets import (
     INATURALIST_2018_PER_SPECIES, write_inaturalist2018, write_inaturalist2021, write_jpeg,
 )
 
-from dpsm_ray.data import SPLIT_NAMES, check_dataset, fitted_sizes, load_splits, split_sizes
+from dpsm_ray.cards import check_dataset, load_splits, split_sizes
+
+from dpsm_ray.data import SPLIT_NAMES, fitted_sizes
 from dpsm_ray.data.vision import CIFAR100_MEAN, CIFAR100_STD, IMAGENET_MEAN, IMAGENET_STD
 
 PAPER = {

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dpsm_ray.models import MODELS, build_model, check_model, default_model
+from dpsm_ray.cards import build_model, check_model, default_model, model_names
 
 INPUT_SHAPES = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "resnet50": (3, 64, 64), "densenet121": (3, 64, 64)}  # others: 3x32x32
 
@@ -10,7 +10,7 @@ def parameter_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", model_names())
 def test_every_model_maps_a_batch_to_class_logits(name):
     shape = INPUT_SHAPES.get(name, (3, 32, 32))
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpsm_ray.collective import LocalCollective
-from dpsm_ray.models import build_model
+from dpsm_ray.cards import build_model
 from dpsm_ray.objectives import METHODS, build_objective
 from dpsm_ray.train import TrainConfig
 from dpsm_ray.train.config import ConfigError
