@@ -22,13 +22,17 @@ from dpsm_ray import catalog
 # -- the cards -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DatasetCard:
-    """A dataset: ``--dataset NAME``, or ``NAME:key=value,...`` where it has ``options``.
+    """A dataset: ``--dataset NAME``, ``NAME:key=value,...`` where it has ``options``, or
+    ``NAME:PATH[:key=value,...]`` where it takes a ``path`` (a researcher's folder or table).
 
     ``sizes(spec)``: the four splits' sizes, known without loading the data (a ValueError naming
-    the bad option otherwise); ``load(spec, data_root=..., seed=..., download=..., data_workers=...)``
-    returns its ``dpsm_ray.data.DataSplits``; ``check_files(spec, data_root, download)`` raises
-    FileNotFoundError naming the missing path (None: it needs no files).  ``options``: the option
-    names with their defaults (None: the name takes none).
+    the bad option or file otherwise); ``load(spec, data_root=..., seed=..., download=...,
+    data_workers=...)`` returns its ``dpsm_ray.data.DataSplits``; ``check_files(spec, data_root,
+    download)`` raises FileNotFoundError naming a missing path (None: it needs no files) and does
+    any one-time work (decoding into a cache): the driver runs it before anything starts.
+    ``options``: the option names with their defaults (None: the name takes none).
+    ``fingerprint(spec)``: a hash of the files it reads, for data that can change under the same
+    name (a cached base model is keyed by it too).
     """
 
     name: str
@@ -38,6 +42,8 @@ class DatasetCard:
     default_model: str
     check_files: Callable[[str, str | None, bool], Any] | None = None
     options: Mapping[str, float] | None = None
+    path: bool = False
+    fingerprint: Callable[[str], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -178,9 +184,10 @@ def score_card(name: str) -> ScoreCard:
 def check_dataset(spec: str) -> str:
     """``spec`` if it names a dataset with valid options; ValueError naming the bad part."""
     card = dataset_card(spec)
-    if card.options is None and spec != card.name:
-        takes = [name for name, other in _DATASETS.items() if other.options is not None]
-        raise ValueError(f"dataset must be one of {', '.join(_DATASETS)} (only {', '.join(takes)} take options); got {spec!r}")
+    if card.options is None and not card.path and spec != card.name:
+        takes = [name for name, other in _DATASETS.items() if other.options is not None and not other.path]
+        paths = [f"{name}:PATH" for name, other in _DATASETS.items() if other.path]
+        raise ValueError(f"dataset must be one of {', '.join(_DATASETS)} (only {', '.join(takes)} take options, and {', '.join(paths)} a path); got {spec!r}")
     card.sizes(spec)
     return spec
 
@@ -347,6 +354,24 @@ def _image_files_present(spec, data_root, download):
     check_data_present(spec, data_root, download)
 
 
+def _folder_check(spec, data_root, download):
+    from dpsm_ray.data.folder import check_folder
+
+    check_folder(spec)
+
+
+def _load_folder(spec, *, seed, **_):
+    from dpsm_ray.data.folder import load_folder
+
+    return load_folder(spec, seed)
+
+
+def _load_table(spec, *, seed, **_):
+    from dpsm_ray.data.table import load_table
+
+    return load_table(spec, seed)
+
+
 def _paper_sizes(spec):
     return dict(catalog.PAPER_SIZES[spec])
 
@@ -451,6 +476,11 @@ for _card in (
     DatasetCard("caltech101", catalog.IMAGE_TITLES["caltech101"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present),
     DatasetCard("inaturalist", catalog.IMAGE_TITLES["inaturalist"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present),
     DatasetCard("inaturalist2018", catalog.IMAGE_TITLES["inaturalist2018"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present),
+    DatasetCard("folder", "your images (an ImageFolder tree)", catalog.folder_sizes, _load_folder, "resnet20", check_files=_folder_check,
+                options=catalog.FOLDER_DEFAULTS, path=True, fingerprint=catalog.folder_fingerprint),
+    DatasetCard("table", "your features (a Parquet, CSV or .npz table)", catalog.table_sizes, _load_table, "mlp",
+                check_files=lambda spec, data_root, download: catalog.table_sizes(spec), options=catalog.TABLE_DEFAULTS, path=True,
+                fingerprint=catalog.table_fingerprint),
 ):
     register_dataset(_card)
 for _card in (

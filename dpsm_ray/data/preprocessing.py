@@ -109,6 +109,21 @@ def _fields(payload, names: tuple[str, ...], where: str) -> dict:
     return {name: payload[name] for name in names}
 
 
+def read_pixels(file, mode: str, resize: int, crop: tuple[int, int]) -> np.ndarray:
+    """One image file as uint8 pixels ``[C, H, W]``: converted to ``mode``, its shorter side resized
+    to ``resize`` and the centre ``crop`` (H, W) cut out (torchvision's ``Resize`` and
+    ``CenterCrop``, as the 224-pixel datasets' evaluation transform).  What a predictor does to an
+    image file, and what ``folder:`` datasets do to theirs."""
+    from PIL import Image
+    from torchvision import transforms
+
+    with Image.open(file) as image:
+        image = image.convert(mode)
+        image = transforms.CenterCrop(crop)(transforms.Resize(resize)(image))
+        pixels = np.asarray(image)
+    return pixels[None] if IMAGE_MODES[mode] == 1 else pixels.transpose(2, 0, 1)
+
+
 def standardising_spec(inputs: torch.Tensor, divisor: float, raw: str, image: ImageSpec | None = None) -> InputSpec:
     """Per-feature standardisation by the statistics of ``inputs`` (the training split's raw
     inputs): each feature's mean and standard deviation, the latter at least 1e-3 so that a

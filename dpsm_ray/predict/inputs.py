@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsm_ray.data.preprocessing import IMAGE_MODES, InputSpec
+from dpsm_ray.data.preprocessing import InputSpec, read_pixels
 
 
 class InputFileError(ValueError):
@@ -144,15 +144,8 @@ def image_folder(path: Path, spec: InputSpec) -> InputSource:
 
 def read_image(file: Path, spec: InputSpec) -> np.ndarray:
     """One image file as a raw input ``[C, H, W]`` (docs/predictor.md): ``spec.image.mode``, the
-    shorter side resized to ``resize``, the centre ``H x W`` cropped (torchvision's ``Resize`` and
-    ``CenterCrop``, as the 224-pixel datasets' evaluation transform), pixels times ``pixel_scale``."""
-    from PIL import Image
-    from torchvision import transforms
-
+    shorter side resized to ``resize``, the centre ``H x W`` cropped (``read_pixels``), pixels
+    times ``pixel_scale``."""
     image_spec = spec.image
-    with Image.open(file) as image:
-        image = image.convert(image_spec.mode)
-        image = transforms.CenterCrop(spec.shape[1:])(transforms.Resize(image_spec.resize)(image))
-        pixels = np.asarray(image)
-    pixels = pixels[None] if IMAGE_MODES[image_spec.mode] == 1 else pixels.transpose(2, 0, 1)
+    pixels = read_pixels(file, image_spec.mode, image_spec.resize, tuple(spec.shape[1:]))
     return pixels if image_spec.pixel_scale == 1 else pixels.astype(np.float32) * np.float32(image_spec.pixel_scale)

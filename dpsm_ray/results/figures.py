@@ -341,9 +341,12 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
         splits = classes.groupby("method").split.nunique()
         behind = "; ".join(f"{name_of(m)} {shape.labels[m]} classes x {shape.models[m]} models" for m in class_methods)
         worst = per_class.groupby(["method", "score"]).coverage.min()
+        lowest = per_class.loc[per_class.coverage.idxmin()] if per_class.coverage.notna().any() else None
+        names = classes.dropna(subset=["class_name"]).drop_duplicates("label").set_index("label").class_name if "class_name" in classes else {}
+        lowest_class = f", class {names[lowest.label]!r}" if lowest is not None and lowest.label in names else ""
         caption = (f"Each class's test coverage (top) and average set size (bottom), per final model, averaged over its "
                    f"{'/'.join(str(v) for v in sorted(set(splits)))} re-splits (paper figures 5-6); each box: {behind}. Dashed: 1 − α = {1 - alpha:g}. "
-                   f"Lowest class coverage: {worst.min():.3f} ({name_of(worst.idxmin()[0])}, {worst.idxmin()[1].upper()}).")
+                   f"Lowest class coverage: {worst.min():.3f} ({name_of(worst.idxmin()[0])}, {worst.idxmin()[1].upper()}{lowest_class}).")
         yield Figure("class_coverage", "Class-conditional coverage", caption), fig
 
 

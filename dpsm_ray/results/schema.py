@@ -73,6 +73,7 @@ CLASSES = {
     "score": pa.string(),
     "split": pa.int64(),
     "label": pa.int64(),  # the class
+    "class_name": pa.string(),  # its name, where the dataset has names (null otherwise)
     "n_test": pa.int64(),  # the class's points in the test part of the re-split
     "coverage": pa.float64(),  # class-conditional coverage (null when n_test is 0)
     "set_size": pa.float64(),  # average set size over the class's test points (null when n_test is 0)

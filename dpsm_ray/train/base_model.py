@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dpsm_ray.files import cache_home
 from dpsm_ray.methods import method_fields
-from dpsm_ray.cards import default_model
+from dpsm_ray.cards import dataset_card, default_model
 from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.results.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
 from dpsm_ray.train.ray_train import RAY_TRAIN_DIR
@@ -80,7 +80,10 @@ def default_cache_dir() -> Path:
 def cache_entry(config: TrainConfig, cache_dir: str | os.PathLike | None = None) -> Path:
     base = base_config(config)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return root / f"{base.dataset.partition(':')[0]}-{base.model}-seed{base.seed}-{base.config_hash()}"
+    # data that can change under the same name (a folder, a table): its files' fingerprint too
+    card = dataset_card(base.dataset)
+    data = f"-{card.fingerprint(base.dataset)}" if card.fingerprint is not None else ""
+    return root / f"{base.dataset.partition(':')[0]}-{base.model}-seed{base.seed}-{base.config_hash()}{data}"
 
 
 def ensure_base_model(config: TrainConfig, run, cache_dir: str | os.PathLike | None = None, log=print) -> TrainConfig:

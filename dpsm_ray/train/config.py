@@ -44,8 +44,9 @@ def field_help(name: str) -> str:
 def datasets_help() -> str:
     described = []
     for name in cards.dataset_names():
-        options = cards.dataset_card(name).options
-        described.append(name if options is None else f"{name}[:{','.join(f'{key}={value:g}' for key, value in options.items())}]")
+        card = cards.dataset_card(name)
+        options = "" if card.options is None else ",".join(f"{key}={value:g}" if not isinstance(value, str) else f"{key}={value}" for key, value in card.options.items())
+        described.append(f"{name}:PATH[:{options}]" if card.path else name if card.options is None else f"{name}[:{options}]")
     return "dataset: " + ", ".join(described)
 
 

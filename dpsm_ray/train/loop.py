@@ -444,7 +444,10 @@ def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> tuple
         seed=config.seed,
         example_ids=torch.cat([data.cal.ids, data.test.ids]).cpu(),
     )
-    return evaluate(probs, labels, config.alpha, **protocol), evaluate_classes(probs, labels, config.alpha, **protocol)
+    classes = evaluate_classes(probs, labels, config.alpha, **protocol)
+    for row in classes:
+        row["class_name"] = data.class_names[row["label"]] if data.class_names else None
+    return evaluate(probs, labels, config.alpha, **protocol), classes
 
 
 def progress_line(row: dict, config: TrainConfig, uses_quantile: bool) -> EpochLine:

@@ -1,0 +1,164 @@
+"""A researcher's own data: ``folder:PATH`` (an image folder tree) and ``table:FILE`` (features and
+a label column): the splits, the class names, the decoding cache, the preprocessing a predictor
+repeats, and one clear line for every layout or file it cannot use."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from dpsm_ray.cards import check_data_present, load_splits, split_sizes
+from dpsm_ray.catalog import folder_files
+from dpsm_ray.data.preprocessing import read_pixels
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPSM_RAY_CACHE", str(tmp_path / "cache"))
+    folder_files.cache_clear()
+
+
+def write_images(root, per_class: dict[str, int], size=(12, 10), mode="L", seed=0):
+    """``per_class[name]`` random images under ``root/name/``; the class's mean brightness is its
+    index (so the classes differ)."""
+    rng = np.random.default_rng(seed)
+    for index, (name, count) in enumerate(per_class.items()):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            shape = (size[1], size[0]) if mode == "L" else (size[1], size[0], 3)
+            pixels = np.clip(rng.normal(40 * index + 20, 10, shape), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels, mode).save(root / name / f"{i}.png")
+
+
+def test_a_folder_tree_is_split_stratified_with_its_folder_names_as_classes(tmp_path):
+    write_images(tmp_path / "pics", {"cat": 20, "dog": 30, "owl": 10})
+    spec = f"folder:{tmp_path / 'pics'}:size=8"
+    assert split_sizes(spec) == {"train": 30, "val": 9, "cal": 9, "test": 12}  # 60 images at 0.15, 0.15, 0.2
+    data = load_splits(spec, seed=3)
+    assert data.class_names == ("cat", "dog", "owl") and data.num_classes == 3 and data.input_shape == (1, 8, 8)
+    ids = torch.cat([data.train.ids, data.val.ids, data.cal.ids, data.test.ids])
+    assert ids.unique().numel() == 60 and data.sizes() == split_sizes(spec)
+    # stratified: each class's share of the training split within one image of its share of all
+    counts = torch.bincount(data.train.labels, minlength=3).tolist()
+    assert all(abs(c - 30 * n / 60) <= 1 for c, n in zip(counts, (20, 30, 10)))
+    assert not torch.equal(load_splits(spec, seed=4).train.ids, data.train.ids)  # the seed draws the split
+    # the raw inputs are the pixels a predictor reads from the same file (resized, centre-cropped)
+    first = data.train.ids[0]
+    files = [rel for _, rel in folder_files(str(tmp_path / "pics"), 0)[1][""]]  # the images in id order
+    assert np.array_equal(data.train.source.inputs[first].numpy(), read_pixels(tmp_path / "pics" / files[first], "L", 8, (8, 8)))
+    # standardised per channel by the training split's pixels
+    train = data.train.source.inputs[data.train.ids].double() / 255
+    assert data.input_spec.mean == [[[pytest.approx(float(train.mean()))]]] and data.input_spec.image.resize == 8
+
+
+def test_a_presplit_folder_keeps_its_own_splits_and_rgb_wins_over_greyscale(tmp_path, capsys):
+    for split, count in (("train", 6), ("val", 2), ("cal", 3), ("test", 4)):
+        write_images(tmp_path / "pics" / split, {"a": count, "b": count}, seed=len(split))
+    write_images(tmp_path / "pics" / "test", {"a": 1}, mode="RGB", size=(20, 14), seed=9)  # overwrites test/a/0.png in colour
+    spec = f"folder:{tmp_path / 'pics'}:size=8"
+    assert split_sizes(spec) == {"train": 12, "val": 4, "cal": 6, "test": 8}
+    check_data_present(spec)  # the driver: decodes once into the cache
+    said = capsys.readouterr().err
+    assert "decoding 30 images of 2 classes once" in said and "modes L, RGB" in said and "each converted to RGB" in said
+    data = load_splits(spec, seed=0)
+    assert capsys.readouterr().err == ""  # the trial's load reads the cache
+    assert data.input_shape == (3, 8, 8) and data.sizes() == {"train": 12, "val": 4, "cal": 6, "test": 8}
+    assert data.test.labels.tolist() == [0] * 4 + [1] * 4
+
+
+def test_an_unusable_folder_is_named_in_one_line(tmp_path):
+    def error(spec):
+        with pytest.raises((ValueError, FileNotFoundError)) as raised:
+            check_data_present(spec)
+        folder_files.cache_clear()
+        return str(raised.value)
+
+    root = tmp_path / "pics"
+    assert "no such folder" in error(f"folder:{root}")
+    root.mkdir()
+    assert "no class folder with images under it" in error(f"folder:{root}")
+    write_images(root, {"a": 5})
+    assert "one class (a); a classifier needs at least 2" in error(f"folder:{root}")
+    write_images(root, {"a": 5, "b": 3})
+    assert "class 'b' has 3 images; each class needs at least 4" in error(f"folder:{root}")
+    write_images(root, {"a": 5, "b": 5})
+    (root / "notes.txt").write_text("x")
+    assert f"{root / 'notes.txt'} is not in a class folder" in error(f"folder:{root}")
+    (root / "notes.txt").unlink()
+    (root / "a" / "notes.txt").write_text("x")
+    assert f"{root / 'a' / 'notes.txt'} is not an image" in error(f"folder:{root}") and "skip=1" in error(f"folder:{root}")
+    (root / "a" / "notes.txt").unlink()
+    (root / "a" / "broken.png").write_bytes(b"not a png")
+    assert f"{root / 'a' / 'broken.png'} cannot be read as an image" in error(f"folder:{root}") and "skip=1" in error(f"folder:{root}")
+    (root / "a" / "notes.txt").write_text("x")
+    check_data_present(f"folder:{root}:skip=1")  # both left out
+    assert load_splits(f"folder:{root}:skip=1", seed=0).sizes() == {"train": 4, "val": 2, "cal": 2, "test": 2}  # 10 images
+    (root / "a" / "broken.png").unlink()
+    (root / "train").mkdir()
+    assert "has train/ but not val/, cal/, test/" in error(f"folder:{root}")
+    assert "val, cal and test must be fractions in (0, 1) summing to less than 1" in error(f"folder:{root}:val=0.5,cal=0.3,test=0.3")
+    assert "unknown folder option 'colour'" in error(f"folder:{root}:colour=1")
+    assert "folder needs size >= 8, channels 0 (from the images), 1 or 3" in error(f"folder:{root}:channels=2")
+
+
+def test_a_table_of_features_with_named_labels(tmp_path):
+    rng = np.random.default_rng(0)
+    names = np.array(["setosa", "versicolor", "virginica"])[np.arange(90) % 3]
+    frame = pd.DataFrame({"f1": rng.normal(size=90), "f2": rng.normal(size=90), "species": names})
+    frame.to_parquet(tmp_path / "iris.parquet")
+    frame.to_csv(tmp_path / "iris.csv", index=False)
+    for file in ("iris.parquet", "iris.csv"):
+        spec = f"table:{tmp_path / file}:label=species,val=0.2,cal=0.2,test=0.2"
+        assert split_sizes(spec) == {"train": 36, "val": 18, "cal": 18, "test": 18}
+        data = load_splits(spec, seed=0)
+        assert data.class_names == ("setosa", "versicolor", "virginica") and data.input_shape == (2,)
+        rows = torch.cat([data.train.ids, data.val.ids, data.cal.ids, data.test.ids])
+        assert torch.equal(data.train.source.labels[rows], torch.tensor(pd.Categorical(names).codes[rows.numpy()], dtype=torch.int64))
+        assert torch.allclose(data.train.source.inputs, torch.tensor(frame[["f1", "f2"]].to_numpy(), dtype=torch.float32))
+    np.savez(tmp_path / "emb.npz", embeddings=rng.normal(size=(40, 5)).astype(np.float32), label=np.arange(40) % 4)
+    data = load_splits(f"table:{tmp_path / 'emb.npz'}", seed=0)
+    assert data.class_names == ("0", "1", "2", "3") and data.input_shape == (5,)
+
+
+def test_an_unusable_table_is_named_in_one_line(tmp_path):
+    def error(frame, spec_tail=""):
+        frame.to_parquet(tmp_path / "t.parquet")
+        with pytest.raises((ValueError, FileNotFoundError)) as raised:
+            split_sizes(f"table:{tmp_path / 't.parquet'}{spec_tail}")
+        return str(raised.value)
+
+    good = {"x": np.arange(20.0), "label": np.arange(20) % 2}
+    assert "no label column 'label' (its columns: x, y); name it with label=NAME" in error(pd.DataFrame({"x": good["x"], "y": good["label"]}))
+    assert "column 'word' is " in (said := error(pd.DataFrame({**good, "word": ["a"] * 20}))) and "not a number" in said
+    assert "1 rows have a missing or infinite feature (the first: row 3, column 'x')" in error(pd.DataFrame({**good, "x": np.where(np.arange(20) == 3, np.nan, 1.0)}))
+    assert "labels 'label' must be integers or names; got fractions" in error(pd.DataFrame({**good, "label": np.arange(20) / 3}))
+    assert "hold one class" in error(pd.DataFrame({**good, "label": np.zeros(20, int)}))
+    assert "20 examples are too few" not in error(pd.DataFrame({**good, "label": np.zeros(20, int)}))
+    with pytest.raises(ValueError, match="3 examples are too few to split"):
+        pd.DataFrame({"x": [1.0, 2, 3], "label": [0, 1, 0]}).to_parquet(tmp_path / "small.parquet")
+        split_sizes(f"table:{tmp_path / 'small.parquet'}")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        split_sizes(f"table:{tmp_path / 'absent.csv'}")
+    with pytest.raises(ValueError, match=r"give a \.parquet, \.csv, \.npz file"):
+        split_sizes(f"table:{tmp_path / 'data.json'}")
+
+
+def test_data_that_changes_under_the_same_name_gets_a_new_base_model_and_a_new_decoding(tmp_path):
+    import os
+
+    from dpsm_ray.data.folder import cache_path
+    from dpsm_ray.train.base_model import cache_entry
+    from dpsm_ray.train.config import TrainConfig
+
+    write_images(tmp_path / "pics", {"a": 6, "b": 6})
+    spec = f"folder:{tmp_path / 'pics'}"
+    config = TrainConfig(dataset=spec, model="cnn", init="base", batch_size=4, base_batch_size=4)
+    entry, decoded_at = cache_entry(config), cache_path(str(tmp_path / "pics"), {"size": 32, "channels": 0}, folder_files(str(tmp_path / "pics"), 0)[1])
+    assert entry == cache_entry(config) and entry.name.startswith("folder-cnn-seed0-")
+    write_images(tmp_path / "pics", {"a": 1}, seed=5)  # a.0.png rewritten with other pixels
+    os.utime(tmp_path / "pics" / "a" / "0.png", ns=(1, 1))  # a different modification time, whatever the clock
+    folder_files.cache_clear()
+    assert cache_entry(config) != entry
+    assert cache_path(str(tmp_path / "pics"), {"size": 32, "channels": 0}, folder_files(str(tmp_path / "pics"), 0)[1]) != decoded_at
+    assert "-" not in cache_entry(TrainConfig(dataset="digits", init="base")).name.rpartition("seed0-")[2]  # built-in data: the config alone
