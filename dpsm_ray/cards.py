@@ -13,6 +13,8 @@ holding a literal import (as Ray's ``SEARCH_ALG_IMPORT``), run only when a run n
 
 from __future__ import annotations
 
+import importlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -52,7 +54,13 @@ class ModelCard:
     ``nn.Module`` with ``num_classes`` outputs.  ``inputs``: what it accepts -- ``any`` shape,
     ``image`` ``[C, H, W]``, or ``rgb`` ``[3, H, W]``; ``pretrainable``: it takes a local weights
     file (``--pretrained-path``); ``trials_per_gpu``: how many trials share one GPU by default
-    (a model that fills a GPU on its own: 1)."""
+    (a model that fills a GPU on its own: 1); ``argument``: the name takes one, ``NAME:ARGUMENT``
+    (``torchvision:resnet18``), passed to ``build`` as ``argument=``.
+
+    Besides the cards, ``--model PKG.MODULE:FACTORY`` names a researcher's own code: ``FACTORY(
+    num_classes)`` returns the network (``factory_card``); the module must be importable wherever
+    a trial runs.
+    """
 
     name: str
     title: str
@@ -60,6 +68,7 @@ class ModelCard:
     inputs: str = "any"
     pretrainable: bool = False
     trials_per_gpu: int = 4
+    argument: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,10 @@ def model_names() -> tuple[str, ...]:
     return tuple(_MODELS)
 
 
+def model_cards() -> tuple[ModelCard, ...]:
+    return tuple(_MODELS.values())
+
+
 def score_names() -> tuple[str, ...]:
     """Every score, in the report's order."""
     return tuple(_SCORES)
@@ -169,10 +182,54 @@ def dataset_card(spec: str) -> DatasetCard:
     return _DATASETS[name]
 
 
-def model_card(name: str) -> ModelCard:
-    if name not in _MODELS:
-        raise ValueError(f"model must be one of {', '.join(_MODELS)}; got {name!r}")
-    return _MODELS[name]
+FACTORY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+def model_choices() -> str:
+    """The models in words, for errors and ``--help``."""
+    named = [f"{name}:{card.argument}" if card.argument else name for name, card in _MODELS.items()]
+    return f"{', '.join(named)}, or PKG.MODULE:FACTORY (your FACTORY(num_classes) -> nn.Module)"
+
+
+def model_card(spec: str) -> ModelCard:
+    """The card of ``spec``: a registered model (``NAME``, or ``NAME:ARGUMENT`` for a card that
+    takes one), or a factory of the researcher's own (``PKG.MODULE:FACTORY``, ``factory_card``).
+    Nothing is imported."""
+    name, colon, argument = spec.partition(":")
+    card = _MODELS.get(name)
+    if card is not None and bool(colon) == bool(card.argument) and (not colon or argument):
+        return card
+    if card is None and FACTORY.match(spec):
+        return factory_card(spec)
+    raise ValueError(f"model must be one of {model_choices()}; got {spec!r}")
+
+
+def is_factory(spec: str) -> bool:
+    """Whether ``spec`` names code of the researcher's own (importing it runs that code)."""
+    return spec.partition(":")[0] not in _MODELS and bool(FACTORY.match(spec))
+
+
+def factory_card(spec: str) -> ModelCard:
+    """``PKG.MODULE:FACTORY`` as a card: ``FACTORY(num_classes)`` builds the network."""
+
+    def build(input_shape, num_classes, pretrained_path=None):
+        return import_factory(spec)(num_classes)
+
+    return ModelCard(spec, f"{spec}(num_classes)", build, trials_per_gpu=1)
+
+
+def import_factory(spec: str) -> Callable:
+    """The callable ``PKG.MODULE:FACTORY`` names; ValueError naming what is missing."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"model {spec}: cannot import {module_name} ({error}); it must be importable (installed, or on PYTHONPATH) "
+                         "in the driver and on every Ray node") from None
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise ValueError(f"model {spec}: {module_name} has no callable {attribute!r}")
+    return factory
 
 
 def score_card(name: str) -> ScoreCard:
@@ -204,9 +261,15 @@ def default_model(spec: str) -> str:
     return dataset_card(spec).default_model
 
 
-def check_model(name: str) -> str:
-    model_card(name)
-    return name
+def check_model(spec: str) -> str:
+    """``spec`` if it names a model that can be built: a card (a card's argument checked by the
+    card's ``check``, e.g. a torchvision architecture's name), or an importable factory."""
+    card = model_card(spec)
+    if is_factory(spec):
+        import_factory(spec)
+    elif card.argument:
+        _check_torchvision(spec.partition(":")[2])
+    return spec
 
 
 def pretrainable_models() -> tuple[str, ...]:
@@ -268,10 +331,11 @@ def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (
         raise ValueError(f"model: {name} needs image inputs [C, H, W]; got input shape {input_shape}")
     if card.inputs == "rgb" and input_shape[0] != 3:
         raise ValueError(f"model: {name} takes RGB images [3, H, W]; got input shape {input_shape}")
-    model = card.build(tuple(input_shape), num_classes, pretrained_path)
+    argument = {"argument": name.partition(":")[2]} if card.argument else {}
+    model = card.build(tuple(input_shape), num_classes, pretrained_path, **argument)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model {name}: its card's build returned {type(model).__name__}, not a torch.nn.Module")
-    if not built_in("model", name):
+    if card.argument or not built_in("model", card.name):
         check_outputs(model, name, tuple(input_shape), num_classes)
     return model
 
@@ -415,6 +479,23 @@ def _cifar_resnet(depth: int):
     return build
 
 
+def _torchvision(input_shape, num_classes, pretrained_path=None, *, argument):
+    import torchvision
+
+    _check_torchvision(argument)
+    return torchvision.models.get_model(argument, weights=None, num_classes=num_classes)
+
+
+def _check_torchvision(name: str) -> None:
+    import torchvision
+
+    names = torchvision.models.list_models(module=torchvision.models)
+    if name not in names:
+        close = [n for n in names if n.startswith(name[:4])][:6]
+        raise ValueError(f"model torchvision:{name}: not a torchvision classification architecture"
+                         + (f" (close: {', '.join(close)})" if close else f" ({len(names)} of them: torchvision.models.list_models())"))
+
+
 def _densenet100(input_shape, num_classes, pretrained_path=None):
     from dpsm_ray.models.densenet import CifarDenseNet
 
@@ -462,6 +543,8 @@ for _card in (
     *(ModelCard(name, f"torchvision {name} (ImageNet architecture)", _imagenet(name), inputs="rgb", pretrainable=True, trials_per_gpu=1)
       for name in catalog.IMAGENET_HEADS),
     ModelCard("lenet", "LeNet-5", _lenet, inputs="image"),
+    ModelCard("torchvision", "any torchvision classification architecture, randomly initialised, its classifier for the dataset's classes",
+              _torchvision, inputs="rgb", trials_per_gpu=1, argument="NAME"),
 ):
     register_model(_card)
 for _card in (

@@ -172,13 +172,19 @@ TABLE_SUFFIXES = (".parquet", ".csv", ".npz")
 _OPTIONS_TAIL = re.compile(r"^[a-z_]+=[^/=]*(,[a-z_]+=[^/=]*)*$")
 
 
-def path_spec(spec: str, defaults: dict) -> tuple[str, dict]:
-    """``family:PATH`` or ``family:PATH:key=value,...`` -> the path and the options (defaults
-    filled in, each parsed as its default's type; the fractions checked)."""
+def split_path_spec(spec: str) -> tuple[str, str, str]:
+    """``family:PATH[:key=value,...]`` -> ``(family, PATH, "key=value,..." or "")``."""
     family, _, rest = spec.partition(":")
     path, _, tail = rest.rpartition(":")
     if not (path and _OPTIONS_TAIL.match(tail)):
         path, tail = rest, ""
+    return family, path, tail
+
+
+def path_spec(spec: str, defaults: dict) -> tuple[str, dict]:
+    """``family:PATH`` or ``family:PATH:key=value,...`` -> the path and the options (defaults
+    filled in, each parsed as its default's type; the fractions checked)."""
+    family, path, tail = split_path_spec(spec)
     if not path:
         raise ValueError(f"dataset: {family} needs a path: {family}:PATH (options after it: {family}:PATH:key=value,...)")
     options = dict(defaults)

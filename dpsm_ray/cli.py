@@ -163,7 +163,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     from dpsm_ray.predict.predictor import Predictor
 
     try:
-        predictor = Predictor.load(args.predictor, device=args.device)
+        predictor = Predictor.load(args.predictor, device=args.device, trust_code=args.trust_code)
         source = open_inputs(args.input, predictor.input_spec)
         predictor.threshold(args.score)  # an uncalibrated predictor fails before any input is read
         rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size, non_empty=args.non_empty)
@@ -184,13 +184,14 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.no_token and args.token_file:
         parser.exit(2, f"{parser.prog}: error: --no-token and --token-file exclude each other\n")
     try:  # a bad directory, a taken port or an unusable token file fails here, in one line, before Ray starts
-        Predictor.load(args.predictor, device="cpu")
+        Predictor.load(args.predictor, device="cpu", trust_code=args.trust_code)
         check_port(args.host, args.port)
         token, token_file = serve_token(args.host, args.token_file, args.no_token)
     except (ValueError, OSError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     serve_predictor(Path(args.predictor).resolve(), host=args.host, port=args.port, replicas=args.replicas, device=args.device,
-                    cpus_per_replica=args.cpus_per_replica, max_batch=args.max_batch, address=args.address, token=token, token_file=token_file)
+                    cpus_per_replica=args.cpus_per_replica, max_batch=args.max_batch, address=args.address, token=token, token_file=token_file,
+                    trust_code=args.trust_code)
     return 0
 
 
@@ -227,6 +228,9 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     except (FileNotFoundError, CorruptFileError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     return 0
+
+
+TRUST_CODE_HELP = "load a predictor whose model is a researcher's own factory (PKG.MODULE:FACTORY): importing it runs that code; only for predictors you trust"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -290,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--non-empty", action="store_true", help="put the top class into every empty set (conservative: coverage only rises; docs/predictor.md)")
     predict.add_argument("--batch-size", type=positive_int, default=512, help="inputs per forward pass (default: %(default)s)")
     predict.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
+    predict.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     predict.set_defaults(handler=cmd_predict, parser=predict)
 
     serve = commands.add_parser(
@@ -307,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: the replicas share the GPU when there is one (default: %(default)s)")
     serve.add_argument("--token-file", metavar="FILE", help="the bearer token every request but GET /health must carry: read from FILE (readable by its owner only), "
                                                           "or generated into it; default, when --host is not a loopback address: $DPSM_RAY_CACHE/serve-token")
+    serve.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     serve.add_argument("--no-token", action="store_true", help="serve beyond this machine without a token: anyone who can reach it can query the model")
     serve.add_argument("--max-batch", type=positive_int, default=4096, help="most inputs in one request; more get status 413 (default: %(default)s)")
     serve.add_argument("--address", help="a Ray cluster to run on (default: $RAY_ADDRESS, else one started on this machine with `ray start`, else a Ray instance of its own)")

@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -347,3 +348,23 @@ def test_each_method_s_predictor_is_chosen_on_validation_data_alone():
         entry("ce", 0, 2.0, 0.80, 1.0), entry("ce", 1, 1.0, 0.85, 1.0),  # none reaches the floor: the highest coverage
     ]
     assert choose(entries, 0.88) == {"dpsm": "dpsm-seed0", "ce": "ce-seed1"}
+
+
+def test_a_predictor_whose_model_is_ones_own_factory_loads_only_when_trusted(tmp_path, monkeypatch, capsys):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "my_digit_nets.py").write_text(
+        "from torch import nn\n"
+        "def small(num_classes):\n    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, num_classes))\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    assert main(["train", "--dataset", "digits", "--model", "my_digit_nets:small", "--method", "ce", "--epochs", "2", "--eval-splits", "2",
+                 "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    with pytest.raises(PredictorError, match=r"its model, my_digit_nets:small, is code to import and run; load it with trust_code=True"):
+        Predictor.load(tmp_path / "run" / "predictor")
+    predictor = Predictor.load(tmp_path / "run" / "predictor", trust_code=True)
+    assert predictor.card["model"]["architecture"] == "my_digit_nets:small"
+    np.save(tmp_path / "x.npy", np.zeros((3, 64), np.float32))
+    with pytest.raises(SystemExit):
+        main(["predict", str(tmp_path / "run" / "predictor"), "--input", str(tmp_path / "x.npy"), "--out", str(tmp_path / "sets.parquet")])
+    assert "--trust-code" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "run" / "predictor"), "--input", str(tmp_path / "x.npy"), "--out", str(tmp_path / "sets.parquet"), "--trust-code"]) == 0

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 
 from dpsm_ray import __version__
-from dpsm_ray.cards import check_score, model_names, score_card, score_matrix, score_names
+from dpsm_ray.cards import check_score, model_card, model_choices, score_card, score_matrix, score_names
 from dpsm_ray.conformal import (
     check_alpha, conformal_quantile, coverage, example_uniforms, label_scores, min_calibration_size, prediction_sets, set_size,
 )
@@ -110,11 +110,13 @@ class Predictor:
         return cls(model, card, device=device)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto") -> Predictor:
+    def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto", trust_code: bool = False) -> Predictor:
         """The predictor in directory ``path``.  Refuses, with ``PredictorError`` naming the file:
         a missing file, a ``predictor.json`` changed after it was written or of a newer format,
-        and weights whose sha256 differs from the recorded one (checked before they are read)."""
-        from dpsm_ray.cards import build_model
+        and weights whose sha256 differs from the recorded one (checked before they are read).
+        A model that is a researcher's own factory (``PKG.MODULE:FACTORY``) is code a predictor
+        names and loading would run: only with ``trust_code``."""
+        from dpsm_ray.cards import build_model, is_factory
 
         directory = Path(path)
         card_path = directory / CARD_FILE
@@ -127,6 +129,10 @@ class Predictor:
         except CorruptFileError as error:
             raise PredictorError(str(error)) from None
         check_card(card, str(card_path))
+        architecture = card["model"]["architecture"]
+        if is_factory(architecture) and not trust_code:
+            raise PredictorError(f"{card_path}: its model, {architecture}, is code to import and run; load it with trust_code=True "
+                                 "(dpsm-ray predict/serve --trust-code) only if you trust where this predictor came from")
         weights = directory / card["weights"]["file"]
         if not weights.is_file():
             raise PredictorError(f"{weights} is missing (named by {card_path}, field weights.file)")
@@ -396,6 +402,14 @@ def mask_lists(mask: torch.Tensor) -> list[list[int]]:
     return lists
 
 
+def known_model(spec: str) -> bool:
+    try:
+        model_card(spec)
+    except ValueError:
+        return False
+    return True
+
+
 def check_card(card, where: str) -> None:
     """Raise ``PredictorError`` naming ``where`` and the field unless ``card`` is a predictor
     card this version reads."""
@@ -413,8 +427,8 @@ def check_card(card, where: str) -> None:
     missing = [field for field in CARD_FIELDS if field not in card]
     need(not missing, missing[0] if missing else "", "is missing")
     model = card["model"]
-    need(isinstance(model, dict) and model.get("architecture") in model_names(), "model.architecture",
-         f"must be one of {', '.join(model_names())} (a model of your own: register_model its card before loading); got {model.get('architecture') if isinstance(model, dict) else None!r}")
+    need(isinstance(model, dict) and isinstance(model.get("architecture"), str) and known_model(model["architecture"]), "model.architecture",
+         f"must be one of {model_choices()} (a model card of your own: register_model it before loading); got {model.get('architecture') if isinstance(model, dict) else None!r}")
     need(isinstance(model.get("num_classes"), int) and model["num_classes"] >= 2, "model.num_classes", "must be an integer >= 2")
     need(model.get("precision") in PRECISIONS, "model.precision", f"must be one of {', '.join(PRECISIONS)}")
     try:

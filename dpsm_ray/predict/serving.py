@@ -166,8 +166,8 @@ def health(predictor: Predictor, max_batch: int) -> dict:
 class PredictorServer:
     """The Serve replica: one loaded predictor, routes /predict and /health."""
 
-    def __init__(self, predictor_dir: str, device: str, max_batch: int, token_sha256: str | None = None) -> None:
-        self.predictor = Predictor.load(predictor_dir, device=device)
+    def __init__(self, predictor_dir: str, device: str, max_batch: int, token_sha256: str | None = None, trust_code: bool = False) -> None:
+        self.predictor = Predictor.load(predictor_dir, device=device, trust_code=trust_code)
         self.max_batch = max_batch
         self.token_sha256 = token_sha256
 
@@ -208,7 +208,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def serve_predictor(path: Path, *, host: str, port: int, replicas: int, device: str, cpus_per_replica: float, max_batch: int,
-                    address: str | None = None, token: str | None = None, token_file: Path | None = None, log=None) -> None:
+                    address: str | None = None, token: str | None = None, token_file: Path | None = None, trust_code: bool = False, log=None) -> None:
     """Serve the predictor in ``path`` until Ctrl-C or SIGTERM, then shut Serve and Ray down
     (``check_port`` and ``serve_token`` first, for a one-line error).  With ``token``, every
     request but GET /health must carry it."""
@@ -232,7 +232,7 @@ def serve_predictor(path: Path, *, host: str, port: int, replicas: int, device: 
         serve.start(http_options={"host": host, "port": port})
         resources = {"num_cpus": cpus_per_replica, "num_gpus": 1 / replicas if device == "cuda" else 0}  # the replicas share one GPU
         deployment = serve.deployment(PredictorServer, name="predictor", num_replicas=replicas, ray_actor_options=resources)
-        serve.run(deployment.bind(str(path), device, max_batch, token_digest(token)), name="dpsm-ray", route_prefix="/")
+        serve.run(deployment.bind(str(path), device, max_batch, token_digest(token), trust_code), name="dpsm-ray", route_prefix="/")
         log(f"serving {path} on {replicas} replica{'s' if replicas > 1 else ''} ({device}): POST http://{host}:{port}/predict, "
             f"GET http://{host}:{port}/health; Ctrl-C stops")
         if token is not None:

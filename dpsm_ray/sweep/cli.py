@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from dpsm_ray.cards import default_model, model_card, model_names
+from dpsm_ray.cards import default_model, model_card, model_cards
 from dpsm_ray.catalog import PAPER_METHODS, version_line
 from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_config
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_range
@@ -38,8 +38,9 @@ def trials_per_gpu(model: str) -> int:
 def packing_help() -> str:
     """Each model's default packing, grouped: "4 for mlp, ...; 1 for resnet50, densenet121"."""
     groups: dict[int, list[str]] = {}
-    for name in model_names():
-        groups.setdefault(trials_per_gpu(name), []).append(name)
+    for card in model_cards():
+        groups.setdefault(card.trials_per_gpu, []).append(f"{card.name}:{card.argument}" if card.argument else card.name)
+    groups.setdefault(1, []).append("PKG.MODULE:FACTORY")
     return "; ".join(f"{count} for {', '.join(names)}" for count, names in sorted(groups.items(), reverse=True))
 
 

@@ -10,6 +10,7 @@ A cache entry is written to a temporary directory and renamed into place: it is 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -83,7 +84,8 @@ def cache_entry(config: TrainConfig, cache_dir: str | os.PathLike | None = None)
     # data that can change under the same name (a folder, a table): its files' fingerprint too
     card = dataset_card(base.dataset)
     data = f"-{card.fingerprint(base.dataset)}" if card.fingerprint is not None else ""
-    return root / f"{base.dataset.partition(':')[0]}-{base.model}-seed{base.seed}-{base.config_hash()}{data}"
+    model = re.sub(r"[^\w.]", "_", base.model)  # torchvision:resnet18, pkg.nets:make -> a folder name
+    return root / f"{base.dataset.partition(':')[0]}-{model}-seed{base.seed}-{base.config_hash()}{data}"
 
 
 def ensure_base_model(config: TrainConfig, run, cache_dir: str | os.PathLike | None = None, log=print) -> TrainConfig:

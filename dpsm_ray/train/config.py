@@ -11,11 +11,12 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 
 from dpsm_ray import cards
-from dpsm_ray.catalog import BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS, SPLITS, min_calibration_size
-from dpsm_ray.cards import check_dataset, default_model, model_names, pretrainable_models, score_names, split_sizes
+from dpsm_ray.catalog import BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS, SPLITS, min_calibration_size, split_path_spec
+from dpsm_ray.cards import check_dataset, check_model, default_model, pretrainable_models, score_names, split_sizes
 from dpsm_ray.methods import method_names, reads
 
 
@@ -52,7 +53,7 @@ def datasets_help() -> str:
 
 def models_help() -> str:
     defaults = ", ".join(f"{name}: {cards.default_model(name)}" for name in cards.dataset_names())
-    return f"model architecture: {', '.join(model_names())}; auto picks the dataset's default ({defaults})"
+    return f"model architecture: {cards.model_choices()}; auto picks the dataset's default ({defaults})"
 
 
 PRECISIONS = ("fp32", "bf16")
@@ -71,6 +72,8 @@ OPERATIONAL_FIELDS = frozenset(
      "step", "channels_last"}
 )  # not ``workers``: without SyncBatchNorm a BatchNorm model trained by W workers is another model
 PATH_FIELDS = ("data_root", "pretrained_path", "cache_dir")
+WEIGHTS = "weights:"  # --init weights:FILE
+WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")
 MAX_SEED = 2**63
 
 
@@ -88,7 +91,8 @@ class TrainConfig:
     model: str = option("auto", models_help)
     pretrained_path: str | None = option(None, lambda: f"local ImageNet weights (.pth state dict) for {'/'.join(pretrainable_models())}; nothing is downloaded", type=str)
     method: str = option("dpsm", f"training objective: {', '.join(METHODS)}; or {BASE_MODEL} (the CE base model itself, evaluated without training: --init base --epochs 0)")
-    init: str = option("scratch", "start from random weights (scratch) or fine-tune the cached CE base model (base)")
+    init: str = option("scratch", "start from random weights (scratch), fine-tune the cached CE base model (base), or start from your own weights "
+                       "(weights:FILE, a .pt/.pth state dict read with weights_only=True or a .safetensors file, every key and shape matching the model)")
     init_checkpoint: str | None = option(None, "weights to start from; set from --init base by the base-model cache", cli=False)
     base_epochs: int | None = option(None, "CE base model epochs (default: the model's recipe)", type=int)
     base_lr: float | None = option(None, "CE base model learning rate (default: the model's recipe)", type=float)
@@ -185,7 +189,16 @@ class TrainConfig:
         directories of their own, where a relative path means something else."""
         from pathlib import Path
 
-        return self.replace(**{name: str(Path(getattr(self, name)).expanduser().resolve()) for name in PATH_FIELDS if getattr(self, name) is not None})
+        def absolute(path: str) -> str:
+            return str(Path(path).expanduser().resolve())
+
+        changes = {name: absolute(getattr(self, name)) for name in PATH_FIELDS if getattr(self, name) is not None}
+        if cards.dataset_card(self.dataset).path:  # folder:PATH, table:FILE
+            family, path, tail = split_path_spec(self.dataset)
+            changes["dataset"] = f"{family}:{absolute(path)}" + (f":{tail}" if tail else "")
+        if self.init.startswith(WEIGHTS):
+            changes["init"] = WEIGHTS + absolute(self.init.removeprefix(WEIGHTS))
+        return self.replace(**changes)
 
     def config_hash(self) -> str:
         """Hash of everything that determines the run's results (operational fields excluded)."""
@@ -227,11 +240,20 @@ def validate(config: TrainConfig) -> None:
     except ValueError as error:
         raise ConfigError("dataset", config.dataset, str(error).partition("; got")[0]) from None
     train_size = split_sizes(config.dataset)["train"]
-    need(config.model in ("auto", *model_names()), "model", f"must be one of auto, {', '.join(model_names())}")
+    if config.model != "auto":
+        try:
+            check_model(config.model)
+        except ValueError as error:
+            raise ConfigError("model", config.model, f"must be auto or one of {cards.model_choices()}" if "must be one of" in str(error) else str(error)) from None
     model = default_model(config.dataset) if config.model == "auto" else config.model
     need(config.pretrained_path is None or model in pretrainable_models(), "pretrained_path", f"only applies to the models {', '.join(pretrainable_models())}")
     need(config.method in (*method_names(), BASE_MODEL), "method", f"must be one of {', '.join(method_names())}, or {BASE_MODEL}")
-    need(config.init in ("scratch", "base"), "init", "must be one of scratch, base")
+    if config.init.startswith(WEIGHTS):
+        weights = config.init.removeprefix(WEIGHTS)
+        need(weights.lower().endswith(WEIGHT_SUFFIXES), "init", f"weights:FILE must name a {', '.join(WEIGHT_SUFFIXES)} file")
+        need(os.path.isfile(weights), "init", f"weights:FILE: no such file {weights}")
+    else:
+        need(config.init in ("scratch", "base"), "init", "must be one of scratch, base, or weights:FILE")
     need(config.base_epochs is None or (isinstance(config.base_epochs, int) and config.base_epochs >= 1), "base_epochs", "must be an integer >= 1")
     need(config.base_lr is None or (isinstance(config.base_lr, (int, float)) and config.base_lr > 0), "base_lr", "must be > 0")
     need(config.base_batch_size is None or (isinstance(config.base_batch_size, int) and config.base_batch_size >= 2 and config.base_batch_size % 2 == 0), "base_batch_size", "must be an even integer >= 2")

@@ -30,10 +30,11 @@ from dpsm_ray.conformal import empirical_quantile, evaluate, evaluate_classes, l
 from dpsm_ray.cards import build_model, default_model, load_splits, score_functions
 from dpsm_ray.data import DataSplits, Split, stratified_partition
 from dpsm_ray.methods import method_fields
+from dpsm_ray.models.weights import load_weights
 from dpsm_ray.objectives import Objective, build_objective, hps_scores
 from dpsm_ray.results.schema import EPOCHS, RUN_KEY
 from dpsm_ray.seeding import derive_seed, generator
-from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.train.config import WEIGHTS, ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine
 from dpsm_ray.train.step import GraphStep, auto_line, autocast, build_step, graph_capturable, resolve_channels_last
 
@@ -168,6 +169,8 @@ def train(config: TrainConfig, env) -> RunResult:
         if config.init_checkpoint is None:
             raise RuntimeError("init='base' needs the base model's weights: run through run_training, which resolves the cache")
         model.load_state_dict(torch.load(config.init_checkpoint, map_location="cpu", weights_only=True))
+    elif config.init.startswith(WEIGHTS):
+        load_weights(model, config.init.removeprefix(WEIGHTS), config.model)
     fields = {name: getattr(config, name) for name in ("alpha", *method_fields())}
     fields["quantile_lr"] = config.resolved_quantile_lr(train_size)  # gamma per step
     objective = build_objective(config.method, seed=config.seed, collective=env.collective, **fields)

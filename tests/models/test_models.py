@@ -1,7 +1,10 @@
 import pytest
 import torch
 
-from dpsm_ray.cards import build_model, check_model, default_model, model_names
+from dpsm_ray.cards import build_model, check_model, default_model, model_cards
+
+# every card, a card that takes an argument with an example of it
+EVERY_MODEL = [f"{card.name}:resnet18" if card.argument else card.name for card in model_cards()]
 
 INPUT_SHAPES = {"mlp": (1, 8, 8), "cnn": (1, 8, 8), "resnet50": (3, 64, 64), "densenet121": (3, 64, 64)}  # others: 3x32x32
 
@@ -10,7 +13,7 @@ def parameter_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("name", model_names())
+@pytest.mark.parametrize("name", EVERY_MODEL)
 def test_every_model_maps_a_batch_to_class_logits(name):
     shape = INPUT_SHAPES.get(name, (3, 32, 32))
     torch.manual_seed(0)
@@ -140,3 +143,31 @@ def test_conftr_s_fashion_mnist_mlp():
     assert [(m.in_features, m.out_features) for m in linear] == [(784, 64), (64, 64), (64, 10)]
     assert [(m.num_features, m.momentum) for m in norms] == [(64, 0.1), (64, 0.1)]
     assert model(torch.zeros(4, 1, 28, 28)).shape == (4, 10)
+
+
+def test_a_torchvision_architecture_gets_the_datasets_classes_and_a_wrong_name_is_named():
+    model = build_model("torchvision:resnet18", 5, input_shape=(3, 32, 32))
+    assert model.fc.out_features == 5
+    with pytest.raises(ValueError, match=r"model torchvision:resnet19: not a torchvision classification architecture \(close: .*resnet18"):
+        check_model("torchvision:resnet19")
+    with pytest.raises(ValueError, match="model torchvision:resnet18 takes RGB images|takes RGB images"):
+        build_model("torchvision:resnet18", 5, input_shape=(1, 32, 32))
+    with pytest.raises(ValueError, match=r"model must be one of .*torchvision:NAME, or PKG.MODULE:FACTORY .*; got 'torchvision'"):
+        check_model("torchvision")
+
+
+def test_a_factory_of_ones_own_builds_the_network_and_is_checked(tmp_path, monkeypatch):
+    (tmp_path / "my_nets.py").write_text(
+        "from torch import nn\n"
+        "def tiny(num_classes):\n    return nn.Sequential(nn.Flatten(), nn.Linear(12, num_classes))\n"
+        "def wrong(num_classes):\n    return nn.Linear(12, 3)\n"
+        "NOT_CALLABLE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = build_model("my_nets:tiny", 4, input_shape=(12,))
+    assert model(torch.zeros(3, 12)).shape == (3, 4)
+    with pytest.raises(ValueError, match=r"model my_nets:wrong: must return logits \[n, 4\] for inputs \[n, 12\]; got \[2, 3\]"):
+        build_model("my_nets:wrong", 4, input_shape=(12,))
+    with pytest.raises(ValueError, match="model my_nets:NOT_CALLABLE: my_nets has no callable 'NOT_CALLABLE'"):
+        check_model("my_nets:NOT_CALLABLE")
+    with pytest.raises(ValueError, match="model absent_pkg.nets:make: cannot import absent_pkg.nets"):
+        check_model("absent_pkg.nets:make")

@@ -16,7 +16,7 @@ from dpsm_ray.train.config import ConfigError, TrainConfig
         ({"sigmoid_temperature": -1.0}, "sigmoid_temperature", "> 0"),
         ({"method": "thr"}, "method", "ce, conftr, conftr_published, cut, dpsm, or base"),
         ({"dataset": "mnist"}, "dataset", "digits, synthetic"),
-        ({"model": "vgg"}, "model", "auto, mlp, mlp_bn, cnn"),
+        ({"model": "vgg"}, "model", "must be auto or one of mlp, mlp_bn, cnn"),
         ({"batch_size": 2000}, "batch_size", "at most 1000"),
         ({"batch_size": 63}, "batch_size", "even"),
         ({"milestones": (25, 3)}, "milestones", "increasing"),

@@ -1,0 +1,52 @@
+"""A researcher's own weights (``--init weights:FILE``): a state dict in a ``.pt``/``.pth`` file
+(read with ``torch.load(weights_only=True)``: tensors only, nothing unpickled that could run code) or
+a ``.safetensors`` file, loaded into the model whole: every key and every shape must match, and one
+line names the first few that do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+SHOWN = 4  # the keys a mismatch names before "and N more"
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--init weights:{path}: no such file")
+    if path.suffix.lower() == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path), device="cpu")
+        except Exception as error:  # safetensors raises its own SafetensorError
+            raise ValueError(f"--init weights:{path}: not a readable .safetensors file ({str(error)[:160]})") from None
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # an UnpicklingError names what weights_only refused
+        raise ValueError(f"--init weights:{path}: not a state dict torch.load(weights_only=True) can read ({str(error).splitlines()[0][:160]})") from None
+    if isinstance(saved, dict) and isinstance(saved.get("model"), dict):  # a dpsm_ray checkpoint: its model's weights
+        saved = saved["model"]
+    if not (isinstance(saved, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in saved.items())):
+        raise ValueError(f"--init weights:{path}: holds a {type(saved).__name__}, not a state dict (parameter name -> tensor)")
+    return saved
+
+
+def listed(names: list[str]) -> str:
+    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def load_weights(model: nn.Module, path: str | Path, model_name: str) -> None:
+    """Load the state dict in ``path`` into ``model`` whole; ValueError naming the first keys
+    missing from the file, the file's keys the model lacks, and the shapes that differ."""
+    saved, own = read_state_dict(path), model.state_dict()
+    missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+    shapes = [f"{k} {list(saved[k].shape)} in the file, {list(own[k].shape)} in the model" for k in sorted(set(own) & set(saved)) if saved[k].shape != own[k].shape]
+    problems = ([f"missing from the file: {listed(missing)}"] if missing else []) + ([f"not in the model: {listed(unexpected)}"] if unexpected else []) \
+        + ([f"shapes differ: {listed(shapes)}"] if shapes else [])
+    if problems:
+        raise ValueError(f"--init weights:{path} does not fit model {model_name} ({len(own)} tensors): {'; '.join(problems)}")
+    model.load_state_dict(saved)
