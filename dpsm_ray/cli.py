@@ -119,7 +119,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
                 write_run(out, result)
                 predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out)})
-                predictor.save(out / PREDICTOR_DIR)
+                predictor.save(out / PREDICTOR_DIR, overwrite=True)  # a rerun of the same --out (it resumed) replaces it
         except ConfigError as error:
             fail(parser, error)
         except (FileNotFoundError, InsufficientResources, CorruptFileError) as error:  # a missing dataset or weights file; workers that cannot start

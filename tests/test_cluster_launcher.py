@@ -1,5 +1,5 @@
-"""The cluster path as a user runs it: the README's `ray up` / `ray submit` / `ray rsync-down` /
-`ray down` commands, verbatim, with cluster/local.yaml filled in as the README says -- against a
+"""The cluster path as a user runs it: docs/cluster.md's `ray up` / `ray submit` / `ray rsync-down` /
+`ray down` commands, verbatim, with cluster/local.yaml filled in as docs/cluster.md says -- against a
 "machine" reached over SSH: an sshd this test starts on 127.0.0.1 with its own host key, client key
 and config (the machine's own ssh setup is not touched).  A second Ray node joins the head on this
 same machine under the address 127.0.0.2, so that a sweep's trials run on two nodes, and one of them
@@ -130,7 +130,7 @@ def checkout_copy(destination: Path) -> None:
 
 
 def fill_in(config_path: Path, machines: Machines) -> None:
-    """Edit cluster/local.yaml as the README tells a user to: the head's address, the SSH user and
+    """Edit cluster/local.yaml as docs/cluster.md tells a user to: the head's address, the SSH user and
     key, and (sshd on a port other than 22) the proxy command.  The worker node is started by
     hand instead (see the test): the head's autoscaler would reach a worker_ips machine with
     `ssh -i ~/ray_bootstrap_key.pem` on port 22, and ssh expands ~ from the password database,
@@ -145,8 +145,8 @@ def fill_in(config_path: Path, machines: Machines) -> None:
 
 
 def readme_cluster_commands() -> list[str]:
-    """The first block of `ray ...` commands in the README's section on one's own machines."""
-    section = (ROOT / "README.md").read_text().split("## On your own machines", 1)[1].split("\n## ", 1)[0]
+    """The first block of `ray ...` commands in docs/cluster.md's section on one's own machines."""
+    section = (ROOT / "docs" / "cluster.md").read_text().split("## On your own machines", 1)[1].split("\n## ", 1)[0]
     commands, started = [], False
     for line in section.splitlines():
         if line.startswith("    ray "):
@@ -245,7 +245,7 @@ def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(mac
             assert time.monotonic() < deadline, "the worker node did not start:\n" + joined.stdout[-3000:] + "\n".join(ray_processes())
             time.sleep(1)
 
-        # 1. the README's sweep, its results copied back
+        # 1. the documented sweep, its results copied back
         run = ray_cli(submit, checkout, timeout=1200)
         finished, forwarded = "sweep finished" in run.stdout, re.findall(r"\(\w+ pid=\d+\).*", run.stdout)
         assert finished and not forwarded, run.stdout[-4000:]  # one line per trial: no worker output

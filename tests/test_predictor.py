@@ -154,6 +154,18 @@ def test_save_and_load_round_trip(trained, digits, tmp_path):
     for score in ("hps", "aps", "raps"):
         assert torch.equal(again.predict_sets(raw["test"], score).mask, predictor.predict_sets(raw["test"], score).mask)
     assert "Predictor(mlp, 10 classes, alpha=0.1, hps q=" in repr(again)
+    # a predictor already there is replaced only when asked
+    with pytest.raises(PredictorError, match=r"copy holds a predictor already; remove it, choose another directory, or save\(..., overwrite=True\)"):
+        predictor.save(tmp_path / "copy")
+    assert Predictor.load(predictor.save(tmp_path / "copy", overwrite=True)).card == again.card
+
+
+def test_numpy_inputs_give_a_numpy_mask(trained, digits):
+    _, raw = digits
+    predictor = Predictor.load(trained / "predictor")
+    from_numpy, from_torch = predictor.predict_sets(raw["test"].numpy()), predictor.predict_sets(raw["test"])
+    assert isinstance(from_numpy.mask, np.ndarray) and from_numpy.mask.dtype == bool and isinstance(from_torch.mask, torch.Tensor)
+    assert np.array_equal(from_numpy.mask, from_torch.mask.numpy()) and from_numpy.lists == from_torch.lists
 
 
 def test_flat_numpy_features_give_the_same_sets_and_an_input_s_set_does_not_depend_on_its_chunk(trained, digits):
@@ -162,10 +174,10 @@ def test_flat_numpy_features_give_the_same_sets_and_an_input_s_set_does_not_depe
     ids = torch.arange(1000, 1000 + len(raw["test"]))
     whole = predictor.predict_sets(raw["test"], "aps", example_ids=ids)
     flat = predictor.predict_sets(raw["test"].reshape(-1, 64).numpy(), "aps", example_ids=ids)
-    assert torch.equal(whole.mask, flat.mask) and whole.lists == flat.lists
+    assert np.array_equal(whole.mask.numpy(), flat.mask) and whole.lists == flat.lists
     # greyscale images without their channel axis, as scikit-learn's load_digits().images: [n, 8, 8]
     images = predictor.predict_sets(raw["test"].reshape(-1, 8, 8).numpy(), "aps", example_ids=ids)
-    assert torch.equal(whole.mask, images.mask)
+    assert np.array_equal(whole.mask.numpy(), images.mask)
     assert whole.lists == [row.nonzero().flatten().tolist() for row in whole.mask]
     # chunks of 7 give the same probabilities as one forward of each chunk on its own: the uniforms
     # come from the ids, not from positions within a chunk

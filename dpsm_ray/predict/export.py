@@ -108,7 +108,7 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
             }
             state = load_checkpoint(ledger.run_dir("final", index) / CHECKPOINT_FILE)["model"]
             predictor = predictor_for_run(config, state, data=loaded[key], device=device, provenance=provenance)
-            predictor.save(directory)
+            predictor.save(directory, overwrite=True)  # the run changed: its predictor is rebuilt
             card = predictor.card
             exported.append(name)
         metrics = record["metrics"]
@@ -165,6 +165,7 @@ def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLik
     if out.exists() and any(out.iterdir()) and not (out / CARD_FILE).exists():
         raise PredictorError(f"--out {out} is a non-empty directory without a predictor in it; choose a new or empty directory")
     source = results / entry["directory"]
-    Predictor.load(source, device="cpu").save(out, provenance={"exported_from": str(source.resolve()), "chosen_by": why})
+    # exporting again into the same --out replaces its predictor
+    Predictor.load(source, device="cpu").save(out, provenance={"exported_from": str(source.resolve()), "chosen_by": why}, overwrite=True)
     log(f"{method}: {entry['name']} ({'chosen on validation data' if seed is None else why}) -> {out}")
     return out

@@ -151,11 +151,15 @@ class Predictor:
                                  f"({str(error).splitlines()[0][:160]})") from None
         return cls(model, card, device=device)
 
-    def save(self, path: str | os.PathLike, *, provenance: dict | None = None) -> Path:
-        """Write this predictor into directory ``path`` (created; an existing predictor there is
-        replaced): ``weights.pt`` first, then ``predictor.json`` with its sha256, so a directory
-        with a ``predictor.json`` is always whole.  ``provenance`` is merged into the card's."""
+    def save(self, path: str | os.PathLike, *, provenance: dict | None = None, overwrite: bool = False) -> Path:
+        """Write this predictor into directory ``path`` (created): ``weights.pt`` first, then
+        ``predictor.json`` with its sha256, so a directory with a ``predictor.json`` is always whole
+        (a write cut short leaves weights the card's sha256 refuses).  A predictor already there is
+        replaced only with ``overwrite``; otherwise ``PredictorError``.  ``provenance`` is merged
+        into the card's."""
         directory = Path(path)
+        if (directory / CARD_FILE).exists() and not overwrite:
+            raise PredictorError(f"{directory} holds a predictor already; remove it, choose another directory, or save(..., overwrite=True)")
         state = {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()}
         atomic_write(directory / WEIGHTS_FILE, lambda handle: torch.save(state, handle))
         card = copy.deepcopy(self.card)
@@ -259,8 +263,13 @@ class Predictor:
         input unlike the calibration data; at alpha 0.1 an accurate model leaves some sets empty,
         and those count as misses in the guaranteed coverage).  ``non_empty=True`` puts the top
         class into every empty set: the sets only grow, so coverage stays at least 1 - alpha
-        (conservative), at the price of sets a little larger than the guarantee needs."""
-        return self.sets_from_proba(self.predict_proba(x, batch_size=batch_size), score, example_ids=example_ids, non_empty=non_empty)
+        (conservative), at the price of sets a little larger than the guarantee needs.
+
+        The mask is a numpy array for numpy inputs, a torch tensor otherwise."""
+        sets = self.sets_from_proba(self.predict_proba(x, batch_size=batch_size), score, example_ids=example_ids, non_empty=non_empty)
+        if type(x).__module__ == "numpy":  # numpy in, numpy out (without importing numpy here)
+            return PredictionSets(sets.mask.numpy(), sets.lists)
+        return sets
 
     def sets_from_proba(self, probs: torch.Tensor, score: str = "hps", *, example_ids=None, non_empty: bool = False) -> PredictionSets:
         """``predict_sets`` from probabilities already computed with ``predict_proba``."""

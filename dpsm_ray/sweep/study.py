@@ -100,9 +100,10 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
             stored = read_checked_json(marker)
             if not continues(stored, described):
                 raise SweepError(f"--resume: the study in {results} was started with other settings; rerun it with the same options "
-                                 "(a resumed study may add arms, never change one)")
-            if stored != described:
-                write_checked_json(marker, described)  # the arms added now: a later resume must name them too
+                                 "(a resumed study may add arms or run a subset of them with --arms, never change one)")
+            every = {**stored, "arms": {**stored["arms"], **described["arms"]}}  # the arms run now, and those it has had
+            if stored != every:
+                write_checked_json(marker, every)  # the arms added now: a later resume must name them too
         elif resume:
             raise SweepError(f"--resume: no study to resume in {results}")
         remove_temporaries(results, skip=("tune",))
@@ -144,9 +145,10 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
 
 def continues(stored: dict, described: dict) -> bool:
     """Whether ``described`` continues the study ``stored`` describes: the same settings and seeds,
-    every stored arm unchanged; arms may be added (the searched arms, once their sweep is done)."""
+    and every arm both name unchanged; arms may be added (the searched arms, once their sweep is
+    done) or left out (``--arms``: a subset runs, the others keep what they have)."""
     same = all(stored.get(key) == described.get(key) for key in ("name", "common", "seeds"))
-    return same and all(described["arms"].get(name) == settings for name, settings in stored.get("arms", {}).items())
+    return same and all(stored.get("arms", {}).get(name, settings) == settings for name, settings in described["arms"].items())
 
 
 def write_study_results(study: Study, results: Path) -> None:
