@@ -37,7 +37,7 @@ import pandas as pd
 
 from dpsm_ray.sweep.protocol import SweepSpec, run_sweep
 from dpsm_ray.sweep.space import PAPER_GRID
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 FULL = dict(dataset="synthetic:classes=20,dim=16,size=4000,noise=1.5", epochs=12, trials=10, grace_period=2, lr=PAPER_GRID["lr"], lam=PAPER_GRID["conformal_weight"])
 QUICK = dict(dataset="synthetic:classes=10,dim=8,size=1000,noise=1.5", epochs=3, trials=3, grace_period=1, lr=(0.01, 0.1), lam=(0.1, 1.0))

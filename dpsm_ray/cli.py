@@ -22,7 +22,7 @@ from pathlib import Path
 from dpsm_ray.cards import score_names
 from dpsm_ray.catalog import BASE_MODEL, METHODS, version_line
 from dpsm_ray.timing import skip_final_collection
-from dpsm_ray.train.config import ConfigError, TrainConfig, calibration_warnings, field_help
+from dpsm_ray.config import ConfigError, TrainConfig, calibration_warnings, field_help
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 

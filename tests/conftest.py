@@ -26,7 +26,7 @@ def ray_session(pytestconfig):
 # `python -m pytest -q -m quick` (README): the conformal maths, objectives, models, data, config,
 # training steps, method and dataset/model/score cards, search spaces, the predictor and the watchdog -- no Ray, about 25 s
 # on 2 cores
-QUICK = ("conformal/", "objectives/", "models/", "data/", "train/test_config.py", "train/test_step.py", "test_methods.py",
+QUICK = ("conformal/", "objectives/", "models/", "data/", "test_config.py", "train/test_step.py", "test_methods.py",
          "sweep/test_space.py", "test_predictor.py", "test_serving.py", "test_timing.py", "test_reaper.py", "test_cards.py")
 
 

@@ -23,7 +23,7 @@ def test_every_place_that_offers_a_choice_offers_the_cards():
     from dpsm_ray.cli import build_parser
     from dpsm_ray.conformal import evaluate
     from dpsm_ray.sweep.cli import build_parser as sweep_parser
-    from dpsm_ray.train.config import ConfigError, TrainConfig, field_help
+    from dpsm_ray.config import ConfigError, TrainConfig, field_help
 
     names = {"dataset": cards.dataset_names(), "model": cards.model_names(), "score": cards.score_names()}
     assert names["dataset"] == ("digits", "synthetic", "glyphs", "fonts", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018",
@@ -54,7 +54,7 @@ def test_every_place_that_offers_a_choice_offers_the_cards():
 
 def test_cards_registered_outside_appear_in_the_choices_and_can_be_removed():
     from dpsm_ray.cli import build_parser
-    from dpsm_ray.train.config import TrainConfig, field_help
+    from dpsm_ray.config import TrainConfig, field_help
 
     register_model(ModelCard("tiny", "a linear layer", lambda shape, k, path=None: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, k))))
     register_dataset(DatasetCard("tiny_digits", "digits again", lambda spec: cards.split_sizes("digits"), lambda spec, **kw: None, "tiny"))

@@ -5,7 +5,7 @@ import pytest
 
 from dpsm_ray.cli import build_parser, main
 from dpsm_ray.results.schema import EPOCHS, EVALS
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 
 def test_train_prints_a_table_and_writes_the_documented_files(tmp_path, capsys):

@@ -13,7 +13,7 @@ import pytest
 
 from dpsm_ray.results.stats import detectable_effect
 from dpsm_ray.sweep.study import DECISIVE_ANALYSIS, Study, analyse, analyse_tables, decisive_arms, markdown_report, read_compact, searched_arms
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)

@@ -12,7 +12,7 @@ from dpsm_ray.objectives import DPSM, ConfTr, CrossEntropy, build_objective
 from dpsm_ray.objectives.base import Objective
 from dpsm_ray.methods import paper_grid
 from dpsm_ray.sweep.space import method_knobs
-from dpsm_ray.train.config import TrainConfig, validate
+from dpsm_ray.config import TrainConfig, validate
 
 # The tables the cards replaced (train/config.py METHOD_FIELDS, sweep/space.py METHOD_KNOBS and
 # GRID_METHOD_AXES before issue 22), written out once more: the cards must say the same.

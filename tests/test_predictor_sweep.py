@@ -36,7 +36,7 @@ from dpsm_ray.files import read_checked_json, sha256_file
 from dpsm_ray.predict.predictor import Predictor
 from dpsm_ray.sweep import run_sweep
 from dpsm_ray.sweep.cli import build_parser, spec_from_args
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,7 +33,7 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
     """The model of a finished run (``TrainConfig`` ``config``, weights ``model_state``) as a
     predictor calibrated on the run's calibration split and measured on its test split.
     ``data``: the run's ``DataSplits`` when already loaded (on the CPU)."""
-    from dpsm_ray.cards import build_model, default_model
+    from dpsm_ray.cards import build_model
     from dpsm_ray.train.env import LocalEnv
     from dpsm_ray.train.loop import load_data, predict
     from dpsm_ray.train.step import resolve_precision
@@ -44,7 +44,7 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
     data = data if data is not None else load_data(config, torch.device("cpu"))
     if data.input_spec is None:
         raise ValueError(f"dataset {data.name} does not describe its inputs (DataSplits.input_spec): it cannot become a predictor")
-    architecture = config.model if config.model != "auto" else default_model(config.dataset)
+    architecture = config.resolved_model()
     model = build_model(architecture, data.num_classes, input_shape=data.input_shape)
     model.load_state_dict(model_state)
     predictor = Predictor.create(
@@ -80,7 +80,7 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
     ``results/predictors/`` and the index naming each method's chosen one (``CHOICE_RULE``);
     returns the index.  A predictor already there for the same run is kept, so running this
     again (a resumed sweep) rewrites only the index."""
-    from dpsm_ray.train.config import TrainConfig
+    from dpsm_ray.config import TrainConfig
     from dpsm_ray.train.env import load_checkpoint
     from dpsm_ray.train.loop import load_data
 

@@ -9,32 +9,14 @@ import math
 
 import pandas as pd
 
+from dpsm_ray.config import SETTING_LABELS
 from dpsm_ray.methods import DEFAULT_RANGES, method_card, method_names, paper_grid, reads
 from dpsm_ray.results.layout import package_versions
 from dpsm_ray.results.tables import method_name, method_order, ordered
 
 # The configuration fields the chosen-configuration table shows, with the paper's symbols; a
 # method that does not read a field (its card's fields, dpsm_ray/methods.py) shows "—" there.
-PARAMETERS = {
-    "conformal_weight": "λ (conformal_weight)",
-    "lr": "η (lr)",
-    "quantile_lr": "γ (quantile_lr, per step)",
-    "sigmoid_temperature": "T (sigmoid_temperature)",
-    "sort_temperature": "soft-sort temperature",
-    "q_init": "q_0 (q_init)",
-    "dpsm_split": "DPSM's B1/B2 (dpsm_split)",
-    "ce_batch": "CE on (ce_batch)",
-    "conftr_split": "ConfTr's split (conftr_split)",
-    "cut_score": "CUT's score (cut_score)",
-    "size_target": "κ (size_target)",
-    "ce_weight": "CE weight (ce_weight)",
-    "epochs": "epochs",
-    "batch_size": "batch size",
-    "milestones": "lr milestones",
-    "lr_decay": "lr decay",
-    "lr_schedule": "lr schedule",
-    "init": "init",
-}
+PARAMETERS = SETTING_LABELS  # the fields marked with a ``label`` (dpsm_ray/config.py), in their order
 UNUSED = "—"
 
 

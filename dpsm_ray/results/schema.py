@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from dpsm_ray.config import TRIAL_COLUMNS, field_type
+
+ARROW_TYPES = {"float": pa.float64(), "int": pa.int64(), "str": pa.string(), "bool": pa.bool_(), "list[int]": pa.list_(pa.int64()), "list[str]": pa.list_(pa.string())}
+
 RUN_KEY = {
     "sweep": pa.string(),  # sweep name (null for a single `dpsm-ray train` run)
     "stage": pa.string(),  # search | final (null for a single run)
@@ -93,23 +97,8 @@ TRIALS = {
     "val_accuracy": pa.float64(),
     "epochs_completed": pa.int64(),
     "wall_seconds": pa.float64(),
-    "alpha": pa.float64(),
-    "conformal_weight": pa.float64(),  # lambda
-    "lr": pa.float64(),  # eta
-    "quantile_lr": pa.float64(),  # gamma (DPSM)
-    "sigmoid_temperature": pa.float64(),  # T
-    "sort_temperature": pa.float64(),
-    "batch_size": pa.int64(),
-    "epochs": pa.int64(),
-    "milestones": pa.list_(pa.int64()),
-    "lr_decay": pa.float64(),
-    "lr_schedule": pa.string(),  # step | exp
-    "init": pa.string(),
-    "q_init": pa.string(),  # DPSM's q_0: dataset | zero | random
-    "conftr_split": pa.string(),  # halves | batch
-    "cut_score": pa.string(),  # hps | aps
-    "ce_batch": pa.string(),  # DPSM's and CUT's CE: full (the whole batch) | half (B1)
-    "dpsm_split": pa.string(),  # DPSM's B1/B2: halves (D1/D2) | batch (each batch split in place)
+    # the configuration: the fields marked ``column`` (dpsm_ray/config.py), null where a method does not read one
+    **{name: ARROW_TYPES[field_type(name)] for name in TRIAL_COLUMNS},
     "config_json": pa.string(),  # the whole TrainConfig
 }
 

@@ -70,10 +70,7 @@ def verify_manifest(directory: str | os.PathLike, names: list[str] | None = None
 
 def run_key(config) -> dict:
     """The columns that identify a run in every file; ``model`` is the architecture that ran (``auto`` resolved)."""
-    from dpsm_ray.cards import default_model
-
-    model = default_model(config.dataset) if config.model == "auto" else config.model
-    return {"run_id": config.config_hash(), "dataset": config.dataset, "model": model, "method": config.method, "seed": config.seed}
+    return {"run_id": config.config_hash(), "dataset": config.dataset, "model": config.resolved_model(), "method": config.method, "seed": config.seed}
 
 
 def write_run(out_dir: str | os.PathLike, result) -> None:

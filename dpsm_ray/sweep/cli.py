@@ -17,17 +17,14 @@ from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_con
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_range
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.timing import skip_final_collection
-from dpsm_ray.train.config import ConfigError, TrainConfig, field_help
+from dpsm_ray.config import SWEEP_OPTIONS, ConfigError, TrainConfig, field_help, field_type
 from dpsm_ray.train.presets import PRESET_NAMES
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
 # TrainConfig fields a sweep script lets you change (the rest are the script's choice).
-CONFIG_OPTIONS = {
-    "dataset": str, "alpha": float, "epochs": int, "batch_size": int, "model": str, "data_root": str, "train_subset": int,
-    "base_epochs": int, "pretrained_path": str, "workers": int, "gpus_per_worker": float, "cpus_per_worker": float,
-    "data_workers": int, "device": str, "sort_temperature": float, "precision": str, "step": str, "channels_last": bool,
-    "init": str, "q_init": str, "conftr_split": str, "cut_score": str, "lr_schedule": str, "ce_batch": str, "dpsm_split": str,
-}
+# the training options a sweep script offers: the fields marked ``sweep`` (dpsm_ray/config.py), with
+# argparse's type for each
+CONFIG_OPTIONS = {name: {"float": float, "int": int, "str": str, "bool": bool}[field_type(name)] for name in SWEEP_OPTIONS}
 
 
 def trials_per_gpu(model: str) -> int:

@@ -11,21 +11,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dpsm_ray.config import TRIAL_COLUMNS, TrainConfig
 from dpsm_ray.methods import reads
+from dpsm_ray.results.layout import Ledger
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
 from dpsm_ray.results.store import run_key, write_parquet
-from dpsm_ray.results.layout import Ledger
 from dpsm_ray.sweep.pick import feasible
-from dpsm_ray.train.config import TrainConfig
 from dpsm_ray.train.loop import EPOCH_COLUMNS
 
 # The files a sweep writes (docs/results.md) and the TrainConfig fields each trials.parquet row spells
 # out: null where the row's method does not read the field (its card's fields: CE's lambda and T).
 FILES = {"trials": TRIALS, "epochs": EPOCHS, "evals": EVALS, "classes": CLASSES}
-TRIAL_CONFIG_COLUMNS = (
-    "alpha", "conformal_weight", "lr", "quantile_lr", "sigmoid_temperature", "sort_temperature", "batch_size", "epochs", "lr_decay",
-    "lr_schedule", "init", "q_init", "conftr_split", "cut_score", "ce_batch", "dpsm_split",
-)
 
 
 def collect(spec, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]]:
@@ -50,7 +46,6 @@ def collect(spec, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]
             "epochs_completed": len(rows),
             "wall_seconds": record["wall_seconds"],
             **config_columns(config),
-            "milestones": list(config.milestones),
             "config_json": json.dumps(config.to_dict()),
         })
         if record["status"] == "ok" and config.evaluate_test:
@@ -61,10 +56,13 @@ def collect(spec, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]
 
 
 def config_columns(config: TrainConfig) -> dict:
-    """trials.parquet's TRIAL_CONFIG_COLUMNS of ``config``: a field its method does not read is
-    null (a value there was never used, and a reader would take it for one)."""
-    return {column: getattr(config, column) if reads(config.method, column) else None
-            for column in TRIAL_CONFIG_COLUMNS}
+    """trials.parquet's configuration columns of ``config`` (the fields marked ``column``): a field
+    its method does not read is null (a value there was never used, and a reader would take it for one)."""
+    return {column: value_of(getattr(config, column)) if reads(config.method, column) else None for column in TRIAL_COLUMNS}
+
+
+def value_of(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def write_results(spec, results: Path) -> None:

@@ -139,7 +139,7 @@ def parse_with_config(parser: argparse.ArgumentParser, name: str, config_options
 
 def config_defaults(parser: argparse.ArgumentParser, name: str, config_options, data: dict, path) -> dict:
     """The parser defaults (``dest -> value``) that a config file's mapping ``data`` sets."""
-    from dpsm_ray.train.config import TrainConfig
+    from dpsm_ray.config import TrainConfig
 
     actions = {action.dest: action for action in parser._actions if action.dest not in ("help", "config")}
     spec_keys = ("name", "base", "ranges", "grid_fixed", "grid_subsets")

@@ -32,7 +32,7 @@ from dpsm_ray.sweep.spec import (
     optuna_storage_url,
 )
 from dpsm_ray.timing import Stopwatch
-from dpsm_ray.train.config import TrainConfig, calibration_warnings
+from dpsm_ray.config import TrainConfig, calibration_warnings
 from dpsm_ray.train.ray_session import check_before_start, check_capacity, ensure_ray
 
 __all__ = ["SAMPLERS", "SCHEDULERS", "SweepError", "SweepInterrupted", "SweepOutOfSpace", "SweepSpec", "run_sweep"]

@@ -15,7 +15,7 @@ from dpsm_ray.results.layout import FINISHED_FILE, SWEEP_FILE, UnreadableResults
 from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV, masked
 from dpsm_ray.methods import paper_grid
 from dpsm_ray.sweep.space import Range, method_knobs
-from dpsm_ray.train.config import MAX_SEED, ConfigError, TrainConfig
+from dpsm_ray.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, run_demand
 

@@ -35,7 +35,7 @@ from dpsm_ray.results.layout import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers
 from dpsm_ray.timing import process_started_at
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 from dpsm_ray.train.loop import train
 from dpsm_ray.train.ray_train import FINISHED, RESUMED, TuneTrialEnv, trainer_for, trial_device
 

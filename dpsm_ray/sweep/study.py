@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 from dpsm_ray.cards import score_names
 from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 REFERENCES = ("ce", "base")  # every arm is compared with CE fine-tuned and with the base model
 STUDY_FILE = "study.json"
@@ -510,7 +510,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     import time
 
     from dpsm_ray.sweep.spec import ResultsDirUnusable, SweepError
-    from dpsm_ray.train.config import ConfigError
+    from dpsm_ray.config import ConfigError
     from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
 
     parser = argparse.ArgumentParser(prog=prog, description=description)

@@ -1,6 +1,6 @@
-"""Training: the config, the one loop, and where it runs (this process or Ray Train workers).
+"""Training: the one loop, and where it runs (this process or Ray Train workers).
 
-The loop's names are imported when first used: ``dpsm_ray.train.config`` (what the command line
+The loop's names are imported when first used: ``dpsm_ray.config`` (what the command line
 validates with) stays free of torch.
 """
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
     from dpsm_ray.train.loop import RunResult

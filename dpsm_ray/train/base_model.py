@@ -17,8 +17,8 @@ from pathlib import Path
 
 from dpsm_ray.files import cache_home
 from dpsm_ray.methods import method_fields
-from dpsm_ray.cards import dataset_card, default_model
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.cards import dataset_card
+from dpsm_ray.config import TrainConfig
 from dpsm_ray.results.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
 from dpsm_ray.train.ray_train import RAY_TRAIN_DIR
 
@@ -44,13 +44,9 @@ FINE_TUNING_DEFAULTS = {
 }
 
 
-def resolved_model(config: TrainConfig) -> str:
-    return default_model(config.dataset) if config.model == "auto" else config.model
-
-
 def base_config(config: TrainConfig) -> TrainConfig:
     """The CE run whose final weights ``config`` starts from when ``config.init == "base"``."""
-    model = resolved_model(config)
+    model = config.resolved_model()
     recipe = dict(BASE_RECIPES.get(model, SMALL_RECIPE))
     for name in ("batch_size", "epochs", "lr", "milestones"):
         override = getattr(config, f"base_{name}")

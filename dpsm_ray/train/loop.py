@@ -27,14 +27,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpsm_ray.conformal import empirical_quantile, evaluate, evaluate_classes, label_scores, pinball_loss, prediction_sets, set_size, soft_set_size
-from dpsm_ray.cards import build_model, default_model, load_splits, score_functions
+from dpsm_ray.cards import build_model, load_splits, score_functions
 from dpsm_ray.data import DataSplits, Split, stratified_partition
 from dpsm_ray.methods import method_fields
 from dpsm_ray.models.weights import load_weights
 from dpsm_ray.objectives import Objective, build_objective, hps_scores
 from dpsm_ray.results.schema import EPOCHS, RUN_KEY
 from dpsm_ray.seeding import derive_seed, generator
-from dpsm_ray.train.config import WEIGHTS, ConfigError, TrainConfig
+from dpsm_ray.config import WEIGHTS, ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine
 from dpsm_ray.train.step import GraphStep, auto_line, autocast, build_step, graph_capturable, resolve_channels_last
 
@@ -160,7 +160,7 @@ def train(config: TrainConfig, env) -> RunResult:
     if config.batch_size > 2 * (train_size // 2):
         raise ConfigError("batch_size", config.batch_size, f"must be at most {2 * (train_size // 2)}, the training split")
     model = build_model(
-        config.model if config.model != "auto" else default_model(config.dataset),
+        config.resolved_model(),
         data.num_classes,
         input_shape=data.input_shape,
         pretrained_path=config.pretrained_path,

@@ -214,7 +214,7 @@ def build_step(model, objective, optimizer, example, *, kind: str, precision: st
     kind, precision = resolve_step(kind, example[0].device, capturable), resolve_precision(precision, example[0].device)
     if kind == "graph":
         if example[0].device.type != "cuda":
-            from dpsm_ray.train.config import ConfigError
+            from dpsm_ray.config import ConfigError
 
             raise ConfigError("step", kind, f"graph needs a CUDA device; this run is on {example[0].device.type}")
         return GraphStep(model, objective, optimizer, example, precision=precision, channels_last=channels_last)

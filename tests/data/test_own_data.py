@@ -149,7 +149,7 @@ def test_data_that_changes_under_the_same_name_gets_a_new_base_model_and_a_new_d
 
     from dpsm_ray.data.folder import cache_path
     from dpsm_ray.train.base_model import cache_entry
-    from dpsm_ray.train.config import TrainConfig
+    from dpsm_ray.config import TrainConfig
 
     write_images(tmp_path / "pics", {"a": 6, "b": 6})
     spec = f"folder:{tmp_path / 'pics'}"

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from dpsm_ray.cards import build_model
 from dpsm_ray.models.weights import load_weights
-from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.config import ConfigError, TrainConfig
 
 
 def digits_mlp(seed: int) -> torch.nn.Module:

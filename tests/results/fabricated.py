@@ -10,7 +10,7 @@ from pathlib import Path
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
 from dpsm_ray.results.store import run_key, write_parquet
 from dpsm_ray.sweep.collect import config_columns
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 SEEDS = (0, 1, 2)
 # set size per (method, seed), the same on every re-split: CE is the best baseline (10 < CUT's 12),

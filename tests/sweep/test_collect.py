@@ -2,9 +2,10 @@
 
 from types import SimpleNamespace
 
-from dpsm_ray.sweep.collect import TRIAL_CONFIG_COLUMNS, collect
+from dpsm_ray.config import TRIAL_COLUMNS
+from dpsm_ray.sweep.collect import collect
 from dpsm_ray.results.layout import Ledger
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 
 def record(method: str, index: int) -> dict:
@@ -26,4 +27,4 @@ def test_a_knob_the_method_does_not_read_is_null(tmp_path):
     assert (rows["conftr"]["sigmoid_temperature"], rows["conftr"]["conftr_split"], rows["conftr"]["quantile_lr"]) == (0.1, "batch", None)
     dpsm = rows["dpsm"]
     assert (dpsm["conformal_weight"], dpsm["sigmoid_temperature"], dpsm["quantile_lr"], dpsm["q_init"], dpsm["sort_temperature"]) == (0.5, 0.1, 0.01, "dataset", None)
-    assert all(column in ce for column in TRIAL_CONFIG_COLUMNS)  # null, never a missing column
+    assert all(column in ce for column in TRIAL_COLUMNS)  # null, never a missing column

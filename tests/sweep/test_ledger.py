@@ -13,7 +13,7 @@ import pytest
 
 from dpsm_ray.results.layout import Ledger, ResultsInUse, ResultsLock
 from dpsm_ray.sweep.spec import SweepError, SweepSpec, check_results_dir, masked, sweep_file
-from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.config import ConfigError, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import torch
 from dpsm_ray.cards import DatasetCard, ModelCard, ScoreCard, register_dataset, register_model, register_score, unregister
 from dpsm_ray.sweep.protocol import run_sweep
 from dpsm_ray.sweep.spec import SweepSpec
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 pytestmark = pytest.mark.ray
 

@@ -12,7 +12,7 @@ from dpsm_ray.methods import MethodCard, register_method, unregister_method
 from dpsm_ray.objectives.base import Objective
 from dpsm_ray.sweep.protocol import run_sweep
 from dpsm_ray.sweep.spec import SweepSpec
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 pytestmark = pytest.mark.ray
 

@@ -7,7 +7,7 @@ from dpsm_ray.results.schema import EPOCHS, TRIALS
 from dpsm_ray.results.store import write_parquet
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.spec import SweepSpec
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 
 def test_ties_for_the_best_configuration_go_to_the_trial_proposed_first(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from dpsm_ray.sweep.search import AshaStopper, MethodStudy, StageStoppers, rungs
 from dpsm_ray.sweep.stage import Stage, StageSearcher
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 from dpsm_ray.sweep.space import Range
 from dpsm_ray.train.ray_train import FINISHED, RESUMED
 

@@ -10,7 +10,7 @@ import pytest
 from dpsm_ray.sweep.cli import build_parser, main, spec_from_args
 from dpsm_ray.sweep.protocol import SweepSpec
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, Range, grid_size, paper_grid, parse_range, search_space
-from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.config import ConfigError, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,7 @@ import pytest
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS, arrow_schema
 from dpsm_ray.sweep.protocol import SweepError, SweepSpec, run_sweep
 from dpsm_ray.sweep.spec import SweepFinished
-from dpsm_ray.train.config import TrainConfig
+from dpsm_ray.config import TrainConfig
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from dpsm_ray.objectives import METHODS
-from dpsm_ray.train.config import ConfigError, TrainConfig
+from dpsm_ray.config import ConfigError, TrainConfig
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_an_alpha_the_calibration_splits_cannot_resolve_is_warned_about():
     """Issue 21: --alpha 0.001 on digits (200 calibration points) gives q = inf and every class in
     every set, correctly, but without a word.  min_calibration_size is checked against the rank."""
     from dpsm_ray.conformal import conformal_rank, min_calibration_size
-    from dpsm_ray.train.config import calibration_warnings
+    from dpsm_ray.config import calibration_warnings
 
     for alpha in (0.5, 0.3, 0.1, 0.05, 0.01, 0.001, 0.7, 0.9):
         n = min_calibration_size(alpha)
@@ -138,3 +138,34 @@ def test_an_alpha_the_calibration_splits_cannot_resolve_is_warned_about():
     only_validation = calibration_warnings(TrainConfig(dataset="digits", alpha=0.005))  # 199 needed: 200 suffice, 150 do not
     assert len(only_validation) == 1 and "validation" in only_validation[0]
     assert calibration_warnings(TrainConfig(dataset="digits", alpha=0.0067)) == []  # 149 needed
+
+
+def test_every_place_that_lists_settings_reads_the_fields_metadata():
+    """A training option is declared once, on its TrainConfig field (``option``): dpsm-ray train's
+    options, the sweep scripts' options, trials.parquet's configuration columns and the report's
+    settings table are all derived from the fields' marks."""
+    import argparse
+    import dataclasses
+
+    from dpsm_ray.cli import build_parser
+    from dpsm_ray.config import SETTING_LABELS, fields_marked
+    from dpsm_ray.results.provenance import PARAMETERS
+    from dpsm_ray.results.schema import TRIALS
+    from dpsm_ray.sweep.cli import build_parser as sweep_parser
+
+    def flags(parser):
+        return {a.dest for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS}
+
+    train = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    on_cli = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("cli", True)}
+    assert on_cli <= flags(train)
+    sweep = flags(sweep_parser("digits", "a sweep", {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits"}}))
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert sweep & fields == set(fields_marked("sweep")) | {"seed", "download"}  # --seed and --download: the sweep's own options
+    columns = list(TRIALS)
+    assert columns[columns.index("wall_seconds") + 1 : columns.index("config_json")] == list(fields_marked("column"))
+    assert PARAMETERS == SETTING_LABELS and list(SETTING_LABELS) == [f.name for f in dataclasses.fields(TrainConfig) if "label" in f.metadata]
+    # the marks themselves: a path is absolute for the trials; an operational field leaves the hash alone
+    assert TrainConfig(data_root="data").with_absolute_paths().data_root.startswith("/")
+    assert TrainConfig(data_workers=1).config_hash() == TrainConfig(data_workers=2).config_hash()
+    assert TrainConfig(lr=0.1).config_hash() != TrainConfig(lr=0.2).config_hash()

@@ -28,12 +28,24 @@ class ConfigError(ValueError):
         super().__init__(f"{name}={value!r} is invalid: {allowed}")
 
 
-def option(default, help, **metadata):
-    """A config field: its default and help text (a string, or a function returning one where
-    the text lists cards, so that cards registered later show in ``--help``)."""
+def option(default, help, *, operational: bool = False, path: bool = False, sweep: bool = False, column: bool = False, label: str | None = None, **metadata):
+    """A config field, declared once: its default and help text (a string, or a function returning
+    one where the text lists cards, so that cards registered later show in ``--help``), and what
+    the rest of the package does with it:
+
+    - ``operational``: it does not change what a run computes (left out of the config hash);
+    - ``path``: a path, made absolute before a trial runs elsewhere;
+    - ``sweep``: the sweep scripts and the studies offer it as an option (``dpsm-ray train``
+      offers every field but those with ``cli=False``);
+    - ``column``: a column of trials.parquet (null for a method that does not read it);
+    - ``label``: a row of the report's table of each method's settings, so labelled.
+
+    ``type`` and ``nargs`` tell argparse what a ``None`` default or a tuple holds;
+    ``renamed_from`` an earlier release's flag; ``cli=False`` keeps it off the command line."""
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
-    return field(default=default, metadata={"help": help, **metadata})
+    marks = {"operational": operational, "path": path, "sweep": sweep, "column": column, **({"label": label} if label else {})}
+    return field(default=default, metadata={"help": help, **marks, **metadata})
 
 
 def field_help(name: str) -> str:
@@ -67,11 +79,6 @@ STEPS = ("eager", "graph")
 # ``dpsm_ray.train.step.resolve_step`` / ``resolve_precision`` where the run trains.
 AUTO = "auto"
 # Fields that do not change what a run computes: left out of the config hash.
-OPERATIONAL_FIELDS = frozenset(
-    {"data_root", "download", "data_workers", "device", "checkpoint_every", "max_failures", "debug_sync_checks", "gpus_per_worker", "cpus_per_worker", "init_checkpoint", "cache_dir", "evaluate_test",
-     "step", "channels_last"}
-)  # not ``workers``: without SyncBatchNorm a BatchNorm model trained by W workers is another model
-PATH_FIELDS = ("data_root", "pretrained_path", "cache_dir")
 WEIGHTS = "weights:"  # --init weights:FILE
 WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")
 MAX_SEED = 2**63
@@ -80,77 +87,75 @@ MAX_SEED = 2**63
 @dataclass(frozen=True)
 class TrainConfig:
     # --- what to train --------------------------------------------------------------------
-    dataset: str = option("digits", datasets_help)
+    dataset: str = option("digits", datasets_help, sweep=True)
     data_root: str | None = option(
         None,
         "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/ (iNaturalist), 2018/ (iNaturalist 2018), "
         "Fashion-MNIST's IDX files; for fonts, the font files (default /usr/share/fonts)",
-        type=str,
-    )
-    download: bool = option(False, "download the dataset into --data-root if it is missing")
-    model: str = option("auto", models_help)
-    pretrained_path: str | None = option(None, lambda: f"local ImageNet weights (.pth state dict) for {'/'.join(pretrainable_models())}; nothing is downloaded", type=str)
+        type=str, operational=True, path=True, sweep=True)
+    download: bool = option(False, "download the dataset into --data-root if it is missing", operational=True)
+    model: str = option("auto", models_help, sweep=True)
+    pretrained_path: str | None = option(None, lambda: f"local ImageNet weights (.pth state dict) for {'/'.join(pretrainable_models())}; nothing is downloaded", type=str, path=True, sweep=True)
     method: str = option("dpsm", f"training objective: {', '.join(METHODS)}; or {BASE_MODEL} (the CE base model itself, evaluated without training: --init base --epochs 0)")
     init: str = option("scratch", "start from random weights (scratch), fine-tune the cached CE base model (base), or start from your own weights "
-                       "(weights:FILE, a .pt/.pth state dict read with weights_only=True or a .safetensors file, every key and shape matching the model)")
-    init_checkpoint: str | None = option(None, "weights to start from; set from --init base by the base-model cache", cli=False)
-    base_epochs: int | None = option(None, "CE base model epochs (default: the model's recipe)", type=int)
+                       "(weights:FILE, a .pt/.pth state dict read with weights_only=True or a .safetensors file, every key and shape matching the model)", sweep=True, column=True, label="init")
+    init_checkpoint: str | None = option(None, "weights to start from; set from --init base by the base-model cache", cli=False, operational=True)
+    base_epochs: int | None = option(None, "CE base model epochs (default: the model's recipe)", type=int, sweep=True)
     base_lr: float | None = option(None, "CE base model learning rate (default: the model's recipe)", type=float)
     base_batch_size: int | None = option(None, "CE base model batch size (default: the model's recipe)", type=int)
     base_milestones: tuple[int, ...] | None = option(None, "CE base model learning-rate milestones (default: the model's recipe)", type=int, nargs="*")
-    cache_dir: str | None = option(None, "base-model cache directory (default: $DPSM_RAY_CACHE or ~/.cache/dpsm_ray)", type=str)
+    cache_dir: str | None = option(None, "base-model cache directory (default: $DPSM_RAY_CACHE or ~/.cache/dpsm_ray)", type=str, operational=True, path=True)
     # --- the objective ------------------------------------------------------------------------
-    alpha: float = option(0.1, "target miscoverage alpha, in (0, 1)")
-    conformal_weight: float = option(0.05, "the paper's lambda: weight of the conformal term L_c, >= 0 (the official code's 0.05: docs/method.md)", renamed_from="--lambda")
-    sigmoid_temperature: float = option(1.0, "the paper's T (tau_Sigmoid): temperature of the soft set size, > 0 (the official code's 1: docs/method.md)", renamed_from="--temperature")
-    sort_temperature: float = option(0.01, "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)")
+    alpha: float = option(0.1, "target miscoverage alpha, in (0, 1)", sweep=True, column=True)
+    conformal_weight: float = option(0.05, "the paper's lambda: weight of the conformal term L_c, >= 0 (the official code's 0.05: docs/method.md)", renamed_from="--lambda", column=True, label="λ (conformal_weight)")
+    sigmoid_temperature: float = option(1.0, "the paper's T (tau_Sigmoid): temperature of the soft set size, > 0 (the official code's 1: docs/method.md)", renamed_from="--temperature", column=True, label="T (sigmoid_temperature)")
+    sort_temperature: float = option(0.01, "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)", sweep=True, column=True, label="soft-sort temperature")
     quantile_lr: float | None = option(
         None,
         f"the paper's gamma: DPSM's learning rate for q, per step, > 0; default: {QUANTILE_LR_PER_EPOCH:g} / (steps per epoch), so that q moves as far per epoch on any dataset size (docs/method.md)",
-        type=float,
-    )
-    q_init: str = option("dataset", "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random start)")
-    conftr_split: str = option("batch", "ConfTr's calibration/prediction split: batch (each batch of the whole training set split at random, CE on all of it: Stutz et al. and the official code) or halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1: Algorithm 1's halves)")
-    ce_batch: str = option("full", "DPSM's and CUT's cross-entropy: full (the whole batch, B1 and B2: the official code) or half (B1 only: the tex's Algorithm 1, where D2 gets no CE gradient)")
-    dpsm_split: str = option("halves", "DPSM's B1 (quantile) and B2 (size loss): halves (from the fixed halves D1 and D2: Algorithm 1) or batch (the two random halves of each batch of the whole training set: the official code splits each batch in place)")
-    size_target: float = option(0.0, "ConfTr (published)'s kappa: the size loss is max(soft size - kappa, 0), >= 0")
-    ce_weight: float = option(0.0, "ConfTr (published)'s weight of its optional classification loss (CE), >= 0 (its THR configuration: 0)")
-    cut_score: str = option("hps", "CUT's training score: hps (1 - p_y), or aps (randomised APS conformity scores, uniform for a calibrated model: Einbinder et al.)")
+        type=float, column=True, label="γ (quantile_lr, per step)")
+    q_init: str = option("dataset", "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random start)", sweep=True, column=True, label="q_0 (q_init)")
+    conftr_split: str = option("batch", "ConfTr's calibration/prediction split: batch (each batch of the whole training set split at random, CE on all of it: Stutz et al. and the official code) or halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1: Algorithm 1's halves)", sweep=True, column=True, label="ConfTr's split (conftr_split)")
+    ce_batch: str = option("full", "DPSM's and CUT's cross-entropy: full (the whole batch, B1 and B2: the official code) or half (B1 only: the tex's Algorithm 1, where D2 gets no CE gradient)", sweep=True, column=True, label="CE on (ce_batch)")
+    dpsm_split: str = option("halves", "DPSM's B1 (quantile) and B2 (size loss): halves (from the fixed halves D1 and D2: Algorithm 1) or batch (the two random halves of each batch of the whole training set: the official code splits each batch in place)", sweep=True, column=True, label="DPSM's B1/B2 (dpsm_split)")
+    size_target: float = option(0.0, "ConfTr (published)'s kappa: the size loss is max(soft size - kappa, 0), >= 0", label="κ (size_target)")
+    ce_weight: float = option(0.0, "ConfTr (published)'s weight of its optional classification loss (CE), >= 0 (its THR configuration: 0)", label="CE weight (ce_weight)")
+    cut_score: str = option("hps", "CUT's training score: hps (1 - p_y), or aps (randomised APS conformity scores, uniform for a calibrated model: Einbinder et al.)", sweep=True, column=True, label="CUT's score (cut_score)")
     # --- optimisation -----------------------------------------------------------------------
-    lr: float = option(0.05, "eta: SGD learning rate of the model, > 0")
-    batch_size: int = option(64, "total batch per step over all workers; half from D1, half from D2")
-    epochs: int = option(30, "number of epochs, >= 1")
-    milestones: tuple[int, ...] = option((), "epochs at which the learning rate is multiplied by --lr-decay")
-    lr_decay: float = option(0.1, "learning-rate decay factor, in (0, 1]: applied at each milestone (--lr-schedule step) or after every epoch from the first milestone on (exp)")
-    lr_schedule: str = option("step", "how --lr-decay applies: step (once at each milestone) or exp (after every epoch from the first milestone on, or from the start without milestones)")
+    lr: float = option(0.05, "eta: SGD learning rate of the model, > 0", column=True, label="η (lr)")
+    batch_size: int = option(64, "total batch per step over all workers; half from D1, half from D2", sweep=True, column=True, label="batch size")
+    epochs: int = option(30, "number of epochs, >= 1", sweep=True, column=True, label="epochs")
+    milestones: tuple[int, ...] = option((), "epochs at which the learning rate is multiplied by --lr-decay", column=True, label="lr milestones")
+    lr_decay: float = option(0.1, "learning-rate decay factor, in (0, 1]: applied at each milestone (--lr-schedule step) or after every epoch from the first milestone on (exp)", column=True, label="lr decay")
+    lr_schedule: str = option("step", "how --lr-decay applies: step (once at each milestone) or exp (after every epoch from the first milestone on, or from the start without milestones)", sweep=True, column=True, label="lr schedule")
     momentum: float = option(0.9, "SGD momentum, in [0, 1)")
     nesterov: bool = option(False, "Nesterov momentum (Stutz et al.'s optimizer)")
     weight_decay: float = option(1e-4, "SGD weight decay, >= 0")
     seed: int = option(0, "run seed: initialisation, batches, augmentation, evaluation (and the data split, unless --split-seed)")
     split_seed: int | None = option(None, "seed of the train/val/cal/test split (default: the run seed); sweeps fix it to the sweep seed, so that every seed re-trains on the split the search selected on", type=int)
-    train_subset: int | None = option(None, "train on a stratified subset of N training examples (smoke runs)", type=int)
+    train_subset: int | None = option(None, "train on a stratified subset of N training examples (smoke runs)", type=int, sweep=True)
     # --- evaluation ---------------------------------------------------------------------------
     val_splits: int = option(5, "validation re-splits (calibrate on half of val, measure on the other half)")
     diagnostic_examples: int = option(10000, "training examples the per-epoch diagnostics of epochs.parquet (Q_n, |q - Q_n|, the figures' losses and sizes) score: a seeded sample "
                                              "of N, the same every epoch (the whole split when it is no larger); 0 = the whole training split (docs/results.md)")
     eval_splits: int = option(10, "random calibration/test re-splits of the final evaluation")
     eval_scores: tuple[str, ...] = option(tuple(score_names()), lambda: f"scores evaluated at the end: {', '.join(score_names())}")
-    evaluate_test: bool = option(True, "evaluate on the calibration/test splits at the end (sweeps switch it off while searching)", cli=False)
+    evaluate_test: bool = option(True, "evaluate on the calibration/test splits at the end (sweeps switch it off while searching)", cli=False, operational=True)
     # --- execution ----------------------------------------------------------------------------
-    workers: int = option(0, "Ray Train data-parallel workers; 0 trains in this process")
-    gpus_per_worker: float = option(0.0, "GPUs per Ray Train worker (fractions pack workers on a GPU)")
-    cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each Ray Train worker (fractions allowed)")
+    workers: int = option(0, "Ray Train data-parallel workers; 0 trains in this process", sweep=True)
+    gpus_per_worker: float = option(0.0, "GPUs per Ray Train worker (fractions pack workers on a GPU)", operational=True, sweep=True)
+    cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each Ray Train worker (fractions allowed)", operational=True, sweep=True)
     device: str = option("auto", "auto (a GPU when there is one; under Ray the GPU it assigned, and a trial holding a GPU share that sees no CUDA "
-                                 "device fails instead of training on the CPU), cpu (also GPU-shaped trials, on purpose), cuda, cuda:N")
-    data_workers: int = option(4, "DataLoader processes for file-based datasets")
+                                 "device fails instead of training on the CPU), cpu (also GPU-shaped trials, on purpose), cuda, cuda:N", operational=True, sweep=True)
+    data_workers: int = option(4, "DataLoader processes for file-based datasets", operational=True, sweep=True)
     precision: str = option("auto", "fp32, bf16 (autocast of the model's forward; losses and quantiles stay in fp32), or auto (the measured fast path of the run's device: "
-                                    "bf16 on CUDA, fp32 on a CPU)")
-    channels_last: bool = option(False, "keep image batches and conv weights in channels_last memory format (--step auto turns it on on CUDA)")
+                                    "bf16 on CUDA, fp32 on a CPU)", sweep=True)
+    channels_last: bool = option(False, "keep image batches and conv weights in channels_last memory format (--step auto turns it on on CUDA)", operational=True, sweep=True)
     step: str = option("auto", "training step: eager, graph (the whole step -- forward, loss, backward, SGD, DPSM's q -- captured in one CUDA graph; needs CUDA and one worker), "
-                               "or auto (the measured fast path of the run's device: graph with channels_last on CUDA for one worker, eager otherwise)")
-    checkpoint_every: int = option(1, "checkpoint every N epochs (and always after the last)")
-    max_failures: int = option(0, "restarts of a failed worker group from its last checkpoint")
-    debug_sync_checks: bool = option(False, "assert every step that q and the parameters are identical on all workers")
+                               "or auto (the measured fast path of the run's device: graph with channels_last on CUDA for one worker, eager otherwise)", operational=True, sweep=True)
+    checkpoint_every: int = option(1, "checkpoint every N epochs (and always after the last)", operational=True)
+    max_failures: int = option(0, "restarts of a failed worker group from its last checkpoint", operational=True)
+    debug_sync_checks: bool = option(False, "assert every step that q and the parameters are identical on all workers", operational=True)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -166,6 +171,10 @@ class TrainConfig:
             raise ConfigError(unknown[0], values[unknown[0]], f"not a training option (known: {', '.join(sorted(known))})")
         tuples = {"milestones", "eval_scores", "base_milestones"}
         return cls(**{k: tuple(v) if k in tuples and v is not None else v for k, v in values.items()})
+
+    def resolved_model(self) -> str:
+        """The architecture a run builds: ``model``, or for ``auto`` the dataset card's default."""
+        return default_model(self.dataset) if self.model == "auto" else self.model
 
     def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
@@ -211,6 +220,26 @@ class TrainConfig:
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
+# -- what the fields' metadata declares (``option``), for the rest of the package ---------------------
+def fields_marked(mark: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get(mark))
+
+
+def field_type(name: str) -> str:
+    """A field's value type: ``float``, ``int``, ``str``, ``bool``, ``list[int]`` or ``list[str]``
+    (a ``None`` default aside)."""
+    annotation = TrainConfig.__dataclass_fields__[name].type.replace(" | None", "")
+    return {"tuple[int, ...]": "list[int]", "tuple[str, ...]": "list[str]"}.get(annotation, annotation)
+
+
+# not ``workers``: without SyncBatchNorm a BatchNorm model trained by W workers is another model
+OPERATIONAL_FIELDS = frozenset(fields_marked("operational"))
+PATH_FIELDS = fields_marked("path")
+SWEEP_OPTIONS = fields_marked("sweep")
+TRIAL_COLUMNS = fields_marked("column")
+SETTING_LABELS = {f.name: f.metadata["label"] for f in dataclasses.fields(TrainConfig) if "label" in f.metadata}
+
+
 def calibration_warnings(config: TrainConfig) -> list[str]:
     """Where ``alpha`` needs more calibration points than a split has: split conformal then
     returns q = +inf, every prediction set holds every class, and coverage is trivially 1."""
@@ -245,7 +274,7 @@ def validate(config: TrainConfig) -> None:
             check_model(config.model)
         except ValueError as error:
             raise ConfigError("model", config.model, f"must be auto or one of {cards.model_choices()}" if "must be one of" in str(error) else str(error)) from None
-    model = default_model(config.dataset) if config.model == "auto" else config.model
+    model = config.resolved_model()
     need(config.pretrained_path is None or model in pretrainable_models(), "pretrained_path", f"only applies to the models {', '.join(pretrainable_models())}")
     need(config.method in (*method_names(), BASE_MODEL), "method", f"must be one of {', '.join(method_names())}, or {BASE_MODEL}")
     if config.init.startswith(WEIGHTS):
