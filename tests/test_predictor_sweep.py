@@ -332,3 +332,19 @@ def test_the_readme_s_use_the_result_commands_run_verbatim(sweep, tmp_path):
     finally:
         if served.process.poll() is None:
             served.stop()
+
+
+def test_the_readme_s_report_and_train_commands_run_verbatim(sweep, tmp_path):
+    """README.md's `dpsm-ray report results/digits` (on the sweep's results) and its `dpsm-ray train`
+    line, as written, from a directory holding ``results/digits``."""
+    _, results, _ = sweep
+    lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(("    dpsm-ray report ", "    dpsm-ray train "))]
+    assert [line.split()[1] for line in lines] == ["report", "train"]
+    shutil.copytree(results, tmp_path / "results" / "digits", ignore=shutil.ignore_patterns(".lock"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    for command in lines:
+        result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"{command}:\n{result.stderr[-3000:]}"
+    assert (tmp_path / "runs" / "dpsm" / "predictor" / "predictor.json").is_file()
+    assert "Average prediction set size" in (tmp_path / "results" / "digits" / "report.md").read_text()
