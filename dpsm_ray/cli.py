@@ -16,13 +16,12 @@ import argparse
 import dataclasses
 import math
 import sys
-import warnings
 from pathlib import Path
 
 from dpsm_ray.cards import score_names
 from dpsm_ray.catalog import BASE_MODEL, METHODS, version_line
 from dpsm_ray.timing import skip_final_collection
-from dpsm_ray.config import ConfigError, TrainConfig, calibration_warnings, field_help
+from dpsm_ray.config import ConfigError, TrainConfig, add_config_options, calibration_warnings
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
@@ -40,36 +39,6 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def _flag(field: dataclasses.Field) -> str:
-    return "--" + field.name.replace("_", "-")
-
-
-class RenamedOption(argparse.Action):
-    """An option's name in an earlier release (``--lambda``): still works, with a warning."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        warnings.warn(f"{option_string} is now {self.const}; {option_string} is accepted until the next release", FutureWarning, stacklevel=2)
-        setattr(namespace, self.dest, values)
-
-
-def add_config_options(parser: argparse.ArgumentParser) -> None:
-    for field in dataclasses.fields(TrainConfig):
-        if not field.metadata.get("cli", True):
-            continue
-        flag, default, help_text = _flag(field), field.default, field_help(field.name)
-        kwargs = {"dest": field.name, "default": argparse.SUPPRESS, "help": f"{help_text} (default: {default})"}
-        if isinstance(default, bool):
-            parser.add_argument(flag, action="store_true", **kwargs)
-        elif isinstance(default, tuple) or "nargs" in field.metadata:
-            item_type = field.metadata.get("type", str if field.name == "eval_scores" else int)
-            parser.add_argument(flag, nargs="*", type=item_type, **kwargs)
-        else:
-            parser.add_argument(flag, type=field.metadata.get("type", type(default)), **kwargs)
-        if "renamed_from" in field.metadata:
-            parser.add_argument(field.metadata["renamed_from"], dest=field.name, type=type(default), default=argparse.SUPPRESS, action=RenamedOption,
-                                const=flag, help=argparse.SUPPRESS)
-
-
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The options given, over the preset's settings for the method (``--preset``), over the defaults."""
     names = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -80,10 +49,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def flag_for(field_name: str) -> str:
-    for field in dataclasses.fields(TrainConfig):
-        if field.name == field_name:
-            return _flag(field)
-    return field_name
+    return "--" + field_name.replace("_", "-") if field_name in TrainConfig.__dataclass_fields__ else field_name
 
 
 def fail(parser: argparse.ArgumentParser, error: ConfigError) -> None:

@@ -240,6 +240,50 @@ TRIAL_COLUMNS = fields_marked("column")
 SETTING_LABELS = {f.name: f.metadata["label"] for f in dataclasses.fields(TrainConfig) if "label" in f.metadata}
 
 
+# -- the command line: one generator of options for every front end -------------------------------
+def _flag(spec) -> str:
+    return "--" + spec.name.replace("_", "-")
+
+
+def renamed_option():
+    """An argparse action for an option's name in an earlier release (``--lambda``): it still
+    works, with a warning."""
+    import argparse
+    import warnings
+
+    class RenamedOption(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            warnings.warn(f"{option_string} is now {self.const}; {option_string} is accepted until the next release", FutureWarning, stacklevel=2)
+            setattr(namespace, self.dest, values)
+
+    return RenamedOption
+
+
+def add_config_options(parser, names: tuple[str, ...] | None = None, defaults: dict | None = None) -> None:
+    """The command-line options of the fields ``names`` (default: every field not marked
+    ``cli=False``), each from its metadata: ``dpsm-ray train``'s and the sweep scripts' one
+    generator.  ``defaults`` are the values a script sets instead of the fields' (shown in the
+    help); every option's own default is "not given"."""
+    import argparse
+
+    for spec in dataclasses.fields(TrainConfig):
+        if not spec.metadata.get("cli", True) if names is None else spec.name not in names:
+            continue
+        flag, default, help_text = _flag(spec), spec.default, field_help(spec.name)
+        shown = (defaults or {}).get(spec.name, default)
+        kwargs = {"dest": spec.name, "default": argparse.SUPPRESS, "help": f"{help_text} (default: {shown})"}
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", **kwargs)
+        elif isinstance(default, tuple) or "nargs" in spec.metadata:
+            item_type = spec.metadata.get("type", str if spec.name == "eval_scores" else int)
+            parser.add_argument(flag, nargs="*", type=item_type, **kwargs)
+        else:
+            parser.add_argument(flag, type=spec.metadata.get("type", type(default)), **kwargs)
+        if "renamed_from" in spec.metadata:
+            parser.add_argument(spec.metadata["renamed_from"], dest=spec.name, type=type(default), default=argparse.SUPPRESS, action=renamed_option(),
+                                const=flag, help=argparse.SUPPRESS)
+
+
 def calibration_warnings(config: TrainConfig) -> list[str]:
     """Where ``alpha`` needs more calibration points than a split has: split conformal then
     returns q = +inf, every prediction set holds every class, and coverage is trivially 1."""

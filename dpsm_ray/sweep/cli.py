@@ -17,7 +17,7 @@ from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_con
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_range
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.timing import skip_final_collection
-from dpsm_ray.config import SWEEP_OPTIONS, ConfigError, TrainConfig, field_help, field_type
+from dpsm_ray.config import SWEEP_OPTIONS, ConfigError, TrainConfig, add_config_options, field_type
 from dpsm_ray.train.presets import PRESET_NAMES
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
@@ -113,10 +113,7 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--preset", choices=PRESET_NAMES, help="official: each method's objective settings as its official code has them (DPSM's T 1, lambda 0.05, "
         "q step 0.01, CE on the whole batch, each batch split in place; docs/method.md), under what the search sets; the schedule stays the script's")
     add("--trials-per-gpu", default="auto", metavar="N|auto", help="single-worker GPU trials packed on one GPU (each asks for 1/N of it); auto: the model card's (" + packing_help() + "); --gpus-per-worker overrides (default: %(default)s)")
-    for option, kind in CONFIG_OPTIONS.items():
-        help_text = f"{field_help(option)} (default: {defaults['config'].get(option, TrainConfig.__dataclass_fields__[option].default)})"
-        how = {"action": "store_true"} if kind is bool else {"type": kind}
-        add("--" + option.replace("_", "-"), **how, default=argparse.SUPPRESS, help=help_text)
+    add_config_options(parser, SWEEP_OPTIONS, defaults["config"])
     return parser
 
 

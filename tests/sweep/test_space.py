@@ -259,7 +259,7 @@ def test_an_earlier_releases_knob_names_work_with_a_warning_and_become_the_field
 def test_the_training_cli_takes_the_old_flags_with_a_warning():
     import argparse
 
-    from dpsm_ray.cli import add_config_options
+    from dpsm_ray.config import add_config_options
 
     parser = argparse.ArgumentParser()
     add_config_options(parser)
