@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from dpsm_ray.results.stats import detectable_effect
-from dpsm_ray.sweep.study import DECISIVE_ANALYSIS, Study, analyse, analyse_tables, decisive_arms, markdown_report, read_compact, searched_arms
+from dpsm_ray.results.studies import Study, analyse, analyse_tables, markdown_report, read_compact
+from dpsm_ray.sweep.study import DECISIVE_ANALYSIS, decisive_arms, searched_arms
 from dpsm_ray.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,7 @@ SIZES = {
 
 
 def study(common=None) -> Study:
-    from dpsm_ray.sweep.study import Arm
+    from dpsm_ray.results.studies import Arm
 
     arms = {arm.name: arm for arm in decisive_arms()}
     chosen = tuple(arms.get(name) or Arm(name, name, {"method": name.split("_")[1]}) for name in SIZES)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
@@ -46,13 +47,27 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
     """Run (or, with ``resume``, continue) ``spec`` into ``results_dir``; returns that directory.
     ``log`` gets the progress lines (time-stamped, with the sweep's trial counter and estimate);
     ``search_only`` stops after the searches (benchmarks of the search itself)."""
-    from dpsm_ray.cards import check_data_present
-    from dpsm_ray.results.layout import ResultsInUse, ResultsLock, describe_holder
     from dpsm_ray.sweep.progress import Progress
 
     log = log if isinstance(log, Progress) else Progress(log)
     results = Path(results_dir).resolve()
-    check_data_present(spec.base.dataset, spec.base.data_root, spec.base.download)
+    with holding(results, spec.base, log):
+        settings = check_results_dir(spec, results, resume)
+        for line in calibration_warnings(spec.base):
+            log(f"warning: {line}")
+        before_ray(results, spec.trial_demand(), spec.address, log)
+        return drive(spec, results, settings, resume, log, search_only)
+
+
+# -- what every driver (a sweep, a study) does around its stages ----------------------------------
+@contextmanager
+def holding(results: Path, config: TrainConfig, log):
+    """The data there and the results directory claimed and locked by this driver for the block
+    (SweepError naming the holder when another driver has it)."""
+    from dpsm_ray.cards import check_data_present
+    from dpsm_ray.results.layout import ResultsInUse, ResultsLock, describe_holder
+
+    check_data_present(config.dataset, config.data_root, config.download)
     claim_results_dir(results)
     lock = ResultsLock(results)
     try:
@@ -60,17 +75,44 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
     except ResultsInUse as error:
         raise SweepError(str(error)) from None
     try:
-        settings = check_results_dir(spec, results, resume)
-        for line in calibration_warnings(spec.base):
-            log(f"warning: {line}")
         if previous is not None:
-            log(f"an earlier driver of this sweep ({describe_holder(previous)}) ended without finishing; continuing where it stopped")
-        for leftover in remove_temporaries(results, skip=("tune",)):  # no writer is running: the lock says so
-            log(f"removed {leftover}, a file an interrupted write left")
-        check_before_start(spec.trial_demand(), spec.address)
-        return drive(spec, results, settings, resume, log, search_only)
+            log(f"an earlier driver of this directory ({describe_holder(previous)}) ended without finishing; continuing where it stopped")
+        yield
     finally:
         lock.release()
+
+
+def before_ray(results: Path, demand: dict, address: str | None, log) -> None:
+    """Once the directory is held: what an interrupted write left removed, and the trials' demand
+    checked against what the machine or cluster could ever give (before Ray starts)."""
+    for leftover in remove_temporaries(results, skip=("tune",)):  # no writer is running: the lock says so
+        log(f"removed {leftover}, a file an interrupted write left")
+    check_before_start(demand, address)
+
+
+def start_ray(demand: dict, address: str | None, resource_timeout: float, worker_output: bool, log) -> None:
+    """Ray started (or attached to) with the progress output the drivers print, and the room for
+    one trial waited for."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # a failed trial is one FAILED line; its traceback stays in error.txt
+    quiet_libraries()
+    ensure_ray(address, worker_output=worker_output)
+    check_capacity(demand, timeout_s=resource_timeout, log=log)
+
+
+def run_in_tune(stages: list, results: Path, *, name: str, resources: dict, concurrency: int, retries: int, log, callbacks=(), reuse: bool = True,
+                then=None) -> None:
+    """``stages`` in one Tune experiment called ``name``, then ``then()``'s (``run_stages``); an
+    interruption or a full disk as the drivers' resumable errors."""
+    from dpsm_ray.sweep.stage import StageInterrupted, StageOutOfSpace, run_stages
+
+    try:
+        run_stages(stages, results, name=name, resources=resources, concurrency=concurrency, retries=retries, log=log, callbacks=callbacks, reuse=reuse,
+                   then=then)
+    except StageInterrupted as error:
+        raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
+    except StageOutOfSpace as error:
+        raise SweepOutOfSpace(f"{error}; free some space and rerun with --resume to continue") from None
 
 
 def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, search_only: bool) -> Path:
@@ -85,13 +127,9 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
         except CorruptFileError as error:
             log(f"warning: {error}; the results are rebuilt from the run records under {results / 'runs'}")
             (results / MANIFEST).unlink(missing_ok=True)  # rewritten with the rebuilt files
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
-    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # a failed trial is one FAILED line; its traceback stays in error.txt
-    quiet_libraries()
     clock = Stopwatch()  # where this driver's time goes: finished.json's "seconds" (bench/sweep_overhead.py)
     with clock("ray_start"):
-        ensure_ray(spec.address, worker_output=spec.worker_logs)
-        check_capacity(spec.trial_demand(), timeout_s=spec.resource_timeout, log=log)
+        start_ray(spec.trial_demand(), spec.address, spec.resource_timeout, spec.worker_logs, log)
     if not (results / SWEEP_FILE).exists():  # only now: a sweep refused above leaves no sweep to --resume
         write_json(results / SWEEP_FILE, settings)
     planned_final = len(spec.methods) * spec.final_seeds + (spec.final_seeds if spec.base.init == "base" else 0)
@@ -137,21 +175,14 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
 
 
 def run(spec: SweepSpec, results: Path, stages: list, log, name: str, then=None) -> None:
-    """``stages`` in one Tune experiment called ``name``, then ``then()``'s (``run_stages``)."""
-    from dpsm_ray.sweep.stage import StageInterrupted, StageOutOfSpace, run_stages
-
+    """The sweep's ``stages`` in one Tune experiment called ``name``, then ``then()``'s."""
     callbacks = []
     if spec.tracking:
         from dpsm_ray.sweep.tracking import tracking_callbacks
 
         callbacks = tracking_callbacks(spec.tracking, results)
-    try:
-        run_stages(stages, results, name=name, resources=dict(spec.trial_resources), concurrency=spec.concurrency, retries=spec.trial_retries,
-                   log=log, callbacks=callbacks, reuse=not spec.process_per_trial, then=then)
-    except StageInterrupted as error:
-        raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
-    except StageOutOfSpace as error:
-        raise SweepOutOfSpace(f"{error}; free some space and rerun with --resume to continue") from None
+    run_in_tune(stages, results, name=name, resources=dict(spec.trial_resources), concurrency=spec.concurrency, retries=spec.trial_retries, log=log,
+                callbacks=callbacks, reuse=not spec.process_per_trial, then=then)
 
 
 def quiet_libraries() -> None:
