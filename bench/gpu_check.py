@@ -1,4 +1,4 @@
-"""Everything a lent GPU should check, in one go, its figures in one JSON summary (issue 27).
+"""Everything a lent GPU should check, in one go, its figures in one JSON summary.
 
     bash bench/gpu_check.sh [STEPS]                 # on the GPU machine: installs .whl/, then this
     python bench/gpu_check.py --device cpu --quick  # the CPU dry run of every step (CI runs it)

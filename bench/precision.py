@@ -9,7 +9,7 @@ else the same (on CUDA the captured step with channels_last, on a CPU the eager 
 runs at a time, each in its own process (runs of a small model leave a GPU mostly idle). Then, for
 each score, the final test set size and coverage (means over the evaluation's re-splits): their mean
 and SD over the seeds in each precision, and whether the means differ by less than one seed SD (the
-two precisions' SDs pooled) -- the check of issue 39.
+two precisions' SDs pooled) -- the check that bf16 trains like fp32 on learnable data.
 
 Prints one JSON line (every run's figures, each epoch's time by part, the comparison, the machine)
 and a table; ``--json-out`` also writes the JSON line to a file. A run that fails is recorded with

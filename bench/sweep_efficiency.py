@@ -1,5 +1,5 @@
 """How much training a search spends to find a good configuration: the paper's exhaustive grid
-against Optuna's TPE, TPE with ASHA early stopping, and random search with ASHA (issue 16).
+against Optuna's TPE, TPE with ASHA early stopping, and random search with ASHA.
 
     python bench/sweep_efficiency.py            # the full comparison, ~15 minutes on 2 CPU cores
     python bench/sweep_efficiency.py --quick    # a small one, a few minutes (the tests run it)
@@ -18,7 +18,7 @@ For each: the training epochs spent (every epoch of every trial, stopped ones in
 time, and the best validation set size of a finished, feasible trial reached as a function of the
 epochs spent so far (trials in the order they were proposed; one at a time, so that order is the
 order they ran).  Prints one JSON line, then a table; writes the curves to ``--out``/sweep_efficiency.png.
-Target (issue 16): ``tpe+asha`` within 2% of the grid's best with at most a third of its epochs.
+Target: ``tpe+asha`` within 2% of the grid's best with at most a third of its epochs.
 """
 
 from __future__ import annotations

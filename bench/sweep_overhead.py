@@ -1,4 +1,4 @@
-"""Where a sweep's time goes, part by part of a trial's life (issue 26).
+"""Where a sweep's time goes, part by part of a trial's life.
 
     python bench/sweep_overhead.py                  # the default digits sweep, twice: ~6 minutes on 2 CPU cores
     python bench/sweep_overhead.py --sweeps digits,cifar  # then ResNet-110 trials on fake CIFAR-100 files (256 training images, 2 epochs)
@@ -14,7 +14,7 @@ driver recorded it) and the driver's ``finished.json`` ``seconds`` (ray_start, b
 collect, pick, export, report).
 
 Arms: ``fresh`` starts a process per trial (``--process-per-trial``: what every sweep did before
-issue 26); ``reused`` hands each trial's process to the next trial of its Tune experiment (Tune's
+trials handed their process on); ``reused`` hands each trial's process to the next trial of its Tune experiment (Tune's
 actor reuse, the default).  The two arms' trials/evals/epochs rows are compared, without the
 columns that hold times or Tune's trial ids; ``--compare DIR`` compares them with another
 sweep's too (e.g. one run by an earlier version).

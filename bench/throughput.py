@@ -1,6 +1,6 @@
 """Training throughput (images/s) on CIFAR-100-shaped data: the official-style pipeline against ours.
 
-    python bench/throughput.py                       # the full benchmark on the GPU (issue 6's targets)
+    python bench/throughput.py                       # the full benchmark on the GPU (bench/README.md's targets)
     python bench/throughput.py --device cpu --quick  # small sizes on CPU, under a minute (CI runs it)
 
 Pipelines, each timed over whole training steps (forward of B1 + B2, objective, backward, SGD):

@@ -1,4 +1,4 @@
-"""The paper's CIFAR-100 study on a GPU cluster (SPEC sections 4-5).
+"""The paper's CIFAR-100 study on a GPU cluster (its section 5 and appendix D).
 
 ResNet-110 fine-tuned from its CE base model (164 epochs, lr 0.1, milestones 81/122); each method
 searched with Optuna on the validation split, then its best configuration re-trained with three

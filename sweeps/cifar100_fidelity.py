@@ -48,7 +48,7 @@ DATASETS = {
 
 
 def gpu_hours(study) -> str:
-    """What the study costs on GPUs, from the epochs it trains and PERF_NOTES' throughput."""
+    """What the study costs on GPUs, from the epochs it trains and the measured throughput (bench/README.md)."""
     base = BASE_RECIPES["resnet110"]["epochs"] if study.common.base_epochs is None else study.common.base_epochs
     epochs = len(study.seeds) * (base + sum(study.arm_config(arm).epochs for arm in study.arms))
     images = epochs * min(TRAIN_IMAGES, study.common.train_subset or TRAIN_IMAGES)
