@@ -129,8 +129,12 @@ def test_a_packed_sweep_makes_the_autoscaler_add_gpu_nodes_and_idle_ones_go_away
     stop.set()
     watcher.join()
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
-    # no GPU in the cluster when the sweep starts: it says what it waits for while the autoscaler adds one
-    assert re.search(r"waiting up to 300s for the Ray cluster to provide 1 CPU and 0\.5 GPUs", sweep.stdout + sweep.stderr), sweep.stderr[-3000:]
+    # no GPU in the cluster when the sweep starts: the sweep waits while the autoscaler adds one, and
+    # says what for once the wait passes 2 s; the fake autoscaler, updating every second, sometimes
+    # places the first trial sooner (a suite run, 2026-11-26), so the line is checked when it is there
+    # and the wait's own line is tested on its own (tests/train/test_ray_session.py)
+    waited = re.search(r"waiting up to 300s for the Ray cluster to provide (.*?) \(", sweep.stdout + sweep.stderr)
+    assert waited is None or waited.group(1) == "1 CPU and 0.5 GPUs", waited.group(0)
     assert max(seen) == MAX_GPU_NODES, f"GPU nodes seen during the sweep: {seen}"
     trials = pd.read_parquet(results / "trials.parquet")
     search = trials[trials.stage == "search"]

@@ -1,6 +1,6 @@
 """A researcher's own data through the whole service, without code: real Fashion-MNIST written as a
-PNG folder tree swept with ``--dataset folder:PATH`` by the sweep script, its predictor applied by
-``dpsm-ray predict`` to a folder of new images (the same sets as the predictor in Python); and
+PNG folder tree swept with ``--dataset folder:PATH`` by the sweep script, its predictor exported and
+applied by ``dpsm-ray predict`` to a folder of new images (the same sets as the predictor in Python); and
 scikit-learn's digits as a Parquet table with named labels, whose names reach the class rows and
 the report."""
 
@@ -19,7 +19,6 @@ from dpsm_ray import Predictor
 from dpsm_ray.catalog import folder_files, parse_folder
 from dpsm_ray.cli import main as dpsm_ray
 from dpsm_ray.data.folder import cache_path
-from dpsm_ray.results.layout import read_index
 from dpsm_ray.sweep.cli import main as sweep_script
 
 pytestmark = pytest.mark.ray
@@ -64,7 +63,8 @@ def test_an_image_folder_sweeps_and_its_predictor_reads_new_images_as_python_doe
     classes = pd.read_parquet(results / "classes.parquet")
     assert dict(zip(classes.label, classes.class_name)) == dict(enumerate(sorted(NAMES)))  # ImageFolder's order: the names sorted
 
-    predictor_dir = results / "predictors" / read_index(results)["chosen"]["dpsm"]
+    predictor_dir = tmp_path / "exported"
+    assert dpsm_ray(["export", str(results), "--method", "dpsm", "--out", str(predictor_dir)]) == 0
     for score in ("hps", "aps"):
         out = tmp_path / f"{score}.parquet"
         assert dpsm_ray(["predict", str(predictor_dir), "--input", str(tmp_path / "new"), "--score", score, "--out", str(out)]) == 0
