@@ -130,7 +130,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
     try:
         predictor = Predictor.load(args.predictor, device=args.device, trust_code=args.trust_code)
-        source = open_inputs(args.input, predictor.input_spec)
+        source = open_inputs(args.input, predictor.input_spec, ignore=predictor.label_columns())
         predictor.threshold(args.score)  # an uncalibrated predictor fails before any input is read
         rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size, non_empty=args.non_empty)
     except ValueError as error:  # PredictorError, InputError, InputFileError

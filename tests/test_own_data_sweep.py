@@ -92,3 +92,12 @@ def test_a_table_with_named_labels_sweeps_and_the_names_reach_the_class_rows_and
     report = (results / "report.md").read_text()
     lowest = next(line for line in report.splitlines() if "Lowest class coverage" in line)
     assert any(f"class '{word}'" in lowest for word in words), lowest
+    # new rows in the training table's layout, its label column included: predict leaves the label out
+    assert dpsm_ray(["export", str(results), "--method", "dpsm", "--out", str(tmp_path / "exported")]) == 0
+    table.iloc[-20:].to_parquet(tmp_path / "new.parquet")
+    assert dpsm_ray(["predict", str(tmp_path / "exported"), "--input", str(tmp_path / "new.parquet"), "--out", str(tmp_path / "sets.parquet")]) == 0
+    predictor = Predictor.load(tmp_path / "exported", device="cpu")
+    expected = predictor.predict_sets(torch.tensor(digits.data[-20:], dtype=torch.float32))
+    written = pd.read_parquet(tmp_path / "sets.parquet")
+    assert [list(s) for s in written.set] == expected.lists
+    assert [list(s) for s in written.set_names] == [[sorted(words)[c] for c in s] for s in expected.lists]

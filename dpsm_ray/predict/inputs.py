@@ -42,7 +42,9 @@ class InputSource:
         return self.chunks(size)
 
 
-def open_inputs(path: str | os.PathLike, spec: InputSpec) -> InputSource:
+def open_inputs(path: str | os.PathLike, spec: InputSpec, ignore: tuple[str, ...] = ()) -> InputSource:
+    """The inputs at ``path``; a Parquet table's columns named in ``ignore`` (a training table's
+    label column) are left out."""
     path = Path(path)
     if path.is_dir():
         return image_folder(path, spec)
@@ -62,7 +64,7 @@ def open_inputs(path: str | os.PathLike, spec: InputSpec) -> InputSource:
             raise InputFileError(f"--input {path}: an .npz must hold the inputs as 'x' (or as its only array); it holds {', '.join(names) or 'nothing'}")
         return array_source(path, load_array(path, lambda: archive[key]), load_array(path, lambda: archive["ids"]) if "ids" in names else None)
     if suffix == ".parquet":
-        return parquet_source(path, spec)
+        return parquet_source(path, spec, ignore)
     raise InputFileError(f"--input {path}: give an .npy or .npz array, a .parquet table of feature columns, or a folder of images")
 
 
@@ -87,7 +89,7 @@ def array_source(path: Path, array: np.ndarray, ids: np.ndarray | None) -> Input
     return InputSource(path, count, example_ids.tolist(), example_ids, lambda size: (np.asarray(array[i : i + size]) for i in range(0, count, size)))
 
 
-def parquet_source(path: Path, spec: InputSpec) -> InputSource:
+def parquet_source(path: Path, spec: InputSpec, ignore: tuple[str, ...] = ()) -> InputSource:
     import pyarrow.parquet as pq
     import pyarrow.types as types
 
@@ -95,10 +97,11 @@ def parquet_source(path: Path, spec: InputSpec) -> InputSource:
         table = pq.read_table(path)
     except (OSError, ValueError) as error:
         raise InputFileError(f"--input {path} is not a readable Parquet file ({str(error).splitlines()[0][:160]})") from None
-    features = [name for name in table.column_names if name != "id"]
+    features = [name for name in table.column_names if name != "id" and name not in ignore]
     if len(features) != spec.features:
+        left_out = ", ".join(repr(name) for name in ("id", *ignore))
         raise InputFileError(f"--input {path}: the predictor takes {spec.features} features (shape {list(spec.shape)}), one column each; "
-                             f"the table has {len(features)} columns besides 'id'")
+                             f"the table has {len(features)} columns besides {left_out}")
     wrong = [name for name in features if not (types.is_integer(table.schema.field(name).type) or types.is_floating(table.schema.field(name).type))]
     if wrong:
         raise InputFileError(f"--input {path}: column {wrong[0]!r} is {table.schema.field(wrong[0]).type}, not a number")

@@ -182,6 +182,14 @@ class Predictor:
     def class_names(self) -> list[str] | None:
         return self.card["class_names"]
 
+    def label_columns(self) -> tuple[str, ...]:
+        """The label column of the table the model trained on (``table:FILE``), which a table of
+        new inputs in the same layout may still hold; none for other data."""
+        from dpsm_ray.catalog import parse_table
+
+        dataset = self.card["training_config"].get("dataset", "")
+        return (parse_table(dataset)[1]["label"],) if dataset.startswith("table:") else ()
+
     @property
     def uniform_seed(self) -> int:
         return self.card["uniform_seed"]
