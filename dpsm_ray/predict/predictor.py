@@ -187,7 +187,7 @@ class Predictor:
         new inputs in the same layout may still hold; none for other data."""
         from dpsm_ray.catalog import parse_table
 
-        dataset = self.card["training_config"].get("dataset", "")
+        dataset = (self.card["training_config"] or {}).get("dataset", "")  # null for a predictor built in Python
         return (parse_table(dataset)[1]["label"],) if dataset.startswith("table:") else ()
 
     @property
