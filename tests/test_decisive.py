@@ -175,8 +175,9 @@ def test_a_sweep_that_differs_from_the_study_is_refused_naming_the_setting(tmp_p
         searched_arms(tmp_path / "nothing", common)
 
 
-def test_the_fashion_mnist_search_config_searches_at_the_study_s_settings():
-    """sweeps/decisive-fashion_mnist-search.yaml, read as the sweep reads it: its base shares every
+@pytest.mark.parametrize("dataset", ["fashion_mnist", "fonts"])
+def test_each_search_config_searches_at_the_study_s_settings(dataset):
+    """sweeps/decisive-DATASET-search.yaml, read as the sweep reads it: its base shares every
     setting the searched arms need with the study (searched_arms would refuse it otherwise)."""
     sys.path.insert(0, str(ROOT / "sweeps"))
     try:
@@ -189,9 +190,9 @@ def test_the_fashion_mnist_search_config_searches_at_the_study_s_settings():
     from dpsm_ray.sweep.study import SHARED_WITH_THE_SWEEP
 
     parser = build_parser("digits", "", digits.DEFAULTS)
-    args = parse_with_config(parser, "digits", CONFIG_OPTIONS, ["--config", str(ROOT / "sweeps" / "decisive-fashion_mnist-search.yaml")])
+    args = parse_with_config(parser, "digits", CONFIG_OPTIONS, ["--config", str(ROOT / "sweeps" / f"decisive-{dataset}-search.yaml")])
     spec = spec_from_args("digits", args, digits.DEFAULTS)
-    study = TrainConfig.from_dict(decisive.DATASETS["fashion_mnist"]["common"])
+    study = TrainConfig.from_dict(decisive.DATASETS[dataset]["common"])
     assert {name: getattr(spec.base, name) for name in SHARED_WITH_THE_SWEEP} == {name: getattr(study, name) for name in SHARED_WITH_THE_SWEEP}
     assert spec.methods == ("ce", "conftr", "cut", "dpsm") and spec.trials == 8 and not spec.grid and spec.seed == study.seed
 
