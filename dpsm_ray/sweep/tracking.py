@@ -1,7 +1,7 @@
 """A sweep in MLflow: ``--tracking mlflow[=URI]`` (``pip install -e ".[mlflow]"``).
 
 One MLflow experiment per sweep, named after its results directory (absolute path); one MLflow run
-per Tune trial (Ray Tune's ``MLflowLoggerCallback``, on the driver: the nodes need no MLflow), with
+per Tune trial (a Tune ``LoggerCallback`` on the driver: the nodes need no MLflow), with
 
 - params: the trial's whole training configuration (``TrainConfig``, as ``config_json`` holds it);
 - tags: ``stage``, ``trial_index``, ``tune_trial_id``, ``method``, ``seed`` and ``parquet_run_id``,
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
-from ray.air.integrations.mlflow import MLflowLoggerCallback
+from ray.tune.logger import LoggerCallback
 
 from dpsm_ray.files import read_checked_json
 from dpsm_ray.results.schema import EPOCHS
@@ -57,40 +57,45 @@ def tracking_callbacks(tracking: str | None, results: Path) -> list:
 EPOCH_METRICS = tuple(name for name, kind in EPOCHS.items() if str(kind) in ("double", "int64") and name not in ("seed", "epoch"))
 
 
-class SweepMLflowCallback(MLflowLoggerCallback):
-    """``MLflowLoggerCallback`` with the sweep's params, tags, epoch steps and final evaluations
-    (module docstring) instead of Tune's nested parameter dict and every reported number."""
+class SweepMLflowCallback(LoggerCallback):
+    """One MLflow run per Tune trial, on the driver (module docstring): Tune's public
+    ``LoggerCallback`` and MLflow's public client, nothing of Ray's MLflow integration's insides."""
 
     def __init__(self, uri: str, experiment: str, results: Path) -> None:
-        super().__init__(tracking_uri=uri, experiment_name=experiment, tags={"sweep_results": str(results)})
-        self.results = Path(results)
-        
-    def client(self):
-        return self.mlflow_util._get_client()
+        self.uri, self.experiment, self.results = uri, experiment, Path(results)
+        self.tags = {"sweep_results": str(results)}
+        self.runs: dict = {}  # trial -> its MLflow run id
+        self.mlflow: MlflowClient | None = None
+        self.experiment_id: str | None = None
+
+    def setup(self, *args, **kwargs) -> None:
+        self.mlflow = MlflowClient(self.uri)
+        found = self.mlflow.get_experiment_by_name(self.experiment)
+        self.experiment_id = found.experiment_id if found is not None else self.mlflow.create_experiment(self.experiment)
 
     def log_trial_start(self, trial) -> None:
-        if trial in self._trial_runs:  # a retried trial goes on in its run
+        if trial in self.runs:  # a retried trial goes on in its run
             return
         config = trial_config(trial.config)
         stage, index = trial.config["point"]["stage"], trial.config["point"]["index"]
         tags = {**self.tags, "stage": stage, "trial_name": str(trial), "trial_index": str(index), "tune_trial_id": trial.trial_id, "method": config.method,
                 "seed": str(config.seed), "parquet_run_id": config.config_hash()}
-        run = self.mlflow_util.start_run(tags=tags, run_name=f"{stage} {index:04d} {config.method} seed {config.seed}")
-        self._trial_runs[trial] = run.info.run_id
-        self.client().log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in config.to_dict().items()])
+        run = self.mlflow.create_run(self.experiment_id, tags=tags, run_name=f"{stage} {index:04d} {config.method} seed {config.seed}")
+        self.runs[trial] = run.info.run_id
+        self.mlflow.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in config.to_dict().items()])
 
     def log_trial_result(self, iteration: int, trial, result: dict) -> None:
-        if result.get(FINISHED) or result.get(RESUMED) or "epoch" not in result or trial not in self._trial_runs:
+        if result.get(FINISHED) or result.get(RESUMED) or "epoch" not in result or trial not in self.runs:
             return  # the last report repeats the last epoch; a resumed one, an epoch logged already
         now = int(time.time() * 1000)
         metrics = [Metric(name, float(result[name]), now, int(result["epoch"])) for name in EPOCH_METRICS if finite(result.get(name))]
         if metrics:
-            self.client().log_batch(self._trial_runs[trial], metrics=metrics)
+            self.mlflow.log_batch(self.runs[trial], metrics=metrics)
 
     def log_trial_end(self, trial, failed: bool = False) -> None:
-        if trial not in self._trial_runs:
+        if trial not in self.runs:
             return
-        run_id = self._trial_runs[trial]
+        run_id = self.runs[trial]
         result_file = Ledger(self.results).run_dir(trial.config["point"]["stage"], trial.config["point"]["index"]) / RESULT_FILE
         if not failed and result_file.exists():
             evals = read_checked_json(result_file)["evals"]
@@ -103,8 +108,8 @@ class SweepMLflowCallback(MLflowLoggerCallback):
                     if values:
                         metrics.append(Metric(f"test_{name}_{score}", sum(values) / len(values), now, 0))
             if metrics:
-                self.client().log_batch(run_id, metrics=metrics, tags=[RunTag("evaluated_splits", str(len(rows)))])
-        super().log_trial_end(trial, failed)
+                self.mlflow.log_batch(run_id, metrics=metrics, tags=[RunTag("evaluated_splits", str(len(rows)))])
+        self.mlflow.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
 
 
 def finite(value) -> bool:
