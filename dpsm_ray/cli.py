@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(where the classes have names), set_size, top1 (and top1_name), and with --probabilities the softmax row.",
     )
     predict.add_argument("predictor", metavar="PREDICTOR", help="a predictor directory (dpsm-ray export --out, RESULTS/predictors/NAME, a run's --out/predictor)")
-    predict.add_argument("--input", required=True, metavar="PATH", help=".npy, .npz (array 'x', optional integer 'ids'), .parquet (one column per feature, optional 'id'), or a folder of images")
+    predict.add_argument("--input", required=True, metavar="PATH", help=".npy, .npz (array 'x', optional integer 'ids'), .parquet or .csv (one column per feature, optional 'id'; a training table's label column is left out), or a folder of images")
     predict.add_argument("--out", required=True, metavar="FILE", help="the Parquet file to write, e.g. sets.parquet")
     predict.add_argument("--score", default="hps", choices=score_names(), help="non-conformity score (default: %(default)s)")
     predict.add_argument("--probabilities", action="store_true", help="add each input's softmax row (list<double>)")

@@ -101,3 +101,6 @@ def test_a_table_with_named_labels_sweeps_and_the_names_reach_the_class_rows_and
     written = pd.read_parquet(tmp_path / "sets.parquet")
     assert [list(s) for s in written.set] == expected.lists
     assert [list(s) for s in written.set_names] == [[sorted(words)[c] for c in s] for s in expected.lists]
+    table.iloc[-20:].to_csv(tmp_path / "new.csv", index=False)  # the same rows as CSV
+    assert dpsm_ray(["predict", str(tmp_path / "exported"), "--input", str(tmp_path / "new.csv"), "--out", str(tmp_path / "sets-csv.parquet")]) == 0
+    assert [list(s) for s in pd.read_parquet(tmp_path / "sets-csv.parquet").set] == expected.lists

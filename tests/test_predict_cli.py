@@ -115,7 +115,9 @@ def test_a_folder_of_images_is_read_as_the_predictor_says_and_other_files_are_sk
     (lambda p: numpy.save(p / "x.npy", numpy.array([{"a": 1}], dtype=object), allow_pickle=True), "x.npy cannot be read as a numpy array"),
     (lambda p: numpy.savez(p / "x.npz", a=numpy.zeros((2, 64)), b=numpy.zeros((2, 64))), "an .npz must hold the inputs as 'x'"),
     (lambda p: pq.write_table(pa.table({"f": [1.0]}), p / "x.parquet"), "the predictor takes 64 features .* the table has 1 columns"),
-    (lambda p: (p / "x.csv").write_text("1,2"), "give an .npy or .npz array, a .parquet table of feature columns, or a folder of images"),
+    (lambda p: (p / "x.csv").write_text("a,b\n1,2\n"), "the predictor takes 64 features .* the table has 2 columns besides .id."),
+    (lambda p: (p / "y.csv").write_text(""), "y.csv is not a readable CSV file"),
+    (lambda p: (p / "x.json").write_text("[1, 2]"), "give an .npy or .npz array, a .parquet or .csv table of feature columns, or a folder of images"),
     (lambda p: (p / "x").mkdir(), "no image file PIL can read under it"),
 ])
 def test_unreadable_inputs_fail_in_one_line_naming_them(digits_predictor, tmp_path, capsys, make, message):

@@ -43,8 +43,8 @@ class InputSource:
 
 
 def open_inputs(path: str | os.PathLike, spec: InputSpec, ignore: tuple[str, ...] = ()) -> InputSource:
-    """The inputs at ``path``; a Parquet table's columns named in ``ignore`` (a training table's
-    label column) are left out."""
+    """The inputs at ``path``; a table's columns named in ``ignore`` (a training table's label
+    column) are left out."""
     path = Path(path)
     if path.is_dir():
         return image_folder(path, spec)
@@ -63,9 +63,9 @@ def open_inputs(path: str | os.PathLike, spec: InputSpec, ignore: tuple[str, ...
         else:
             raise InputFileError(f"--input {path}: an .npz must hold the inputs as 'x' (or as its only array); it holds {', '.join(names) or 'nothing'}")
         return array_source(path, load_array(path, lambda: archive[key]), load_array(path, lambda: archive["ids"]) if "ids" in names else None)
-    if suffix == ".parquet":
-        return parquet_source(path, spec, ignore)
-    raise InputFileError(f"--input {path}: give an .npy or .npz array, a .parquet table of feature columns, or a folder of images")
+    if suffix in (".parquet", ".csv"):
+        return table_source(path, spec, ignore)
+    raise InputFileError(f"--input {path}: give an .npy or .npz array, a .parquet or .csv table of feature columns, or a folder of images")
 
 
 def load_array(path: Path, load):
@@ -89,14 +89,18 @@ def array_source(path: Path, array: np.ndarray, ids: np.ndarray | None) -> Input
     return InputSource(path, count, example_ids.tolist(), example_ids, lambda size: (np.asarray(array[i : i + size]) for i in range(0, count, size)))
 
 
-def parquet_source(path: Path, spec: InputSpec, ignore: tuple[str, ...] = ()) -> InputSource:
+def table_source(path: Path, spec: InputSpec, ignore: tuple[str, ...] = ()) -> InputSource:
+    """A Parquet or CSV table: one numeric column per feature, in the predictor's order, an
+    optional ``id`` column, and the ``ignore``d ones."""
+    import pyarrow.csv
     import pyarrow.parquet as pq
     import pyarrow.types as types
 
+    kind = "CSV" if path.suffix.lower() == ".csv" else "Parquet"
     try:
-        table = pq.read_table(path)
-    except (OSError, ValueError) as error:
-        raise InputFileError(f"--input {path} is not a readable Parquet file ({str(error).splitlines()[0][:160]})") from None
+        table = pyarrow.csv.read_csv(path) if kind == "CSV" else pq.read_table(path)
+    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+        raise InputFileError(f"--input {path} is not a readable {kind} file ({str(error).splitlines()[0][:160]})") from None
     features = [name for name in table.column_names if name != "id" and name not in ignore]
     if len(features) != spec.features:
         left_out = ", ".join(repr(name) for name in ("id", *ignore))
