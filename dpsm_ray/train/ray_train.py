@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -90,7 +89,6 @@ class RunDirReporting:
     _report_fn: Callable  # ray.train.report or ray.tune.report
     run_dir: Path
     extra: dict
-    inject_failure: dict | None = None
 
     def load_state(self) -> dict | None:
         """The checkpoint, after reporting its last epoch again (marked ``RESUMED``): a trial
@@ -105,12 +103,6 @@ class RunDirReporting:
         if self.collective.rank == 0 and epochs is not None:
             write_checked_json(self.run_dir / EPOCHS_FILE, epochs)
         self._report_fn({**row, **self.extra})
-        failure = self.inject_failure
-        if failure and row["epoch"] == failure["after_epoch"] and self.collective.rank == failure["rank"]:
-            marker = Path(failure["marker"])
-            if not marker.exists():  # fail on the first attempt only
-                marker.write_text("injected")
-                os.kill(os.getpid(), signal.SIGKILL)
 
     def finish(self, result: RunResult) -> None:
         """Write the results, then one last report that says so."""
@@ -128,11 +120,11 @@ class RunDirReporting:
 class RayTrainEnv(RunDirReporting, ProcessGroupEnv):
     """A Ray Train worker (DDP over the worker group)."""
 
-    def __init__(self, device: torch.device, run_dir: str | os.PathLike, extra: dict | None = None, inject_failure: dict | None = None) -> None:
+    def __init__(self, device: torch.device, run_dir: str | os.PathLike, extra: dict | None = None) -> None:
         import ray.train
 
         super().__init__(device, Path(run_dir) / CHECKPOINT_FILE)
-        self.run_dir, self.inject_failure = Path(run_dir), inject_failure
+        self.run_dir = Path(run_dir)
         self.extra = {**(extra or {}), **placement(device)}
         self._report_fn = ray.train.report
 
@@ -154,12 +146,13 @@ def train_fn_per_worker(loop_config: dict) -> None:
     # Ray Train logs every report at INFO through a root-level logger; keep warnings and errors
     logging.getLogger().setLevel(logging.WARNING)
     config = TrainConfig.from_dict(loop_config["config"])
-    env = RayTrainEnv(trial_device(config.device), loop_config["run_dir"], loop_config.get("extra"), loop_config.get("inject_failure"))
+    env = RayTrainEnv(trial_device(config.device), loop_config["run_dir"], loop_config.get("extra"))
     env.finish(train(config, env))
 
 
-def trainer_for(config: TrainConfig, run_dir: str | os.PathLike, callbacks=(), extra: dict | None = None, inject_failure: dict | None = None):
-    """A ``TorchTrainer`` of ``config.workers`` workers writing into ``run_dir``."""
+def trainer_for(config: TrainConfig, run_dir: str | os.PathLike, callbacks=(), extra: dict | None = None, worker_fn=train_fn_per_worker):
+    """A ``TorchTrainer`` of ``config.workers`` workers writing into ``run_dir``, each running
+    ``worker_fn(loop_config)`` (``train_fn_per_worker``; a test may wrap it)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -168,11 +161,8 @@ def trainer_for(config: TrainConfig, run_dir: str | os.PathLike, callbacks=(), e
         resources["GPU"] = config.gpus_per_worker
     run_dir = Path(run_dir).resolve()
     return TorchTrainer(
-        train_fn_per_worker,
-        train_loop_config={
-            "config": config.to_dict(), "threads": max(1, int(config.cpus_per_worker)), "run_dir": str(run_dir), "extra": extra,
-            "inject_failure": inject_failure,
-        },
+        worker_fn,
+        train_loop_config={"config": config.to_dict(), "threads": max(1, int(config.cpus_per_worker)), "run_dir": str(run_dir), "extra": extra},
         scaling_config=ray.train.ScalingConfig(num_workers=config.workers, use_gpu=config.gpus_per_worker > 0, resources_per_worker=resources),
         # nccl when the workers hold GPUs (Ray's default), gloo when they train on the CPU on purpose
         torch_config=TorchConfig(backend="gloo" if config.device == "cpu" else None),
@@ -196,19 +186,19 @@ def read_result(config: TrainConfig, run_dir: str | os.PathLike) -> RunResult:
 
 
 def train_distributed(config: TrainConfig, out_dir=None, log=None, *, resource_timeout_s: float = DEFAULT_RESOURCE_TIMEOUT_S,
-                      inject_failure: dict | None = None) -> RunResult:
+                      worker_fn=train_fn_per_worker) -> RunResult:
     """Run ``config`` on ``config.workers`` Ray Train workers and return its results.
 
     ``out_dir`` is the run directory (a temporary one without it; with workers on other nodes it
     must be on shared storage); running the same config with the same ``out_dir`` again resumes.
     Workers that the Ray in use cannot hold raise ``InsufficientResources`` (see
-    ``ray_session.check_capacity``) instead of waiting forever.  ``inject_failure``
-    (``{"after_epoch", "rank", "marker"}``) kills that worker once, for fault-tolerance tests.
+    ``ray_session.check_capacity``) instead of waiting forever.  ``worker_fn``: what each worker
+    runs (``trainer_for``).
     """
     demand = run_demand(config.workers, config.cpus_per_worker, config.gpus_per_worker)
     check_before_start(demand)
     ensure_ray()
     check_capacity(demand, timeout_s=resource_timeout_s, log=log)
     run_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="dpsm_ray_"))
-    trainer_for(config, run_dir, inject_failure=inject_failure).fit()
+    trainer_for(config, run_dir, worker_fn=worker_fn).fit()
     return read_result(config, run_dir)

@@ -37,10 +37,43 @@ def test_two_ray_train_workers_match_one_process(ray_session, reference, tmp_pat
     assert_same_run(reference, run_training(config, tmp_path / "run"))
 
 
+def dying_worker(marker: str, after_epoch: int, rank: int):
+    """The workers' function, with the worker of ``rank`` killed (SIGKILL) once, right after it
+    reported ``after_epoch``: ``marker`` says it happened."""
+
+    def worker(loop_config: dict) -> None:
+        import os
+        import signal
+        from pathlib import Path
+
+        from dpsm_ray.train import ray_train
+
+        report = ray_train.RunDirReporting.report
+
+        def report_then_die(self, row, checkpoint, epochs=None):
+            report(self, row, checkpoint, epochs)
+            if row["epoch"] == after_epoch and self.collective.rank == rank and not Path(marker).exists():
+                Path(marker).write_text("killed")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        ray_train.RunDirReporting.report = report_then_die  # in this worker's process only
+        ray_train.train_fn_per_worker(loop_config)
+
+    return worker
+
+
 def test_a_killed_worker_is_restarted_from_the_last_checkpoint(ray_session, reference, tmp_path):
+    import sys
+
+    import ray.cloudpickle
+
     config = TrainConfig(**BASE, workers=2, cpus_per_worker=1, max_failures=1)
     marker = tmp_path / "killed-once"
-    result = train_distributed(config, tmp_path / "run", inject_failure={"after_epoch": 2, "rank": 1, "marker": str(marker)})
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # a test module is not importable in Ray's workers
+    try:
+        result = train_distributed(config, tmp_path / "run", worker_fn=dying_worker(str(marker), after_epoch=2, rank=1))
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     assert marker.exists(), "the failure was not injected"
     # resumed after epoch 2: DPSM's q and the model continue from the checkpoint, so the run
     # ends exactly where the uninterrupted one does
