@@ -102,7 +102,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print("nothing was saved: pass --out DIR to keep the model as a predictor (and the results as Parquet files)")
         return 0
     print(f"results written to {out}")
-    hps = predictor.card["test"]["scores"]["hps"]
+    hps = predictor.info["test"]["scores"]["hps"]
     print(f"predictor written to {out / PREDICTOR_DIR} (calibrated on the calibration split: HPS q {predictor.thresholds['hps']:.4f}; "
           f"on the test split coverage {hps['coverage']:.3f}, set size {hps['set_size']:.2f}); use it with "
           f"dpsm-ray predict {out / PREDICTOR_DIR} --input X.npy --out sets.parquet")

@@ -148,7 +148,7 @@ def test_a_tabular_predictor_takes_no_images(tmp_path, capsys):
     with pytest.raises(SystemExit):
         predict(tmp_path / "p", "--input", tmp_path / "images", "--out", tmp_path / "o.parquet")
     assert "the predictor takes 4 real features of the generated synthetic:classes=3,dim=4,size=300 data, not images" in capsys.readouterr().err
-    assert json.loads(json.dumps(predictor.card["input"]))["image"] is None
+    assert json.loads(json.dumps(predictor.info["input"]))["image"] is None
 
 
 def test_an_unknown_device_is_named(digits_predictor, tmp_path, capsys):

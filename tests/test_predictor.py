@@ -21,7 +21,7 @@ from dpsm_ray.conformal import check_alpha, evaluate, example_uniforms
 from dpsm_ray.cards import build_model, load_splits, score_functions
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import read_checked_json, sha256_file, write_checked_json
-from dpsm_ray.predict.predictor import CARD_FILE, FORMAT_VERSION, PREDICT_BATCH, WEIGHTS_FILE, InputError, Predictor, PredictorError
+from dpsm_ray.predict.predictor import INFO_FILE, FORMAT_VERSION, PREDICT_BATCH, WEIGHTS_FILE, InputError, Predictor, PredictorError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_hps_threshold_and_sets_are_split_conformal_by_hand():
     # alpha 0.2: q is the ceil(10 * 0.8) = 8th smallest score, 0.8
     predictor = toy_predictor(0.2).calibrated(probs, labels, 0.2, data="nine points")
     assert predictor.thresholds["hps"] == pytest.approx(0.8, abs=1e-12)
-    assert predictor.card["scores"]["hps"]["calibration_points"] == 9
+    assert predictor.info["scores"]["hps"]["calibration_points"] == 9
     # scores of a new input 1 - p = 0.75, 0.30, 0.95: the set is {0, 1}
     mask, lists = predictor.sets_from_proba(torch.tensor([[0.25, 0.70, 0.05]], dtype=torch.float64), "hps")
     assert lists == [[0, 1]] and mask.tolist() == [[True, True, False]]
@@ -123,20 +123,20 @@ def test_the_predictor_forwards_in_the_evaluation_s_chunks():
     assert PREDICT_BATCH == EVAL_BATCH
 
 
-# ----------------------------------------------------------------------------- train --out and the card
+# ----------------------------------------------------------------------------- train --out and the info
 
 
 def test_train_out_writes_a_predictor_and_says_so(trained, capsys):
-    card = read_checked_json(trained / "predictor" / CARD_FILE)
+    info = read_checked_json(trained / "predictor" / INFO_FILE)
     config = json.loads((trained / "config.json").read_text())
-    assert card["run_id"] == config["run_id"] and card["method"] == "dpsm" and card["seed"] == 1
-    assert card["model"] == {"architecture": "mlp", "num_classes": 10, "precision": "fp32"}  # never "auto"
-    assert card["input"]["shape"] == [1, 8, 8] and card["input"]["divisor"] == 16.0 and card["class_names"] == list("0123456789")
-    assert card["training_config"]["epochs"] == 2 and card["alpha"] == 0.1
-    assert set(card["scores"]) == {"hps", "aps", "raps"} and card["scores"]["raps"]["lambda"] == 0.01 and card["scores"]["raps"]["k_reg"] == 5
-    assert all(entry["calibration_points"] == 200 for entry in card["scores"].values())  # the digits calibration split
-    assert card["test"]["points"] == 297 and 0.5 < card["test"]["scores"]["hps"]["coverage"] <= 1
-    assert card["calibration"]["data"].startswith("the calibration split of digits (200 points")
+    assert info["run_id"] == config["run_id"] and info["method"] == "dpsm" and info["seed"] == 1
+    assert info["model"] == {"architecture": "mlp", "num_classes": 10, "precision": "fp32"}  # never "auto"
+    assert info["input"]["shape"] == [1, 8, 8] and info["input"]["divisor"] == 16.0 and info["class_names"] == list("0123456789")
+    assert info["training_config"]["epochs"] == 2 and info["alpha"] == 0.1
+    assert set(info["scores"]) == {"hps", "aps", "raps"} and info["scores"]["raps"]["lambda"] == 0.01 and info["scores"]["raps"]["k_reg"] == 5
+    assert all(entry["calibration_points"] == 200 for entry in info["scores"].values())  # the digits calibration split
+    assert info["test"]["points"] == 297 and 0.5 < info["test"]["scores"]["hps"]["coverage"] <= 1
+    assert info["calibration"]["data"].startswith("the calibration split of digits (200 points")
 
 
 def test_train_without_out_says_nothing_is_saved(tmp_path, capsys, monkeypatch):
@@ -150,14 +150,14 @@ def test_save_and_load_round_trip(trained, digits, tmp_path):
     _, raw = digits
     predictor = Predictor.load(trained / "predictor")
     again = Predictor.load(predictor.save(tmp_path / "copy"))
-    assert again.card == read_checked_json(tmp_path / "copy" / CARD_FILE) and again.thresholds == predictor.thresholds
+    assert again.info == read_checked_json(tmp_path / "copy" / INFO_FILE) and again.thresholds == predictor.thresholds
     for score in ("hps", "aps", "raps"):
         assert torch.equal(again.predict_sets(raw["test"], score).mask, predictor.predict_sets(raw["test"], score).mask)
     assert "Predictor(mlp, 10 classes, alpha=0.1, hps q=" in repr(again)
     # a predictor already there is replaced only when asked
     with pytest.raises(PredictorError, match=r"copy holds a predictor already; remove it, choose another directory, or save\(..., overwrite=True\)"):
         predictor.save(tmp_path / "copy")
-    assert Predictor.load(predictor.save(tmp_path / "copy", overwrite=True)).card == again.card
+    assert Predictor.load(predictor.save(tmp_path / "copy", overwrite=True)).info == again.info
 
 
 def test_numpy_inputs_give_a_numpy_mask(trained, digits):
@@ -196,8 +196,8 @@ def test_recalibrate_is_the_exact_quantile_of_the_user_s_points(trained, digits)
     hps = 1 - predictor.predict_proba(raw["test"][:100]).gather(1, data.test.labels[:100, None]).squeeze(1)
     # rank ceil(101 * 0.8) = 81 of 100, written out with a sort
     assert mine.thresholds["hps"] == hps.sort().values[80].item()
-    assert mine.alpha == 0.2 and mine.card["calibration"] == {"data": "100 points passed to Predictor.recalibrate", "points": 100}
-    assert mine.card["test"] is None and predictor.alpha == 0.1  # the original is unchanged
+    assert mine.alpha == 0.2 and mine.info["calibration"] == {"data": "100 points passed to Predictor.recalibrate", "points": 100}
+    assert mine.info["test"] is None and predictor.alpha == 0.1  # the original is unchanged
 
 
 def test_recalibration_follows_the_conformal_core_on_alpha_and_small_samples(trained, digits):
@@ -213,7 +213,7 @@ def test_recalibration_follows_the_conformal_core_on_alpha_and_small_samples(tra
         few = predictor.recalibrate(raw["cal"][:8], data.cal.labels[:8])
     assert few.thresholds == {"hps": math.inf, "aps": math.inf, "raps": math.inf}
     assert few.predict_sets(raw["test"][:5]).mask.all()
-    assert few.card["scores"]["hps"]["threshold"] is None  # JSON has no infinity
+    assert few.info["scores"]["hps"]["threshold"] is None  # JSON has no infinity
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert math.isfinite(predictor.recalibrate(raw["cal"][:9], data.cal.labels[:9]).thresholds["hps"])
@@ -265,23 +265,23 @@ def test_changed_weights_are_refused_by_their_sha256(trained, tmp_path):
 
 def test_a_newer_format_a_changed_card_and_missing_files_are_refused(trained, tmp_path):
     directory = copy_of(trained, tmp_path)
-    card = read_checked_json(directory / CARD_FILE)
-    write_checked_json(directory / CARD_FILE, {**card, "format_version": FORMAT_VERSION + 1})
+    info = read_checked_json(directory / INFO_FILE)
+    write_checked_json(directory / INFO_FILE, {**info, "format_version": FORMAT_VERSION + 1})
     with pytest.raises(PredictorError, match=f"format_version {FORMAT_VERSION + 1} is newer than this dpsm_ray .* reads \\(up to {FORMAT_VERSION}\\); upgrade"):
         Predictor.load(directory)
-    write_checked_json(directory / CARD_FILE, {k: v for k, v in card.items() if k != "alpha"})
+    write_checked_json(directory / INFO_FILE, {k: v for k, v in info.items() if k != "alpha"})
     with pytest.raises(PredictorError, match="field alpha is missing"):
         Predictor.load(directory)
-    stored = json.loads((directory / CARD_FILE).read_text())
-    stored["payload"] = {**card, "alpha": 0.5}  # edited by hand: the checksum no longer matches
-    (directory / CARD_FILE).write_text(json.dumps(stored))
+    stored = json.loads((directory / INFO_FILE).read_text())
+    stored["payload"] = {**info, "alpha": 0.5}  # edited by hand: the checksum no longer matches
+    (directory / INFO_FILE).write_text(json.dumps(stored))
     with pytest.raises(PredictorError, match="predictor.json does not match the sha256 recorded in it"):
         Predictor.load(directory)
-    write_checked_json(directory / CARD_FILE, card)
+    write_checked_json(directory / INFO_FILE, info)
     (directory / WEIGHTS_FILE).unlink()
     with pytest.raises(PredictorError, match=r"weights.pt is missing \(named by .*predictor.json, field weights.file\)"):
         Predictor.load(directory)
-    (directory / CARD_FILE).unlink()
+    (directory / INFO_FILE).unlink()
     with pytest.raises(PredictorError, match="predictor.json is missing: a predictor directory holds predictor.json and weights.pt"):
         Predictor.load(directory)
     with pytest.raises(PredictorError, match="no such directory"):
@@ -302,24 +302,24 @@ def test_nothing_in_a_predictor_directory_is_executed(trained, tmp_path):
     directory = copy_of(trained, tmp_path)
     marker = tmp_path / "executed"
     torch.save({"net.0.weight": Planted(str(marker))}, directory / WEIGHTS_FILE)
-    card = read_checked_json(directory / CARD_FILE)
-    card["weights"]["sha256"] = sha256_file(directory / WEIGHTS_FILE)
-    write_checked_json(directory / CARD_FILE, card)  # a matching sha256: only weights_only stands in the way
+    info = read_checked_json(directory / INFO_FILE)
+    info["weights"]["sha256"] = sha256_file(directory / WEIGHTS_FILE)
+    write_checked_json(directory / INFO_FILE, info)  # a matching sha256: only weights_only stands in the way
     with pytest.raises(PredictorError, match="weights.pt is not a state dict of tensors"):
         Predictor.load(directory)
     assert not marker.exists()
-    card["weights"]["file"] = "../outside.pt"
-    write_checked_json(directory / CARD_FILE, card)
+    info["weights"]["file"] = "../outside.pt"
+    write_checked_json(directory / INFO_FILE, info)
     with pytest.raises(PredictorError, match="field weights.file must be a file name inside the predictor directory"):
         Predictor.load(directory)
 
 
 def test_weights_of_another_model_are_refused_by_name(trained, tmp_path):
     directory = copy_of(trained, tmp_path)
-    card = read_checked_json(directory / CARD_FILE)
-    card["model"]["num_classes"] = 11
-    card["class_names"] = None
-    write_checked_json(directory / CARD_FILE, card)
+    info = read_checked_json(directory / INFO_FILE)
+    info["model"]["num_classes"] = 11
+    info["class_names"] = None
+    write_checked_json(directory / INFO_FILE, info)
     with pytest.raises(PredictorError, match="weights.pt does not hold the weights of a mlp with 11 classes"):
         Predictor.load(directory)
 
@@ -374,7 +374,7 @@ def test_a_predictor_whose_model_is_ones_own_factory_loads_only_when_trusted(tmp
     with pytest.raises(PredictorError, match=r"its model, my_digit_nets:small, is code to import and run; load it with trust_code=True"):
         Predictor.load(tmp_path / "run" / "predictor")
     predictor = Predictor.load(tmp_path / "run" / "predictor", trust_code=True)
-    assert predictor.card["model"]["architecture"] == "my_digit_nets:small"
+    assert predictor.info["model"]["architecture"] == "my_digit_nets:small"
     np.save(tmp_path / "x.npy", np.zeros((3, 64), np.float32))
     with pytest.raises(SystemExit):
         main(["predict", str(tmp_path / "run" / "predictor"), "--input", str(tmp_path / "x.npy"), "--out", str(tmp_path / "sets.parquet")])

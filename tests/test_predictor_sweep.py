@@ -76,7 +76,7 @@ def test_every_final_model_is_a_predictor_that_reproduces_its_evals_rows(sweep):
     worst = 0.0
     for entry in index["predictors"]:
         predictor = Predictor.load(results / entry["directory"])
-        config = TrainConfig.from_dict(predictor.card["training_config"])
+        config = TrainConfig.from_dict(predictor.info["training_config"])
         data, x, y, ids = raw_pool(config)
         rows = evals[evals.run_id == entry["run_id"]]
         assert len(rows) == 3 * config.eval_splits == 30
@@ -85,10 +85,10 @@ def test_every_final_model_is_a_predictor_that_reproduces_its_evals_rows(sweep):
             part = predictor.recalibrate(x[cal[row.split]], y[cal[row.split]], example_ids=ids[cal[row.split]])
             measured = part.evaluate(x[test[row.split]], y[test[row.split]], example_ids=ids[test[row.split]])[row.score]
             worst = max(worst, abs(measured["coverage"] - row.coverage), abs(measured["set_size"] - row.set_size), abs(part.thresholds[row.score] - row.q))
-        # the card's test figures are the predictor's own on the test split, calibrated on the calibration split
+        # the info's test figures are the predictor's own on the test split, calibrated on the calibration split
         n_cal = len(data.cal)
-        assert predictor.evaluate(x[n_cal:], y[n_cal:], example_ids=ids[n_cal:]) == predictor.card["test"]["scores"]
-        assert predictor.card["calibration"]["points"] == n_cal and predictor.card["model"]["architecture"] == "mlp"
+        assert predictor.evaluate(x[n_cal:], y[n_cal:], example_ids=ids[n_cal:]) == predictor.info["test"]["scores"]
+        assert predictor.info["calibration"]["points"] == n_cal and predictor.info["model"]["architecture"] == "mlp"
     print(f"round trip: largest difference from evals.parquet over {len(evals)} rows: {worst:.3g}")
     assert worst <= 1e-6
 
@@ -119,22 +119,22 @@ def test_a_resumed_sweep_keeps_its_predictors_and_rebuilds_a_missing_one(sweep, 
     run_sweep(spec, results, resume=True, log=lines.append)
     assert {p: (p.stat().st_mtime_ns, sha256_file(p)) for p in files} == before
     assert not [line for line in lines if "] exported " in line]  # nothing exported again
-    card = read_checked_json(results / PREDICTORS / "ce-seed0" / "predictor.json")
+    info = read_checked_json(results / PREDICTORS / "ce-seed0" / "predictor.json")
     shutil.rmtree(results / PREDICTORS / "ce-seed0")
     run_sweep(spec, results, resume=True, log=lines.append)
     assert [line.split("] ", 1)[1] for line in lines if "] exported " in line] == [f"exported 1 final model as conformal predictors under {results / PREDICTORS}: ce-seed0"]
     again = read_checked_json(results / PREDICTORS / "ce-seed0" / "predictor.json")
-    assert {k: again[k] for k in ("run_id", "scores", "test", "input")} == {k: card[k] for k in ("run_id", "scores", "test", "input")}
+    assert {k: again[k] for k in ("run_id", "scores", "test", "input")} == {k: info[k] for k in ("run_id", "scores", "test", "input")}
 
 
 def test_export_copies_the_chosen_predictor_out_with_its_provenance(sweep, tmp_path, capsys):
     _, results, _ = sweep
     assert main(["export", str(results), "--method", "dpsm", "--out", str(tmp_path / "dpsm")]) == 0
-    card = read_checked_json(tmp_path / "dpsm" / "predictor.json")
+    info = read_checked_json(tmp_path / "dpsm" / "predictor.json")
     source = read_checked_json(results / PREDICTORS / "dpsm-seed0" / "predictor.json")
-    assert card["provenance"]["chosen_by"] == CHOICE_RULE and card["provenance"]["exported_from"] == str(results / PREDICTORS / "dpsm-seed0")
-    assert card["provenance"]["trial_index"] == source["provenance"]["trial_index"] and card["scores"] == source["scores"]
-    assert card["weights"]["sha256"] == source["weights"]["sha256"]
+    assert info["provenance"]["chosen_by"] == CHOICE_RULE and info["provenance"]["exported_from"] == str(results / PREDICTORS / "dpsm-seed0")
+    assert info["provenance"]["trial_index"] == source["provenance"]["trial_index"] and info["scores"] == source["scores"]
+    assert info["weights"]["sha256"] == source["weights"]["sha256"]
     assert main(["export", str(results), "--method", "ce", "--seed", "0", "--out", str(tmp_path / "ce")]) == 0
     assert read_checked_json(tmp_path / "ce" / "predictor.json")["provenance"]["chosen_by"] == "--seed 0"
     for argv, message in [
@@ -253,7 +253,7 @@ def test_serve_answers_like_predict_sets_refuses_bad_requests_and_stops_cleanly(
     try:
         served.wait_until_serving()
         status, health = served.request("/health")  # no token needed
-        assert status == 200 and health["status"] == "ok" and health["run_id"] == predictor.card["run_id"] and health["input_shape"] == [1, 8, 8]
+        assert status == 200 and health["status"] == "ok" and health["run_id"] == predictor.info["run_id"] and health["input_shape"] == [1, 8, 8]
         token = token_file.read_text().strip()
         assert token_file.stat().st_mode & 0o077 == 0 and token not in "".join(served.output)  # never printed
         for path, body, sent in (("/predict", json.dumps({"inputs": x[:2].tolist()}).encode(), None), ("/predict", b"{}", "wrong-token-0123456789"),

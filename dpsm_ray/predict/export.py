@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from dpsm_ray.files import CorruptFileError, read_checked_json, sha256_file, write_checked_json
-from dpsm_ray.predict.predictor import CARD_FILE, Predictor, PredictorError, pick_device
+from dpsm_ray.predict.predictor import INFO_FILE, Predictor, PredictorError, pick_device
 from dpsm_ray.results.layout import CHECKPOINT_FILE, INDEX_FILE, PREDICTORS, Ledger, ResultsInUse, ResultsLock, read_index, read_sweep_settings
 CHOICE_RULE = ("the final model with the smallest validation set size among those whose validation coverage reaches the sweep's floor "
                "(1 - alpha - coverage slack, the search's feasibility), else the one with the highest validation coverage; ties go to the "
@@ -64,13 +64,13 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
     return calibrated.with_test(measured, len(data.test), f"the test split of {config.dataset} ({len(data.test)} points, {split_seed})")
 
 
-def existing_card(directory: Path) -> dict | None:
-    """The card of a whole, unchanged predictor in ``directory`` (its weights match their
+def existing_info(directory: Path) -> dict | None:
+    """The info of a whole, unchanged predictor in ``directory`` (its weights match their
     sha256), or None."""
     try:
-        card = read_checked_json(directory / CARD_FILE)
-        weights = directory / card["weights"]["file"]
-        return card if weights.is_file() and sha256_file(weights) == card["weights"]["sha256"] else None
+        info = read_checked_json(directory / INFO_FILE)
+        weights = directory / info["weights"]["file"]
+        return info if weights.is_file() and sha256_file(weights) == info["weights"]["sha256"] else None
     except (OSError, CorruptFileError, KeyError, TypeError):
         return None
 
@@ -96,8 +96,8 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
         config = TrainConfig.from_dict(record["config"])
         name = f"{config.method}-seed{config.seed}"
         directory = results / PREDICTORS / name
-        card = existing_card(directory)
-        if card is None or card["run_id"] != config.config_hash():
+        info = existing_info(directory)
+        if info is None or info["run_id"] != config.config_hash():
             key = (config.dataset, config.data_root, config.data_seed(), config.train_subset)
             if key not in loaded:
                 loaded[key] = load_data(config, torch.device("cpu"))
@@ -109,11 +109,11 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
             state = load_checkpoint(ledger.run_dir("final", index) / CHECKPOINT_FILE)["model"]
             predictor = predictor_for_run(config, state, data=loaded[key], device=device, provenance=provenance)
             predictor.save(directory, overwrite=True)  # the run changed: its predictor is rebuilt
-            card = predictor.card
+            info = predictor.info
             exported.append(name)
         metrics = record["metrics"]
-        entries.append({"name": name, "directory": f"{PREDICTORS}/{name}", "method": config.method, "seed": config.seed, "run_id": card["run_id"],
-                        "val_set_size": metrics.get("val_set_size"), "val_coverage": metrics.get("val_coverage"), "test": card["test"]})
+        entries.append({"name": name, "directory": f"{PREDICTORS}/{name}", "method": config.method, "seed": config.seed, "run_id": info["run_id"],
+                        "val_set_size": metrics.get("val_set_size"), "val_coverage": metrics.get("val_coverage"), "test": info["test"]})
     index = {"rule": CHOICE_RULE, "coverage_floor": floor, "predictors": entries, "chosen": choose(entries, floor)}
     write_checked_json(results / PREDICTORS / INDEX_FILE, index)
     if exported:
@@ -162,7 +162,7 @@ def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLik
         entry, why = mine[seed], f"--seed {seed}"
     else:
         raise PredictorError(f"--seed {seed}: the sweep's final {method} models have the seeds {', '.join(map(str, sorted(mine)))}")
-    if out.exists() and any(out.iterdir()) and not (out / CARD_FILE).exists():
+    if out.exists() and any(out.iterdir()) and not (out / INFO_FILE).exists():
         raise PredictorError(f"--out {out} is a non-empty directory without a predictor in it; choose a new or empty directory")
     source = results / entry["directory"]
     # exporting again into the same --out replaces its predictor

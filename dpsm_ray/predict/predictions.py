@@ -71,7 +71,7 @@ def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike
     types = {"input_id": id_type, "set": pa.list_(pa.int32()), "set_names": pa.list_(pa.string()), "set_size": pa.int32(), "top1": pa.int32(),
              "top1_name": pa.string(), "probabilities": pa.list_(pa.float64())}
     order = [name for name in ("input_id", "set", "set_names", "set_size", "top1", "top1_name", "probabilities") if name in columns]
-    metadata = {"run_id": predictor.card["run_id"], "score": score, "alpha": predictor.alpha, "threshold": predictor.threshold(score), "non_empty": non_empty}
+    metadata = {"run_id": predictor.info["run_id"], "score": score, "alpha": predictor.alpha, "threshold": predictor.threshold(score), "non_empty": non_empty}
     schema = pa.schema([(name, types[name]) for name in order], metadata={"dpsm_ray": json.dumps(metadata)})
     if id_type == pa.string():
         columns["input_id"] = [str(i) for i in columns["input_id"]]

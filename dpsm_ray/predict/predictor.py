@@ -42,13 +42,13 @@ from dpsm_ray.files import CorruptFileError, atomic_write, read_checked_json, sh
 
 FORMAT = "dpsm_ray predictor"
 FORMAT_VERSION = 1
-CARD_FILE = "predictor.json"
+INFO_FILE = "predictor.json"
 WEIGHTS_FILE = "weights.pt"
 # the chunks of the sweep's evaluation (train.loop.EVAL_BATCH): the same forward passes give the
 # same probabilities, to the last bit, as the rows of evals.parquet were computed from
 PREDICT_BATCH = 512
 PRECISIONS = ("fp32", "bf16")
-CARD_FIELDS = ("format", "format_version", "package_version", "model", "input", "class_names", "method", "seed", "run_id", "training_config",
+INFO_FIELDS = ("format", "format_version", "package_version", "model", "input", "class_names", "method", "seed", "run_id", "training_config",
                "alpha", "uniform_seed", "scores", "calibration", "test", "weights", "provenance")
 
 
@@ -83,10 +83,10 @@ class Predictor:
     then ``recalibrate``).  Predictors are immutable: ``recalibrate`` returns a new one sharing
     the model's weights."""
 
-    def __init__(self, model: torch.nn.Module, card: dict, *, device: str | torch.device = "auto") -> None:
-        check_card(card, "predictor")
-        self.card = card
-        self.input_spec = InputSpec.from_json(card["input"])
+    def __init__(self, model: torch.nn.Module, info: dict, *, device: str | torch.device = "auto") -> None:
+        check_info(info, "predictor")
+        self.info = info
+        self.input_spec = InputSpec.from_json(info["input"])
         self.device = pick_device(device) if isinstance(device, str) else device
         self.model = model.to(self.device).eval()
 
@@ -99,7 +99,7 @@ class Predictor:
         """An uncalibrated predictor around ``model`` (which must be ``architecture`` built by
         ``dpsm_ray.cards.build_model`` for ``input_spec.shape``): ``recalibrate`` it before
         asking for sets."""
-        card = {
+        info = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "package_version": __version__,
             "model": {"architecture": architecture, "num_classes": num_classes, "precision": precision},
             "input": input_spec.to_json(), "class_names": list(class_names) if class_names is not None else None,
@@ -107,7 +107,7 @@ class Predictor:
             "alpha": check_alpha(alpha), "uniform_seed": uniform_seed, "scores": {}, "calibration": None, "test": None,
             "weights": {"file": WEIGHTS_FILE, "sha256": None}, "provenance": provenance or {},
         }
-        return cls(model, card, device=device)
+        return cls(model, info, device=device)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto", trust_code: bool = False) -> Predictor:
@@ -119,90 +119,90 @@ class Predictor:
         from dpsm_ray.cards import build_model, is_factory
 
         directory = Path(path)
-        card_path = directory / CARD_FILE
+        info_path = directory / INFO_FILE
         if not directory.is_dir():
             raise PredictorError(f"{directory} is not a predictor directory: no such directory")
-        if not card_path.is_file():
-            raise PredictorError(f"{card_path} is missing: a predictor directory holds {CARD_FILE} and {WEIGHTS_FILE}")
+        if not info_path.is_file():
+            raise PredictorError(f"{info_path} is missing: a predictor directory holds {INFO_FILE} and {WEIGHTS_FILE}")
         try:
-            card = read_checked_json(card_path)
+            info = read_checked_json(info_path)
         except CorruptFileError as error:
             raise PredictorError(str(error)) from None
-        check_card(card, str(card_path))
-        architecture = card["model"]["architecture"]
+        check_info(info, str(info_path))
+        architecture = info["model"]["architecture"]
         if is_factory(architecture) and not trust_code:
-            raise PredictorError(f"{card_path}: its model, {architecture}, is code to import and run; load it with trust_code=True "
+            raise PredictorError(f"{info_path}: its model, {architecture}, is code to import and run; load it with trust_code=True "
                                  "(dpsm-ray predict/serve --trust-code) only if you trust where this predictor came from")
-        weights = directory / card["weights"]["file"]
+        weights = directory / info["weights"]["file"]
         if not weights.is_file():
-            raise PredictorError(f"{weights} is missing (named by {card_path}, field weights.file)")
-        if sha256_file(weights) != card["weights"]["sha256"]:
-            raise PredictorError(f"{weights} does not match the sha256 recorded in {card_path} (weights.sha256): it changed after the predictor was written")
+            raise PredictorError(f"{weights} is missing (named by {info_path}, field weights.file)")
+        if sha256_file(weights) != info["weights"]["sha256"]:
+            raise PredictorError(f"{weights} does not match the sha256 recorded in {info_path} (weights.sha256): it changed after the predictor was written")
         try:
             state = torch.load(weights, map_location="cpu", weights_only=True)
         except Exception as error:  # an unpickling refusal or a truncated archive: either way unusable
             raise PredictorError(f"{weights} is not a state dict of tensors ({str(error).splitlines()[0][:160]})") from None
-        spec = card["model"]
-        model = build_model(spec["architecture"], spec["num_classes"], input_shape=tuple(card["input"]["shape"]))
+        spec = info["model"]
+        model = build_model(spec["architecture"], spec["num_classes"], input_shape=tuple(info["input"]["shape"]))
         try:
             model.load_state_dict(state)
         except (RuntimeError, TypeError, AttributeError) as error:
             raise PredictorError(f"{weights} does not hold the weights of a {spec['architecture']} with {spec['num_classes']} classes "
                                  f"({str(error).splitlines()[0][:160]})") from None
-        return cls(model, card, device=device)
+        return cls(model, info, device=device)
 
     def save(self, path: str | os.PathLike, *, provenance: dict | None = None, overwrite: bool = False) -> Path:
         """Write this predictor into directory ``path`` (created): ``weights.pt`` first, then
         ``predictor.json`` with its sha256, so a directory with a ``predictor.json`` is always whole
-        (a write cut short leaves weights the card's sha256 refuses).  A predictor already there is
+        (a write cut short leaves weights the sha256 in predictor.json refuses).  A predictor already there is
         replaced only with ``overwrite``; otherwise ``PredictorError``.  ``provenance`` is merged
-        into the card's."""
+        into predictor.json's."""
         directory = Path(path)
-        if (directory / CARD_FILE).exists() and not overwrite:
+        if (directory / INFO_FILE).exists() and not overwrite:
             raise PredictorError(f"{directory} holds a predictor already; remove it, choose another directory, or save(..., overwrite=True)")
         state = {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()}
         atomic_write(directory / WEIGHTS_FILE, lambda handle: torch.save(state, handle))
-        card = copy.deepcopy(self.card)
-        card["weights"] = {"file": WEIGHTS_FILE, "sha256": sha256_file(directory / WEIGHTS_FILE)}
-        card["provenance"] = {**card["provenance"], **(provenance or {})}
-        write_checked_json(directory / CARD_FILE, card)
+        info = copy.deepcopy(self.info)
+        info["weights"] = {"file": WEIGHTS_FILE, "sha256": sha256_file(directory / WEIGHTS_FILE)}
+        info["provenance"] = {**info["provenance"], **(provenance or {})}
+        write_checked_json(directory / INFO_FILE, info)
         return directory
 
     # ------------------------------------------------------------------ what it is
 
     @property
     def alpha(self) -> float:
-        return self.card["alpha"]
+        return self.info["alpha"]
 
     @property
     def num_classes(self) -> int:
-        return self.card["model"]["num_classes"]
+        return self.info["model"]["num_classes"]
 
     @property
     def class_names(self) -> list[str] | None:
-        return self.card["class_names"]
+        return self.info["class_names"]
 
     def label_columns(self) -> tuple[str, ...]:
         """The label column of the table the model trained on (``table:FILE``), which a table of
         new inputs in the same layout may still hold; none for other data."""
         from dpsm_ray.catalog import parse_table
 
-        dataset = (self.card["training_config"] or {}).get("dataset", "")  # null for a predictor built in Python
+        dataset = (self.info["training_config"] or {}).get("dataset", "")  # null for a predictor built in Python
         return (parse_table(dataset)[1]["label"],) if dataset.startswith("table:") else ()
 
     @property
     def uniform_seed(self) -> int:
-        return self.card["uniform_seed"]
+        return self.info["uniform_seed"]
 
     @property
     def thresholds(self) -> dict[str, float]:
         """The calibrated threshold q of each score (``inf``: too few calibration points, every
         set holds every class)."""
-        return {kind: _threshold(entry["threshold"]) for kind, entry in self.card["scores"].items()}
+        return {kind: _threshold(entry["threshold"]) for kind, entry in self.info["scores"].items()}
 
     def __repr__(self) -> str:
-        model = self.card["model"]
-        where = f", run {self.card['run_id']}" if self.card["run_id"] else ""
+        model = self.info["model"]
+        where = f", run {self.info['run_id']}" if self.info["run_id"] else ""
         thresholds = ", ".join(f"{kind} q={q:.4g}" for kind, q in self.thresholds.items()) or "uncalibrated"
         return f"Predictor({model['architecture']}, {model['num_classes']} classes, alpha={self.alpha:g}, {thresholds}{where})"
 
@@ -257,7 +257,7 @@ class Predictor:
         """The model's float32 logits (CPU) of one chunk of checked raw inputs, as the sweep's
         evaluation computes them: preprocessing, eval mode, the run's precision."""
         x = self.input_spec.apply(raw.to(self.device, non_blocking=True))
-        if self.card["model"]["precision"] == "bf16":
+        if self.info["model"]["precision"] == "bf16":
             with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
                 return self.model(x).float().cpu()
         return self.model(x).float().cpu()
@@ -289,10 +289,10 @@ class Predictor:
 
     def threshold(self, score: str) -> float:
         kind = check_score(score)
-        if kind not in self.card["scores"]:
-            have = ", ".join(self.card["scores"]) or "none"
+        if kind not in self.info["scores"]:
+            have = ", ".join(self.info["scores"]) or "none"
             raise PredictorError(f"this predictor has no calibrated threshold for {kind} (it has: {have}); call recalibrate(x_cal, y_cal) first")
-        return _threshold(self.card["scores"][kind]["threshold"])
+        return _threshold(self.info["scores"][kind]["threshold"])
 
     def score_matrix(self, probs: torch.Tensor, score: str, example_ids=None) -> torch.Tensor:
         """S(x, y) of every class, ``[n, K]``, with the uniforms of ``example_ids``."""
@@ -305,7 +305,7 @@ class Predictor:
 
     def score_parameters(self, kind: str) -> dict:
         """The score's own hyperparameters (RAPS's lambda and k_reg): as calibrated, else its card's."""
-        entry = self.card["scores"].get(kind, {})
+        entry = self.info["scores"].get(kind, {})
         return {name: entry.get(name, default) for name, default in score_card(kind).parameters.items()}
 
     # ------------------------------------------------------------------ calibrating
@@ -316,7 +316,7 @@ class Predictor:
         ceil((n + 1)(1 - alpha))-th smallest calibration score.  Alpha outside (0, 1) raises the
         conformal core's ValueError; with fewer than 1/alpha - 1 points q is infinite, as there
         (every set holds every class), and a warning says so.  ``data`` describes the calibration
-        data in the card.
+        data in predictor.json.
 
         The guarantee needs points the model never trained on, exchangeable with the inputs to come:
         on training points the model is more confident than on new ones, q comes out too small and
@@ -340,15 +340,15 @@ class Predictor:
         if len(labels) < min_calibration_size(alpha):
             warnings.warn(f"alpha={alpha:g} needs at least {min_calibration_size(alpha)} calibration points for a finite threshold; with {len(labels)} "
                           "every prediction set holds every class", stacklevel=3)
-        card = copy.deepcopy(self.card)
-        card.update(alpha=alpha, scores=scores, calibration={"data": data, "points": len(labels)}, test=None)
-        return Predictor(self.model, card, device=self.device)
+        info = copy.deepcopy(self.info)
+        info.update(alpha=alpha, scores=scores, calibration={"data": data, "points": len(labels)}, test=None)
+        return Predictor(self.model, info, device=self.device)
 
     def measure(self, probs: torch.Tensor, labels: torch.Tensor, *, example_ids=None) -> dict[str, dict[str, float]]:
         """Coverage and mean set size of every calibrated score on labelled probabilities."""
         labels = check_labels(labels, self.num_classes)
         measured = {}
-        for kind in self.card["scores"]:
+        for kind in self.info["scores"]:
             mask = self.sets_from_proba(probs, kind, example_ids=example_ids).mask
             measured[kind] = {"coverage": float(coverage(mask, labels)), "set_size": float(set_size(mask))}
         return measured
@@ -360,9 +360,9 @@ class Predictor:
     def with_test(self, measured: dict, points: int, data: str) -> Predictor:
         """This predictor with ``measured`` (``measure``'s result on ``points`` test points,
         described by ``data``) recorded as its test metrics."""
-        card = copy.deepcopy(self.card)
-        card["test"] = {"data": data, "points": points, "scores": measured}
-        return Predictor(self.model, card, device=self.device)
+        info = copy.deepcopy(self.info)
+        info["test"] = {"data": data, "points": points, "scores": measured}
+        return Predictor(self.model, info, device=self.device)
 
 
 def _threshold(value) -> float:
@@ -427,38 +427,38 @@ def known_model(spec: str) -> bool:
     return True
 
 
-def check_card(card, where: str) -> None:
-    """Raise ``PredictorError`` naming ``where`` and the field unless ``card`` is a predictor
-    card this version reads."""
+def check_info(info, where: str) -> None:
+    """Raise ``PredictorError`` naming ``where`` and the field unless ``info`` is a predictor.json
+    payload this version reads."""
     def need(ok: bool, field: str, allowed: str) -> None:
         if not ok:
             raise PredictorError(f"{where}: field {field} {allowed}")
 
-    need(isinstance(card, dict), "(top level)", "must be an object")
-    need(card.get("format") == FORMAT, "format", f"must be {FORMAT!r}; got {card.get('format')!r} (not a dpsm_ray predictor)")
-    version = card.get("format_version")
+    need(isinstance(info, dict), "(top level)", "must be an object")
+    need(info.get("format") == FORMAT, "format", f"must be {FORMAT!r}; got {info.get('format')!r} (not a dpsm_ray predictor)")
+    version = info.get("format_version")
     need(isinstance(version, int) and not isinstance(version, bool) and version >= 1, "format_version", f"must be an integer >= 1; got {version!r}")
     if version > FORMAT_VERSION:
         raise PredictorError(f"{where}: format_version {version} is newer than this dpsm_ray {__version__} reads (up to {FORMAT_VERSION}); "
-                             f"upgrade dpsm_ray (the predictor was written by dpsm_ray {card.get('package_version')})")
-    missing = [field for field in CARD_FIELDS if field not in card]
+                             f"upgrade dpsm_ray (the predictor was written by dpsm_ray {info.get('package_version')})")
+    missing = [field for field in INFO_FIELDS if field not in info]
     need(not missing, missing[0] if missing else "", "is missing")
-    model = card["model"]
+    model = info["model"]
     need(isinstance(model, dict) and isinstance(model.get("architecture"), str) and known_model(model["architecture"]), "model.architecture",
          f"must be one of {model_choices()} (a model card of your own: register_model it before loading); got {model.get('architecture') if isinstance(model, dict) else None!r}")
     need(isinstance(model.get("num_classes"), int) and model["num_classes"] >= 2, "model.num_classes", "must be an integer >= 2")
     need(model.get("precision") in PRECISIONS, "model.precision", f"must be one of {', '.join(PRECISIONS)}")
     try:
-        InputSpec.from_json(card["input"])
+        InputSpec.from_json(info["input"])
     except ValueError as error:
         raise PredictorError(f"{where}: {error}") from None
-    names = card["class_names"]
+    names = info["class_names"]
     need(names is None or (isinstance(names, list) and len(names) == model["num_classes"] and all(isinstance(n, str) for n in names)),
          "class_names", f"must be null or {model['num_classes']} strings")
-    alpha = card["alpha"]
+    alpha = info["alpha"]
     need(isinstance(alpha, float) and 0 < alpha < 1, "alpha", "must be a number in the open interval (0, 1)")
-    need(isinstance(card["uniform_seed"], int), "uniform_seed", "must be an integer")
-    scores = card["scores"]
+    need(isinstance(info["uniform_seed"], int), "uniform_seed", "must be an integer")
+    scores = info["scores"]
     need(isinstance(scores, dict) and set(scores) <= set(score_names()), "scores",
          f"must be an object keyed by {', '.join(score_names())} (a score of your own: register_score its card before loading)")
     for kind, entry in scores.items():
@@ -471,6 +471,6 @@ def check_card(card, where: str) -> None:
             integral = isinstance(default, int)
             need(isinstance(value, int if integral else (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0,
                  f"scores.{kind}.{name}", f"must be {'an integer' if integral else 'a number'} >= 0")
-    weights = card["weights"]
+    weights = info["weights"]
     need(isinstance(weights, dict) and isinstance(weights.get("file"), str) and Path(weights["file"]).name == weights["file"] and weights["file"] not in ("", ".", ".."),
          "weights.file", "must be a file name inside the predictor directory")

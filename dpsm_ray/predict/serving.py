@@ -129,8 +129,8 @@ def answer(predictor: Predictor, body: bytes, max_batch: int) -> tuple[int, dict
         return 400, {"error": "empty batch: \"inputs\" holds no input"}
     if len(inputs) > max_batch:
         return 413, {"error": f"{len(inputs)} inputs in one request; at most {max_batch} (dpsm-ray serve --max-batch)"}
-    if score not in predictor.card["scores"]:  # the scores it was calibrated for
-        return 400, {"error": f"\"score\" must be one of {', '.join(predictor.card['scores'])}; got {score!r}"}
+    if score not in predictor.info["scores"]:  # the scores it was calibrated for
+        return 400, {"error": f"\"score\" must be one of {', '.join(predictor.info['scores'])}; got {score!r}"}
     for flag in ("probabilities", "non_empty"):
         if not isinstance(request.get(flag, False), bool):
             return 400, {"error": f"\"{flag}\" must be true or false"}
@@ -156,8 +156,8 @@ def answer(predictor: Predictor, body: bytes, max_batch: int) -> tuple[int, dict
 
 
 def health(predictor: Predictor, max_batch: int) -> dict:
-    card = predictor.card
-    return {"status": "ok", "run_id": card["run_id"], "method": card["method"], "architecture": card["model"]["architecture"],
+    info = predictor.info
+    return {"status": "ok", "run_id": info["run_id"], "method": info["method"], "architecture": info["model"]["architecture"],
             "classes": predictor.num_classes, "class_names": predictor.class_names, "input_shape": list(predictor.input_spec.shape),
             "input": predictor.input_spec.raw, "alpha": predictor.alpha,
             "thresholds": {kind: (q if math.isfinite(q) else None) for kind, q in predictor.thresholds.items()}, "max_batch": max_batch}

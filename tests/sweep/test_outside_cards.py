@@ -71,7 +71,7 @@ def test_a_dataset_model_and_score_registered_outside_the_package_run_a_sweep_en
     from dpsm_ray.results.layout import read_index
 
     predictor = Predictor.load(tmp_path / "predictors" / read_index(tmp_path)["chosen"]["ce"])
-    assert predictor.card["scores"]["margin"]["scale"] == 1.0 and predictor.card["class_names"] == ["north", "east", "south", "west"]
+    assert predictor.info["scores"]["margin"]["scale"] == 1.0 and predictor.info["class_names"] == ["north", "east", "south", "west"]
     data = load_splits("blobs", seed=0)
     x = data.test.source.inputs[data.test.ids[:20]]
     sets = predictor.predict_sets(x, score="margin")
