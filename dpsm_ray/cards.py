@@ -109,7 +109,9 @@ def _register(registry: dict, kind: str, card, replace: bool):
 def register_dataset(card: DatasetCard, *, replace: bool = False) -> DatasetCard:
     """Make ``card``'s dataset known to validation, sweeps and the CLI in this process."""
     if card.default_model not in _MODELS:
-        raise ValueError(f"dataset {card.name}: default_model must be a registered model ({', '.join(model_names())}); got {card.default_model!r}")
+        raise ValueError(
+            f"dataset {card.name}: default_model must be a registered model ({', '.join(model_names())}); got {card.default_model!r}"
+        )
     return _register(_DATASETS, "dataset", card, replace)
 
 
@@ -142,15 +144,24 @@ def built_in(kind: str, name: str) -> bool:
 def outside_cards() -> tuple:
     """The dataset, model and score cards registered from outside the package (a sweep sends
     them to its trials, with the method cards)."""
-    return tuple(card for kind, registry in (("model", _MODELS), ("dataset", _DATASETS), ("score", _SCORES))
-                 for name, card in registry.items() if (kind, name) not in _BUILT_IN)
+    return tuple(
+        card
+        for kind, registry in (("model", _MODELS), ("dataset", _DATASETS), ("score", _SCORES))
+        for name, card in registry.items()
+        if (kind, name) not in _BUILT_IN
+    )
 
 
 def register_card(card, *, replace: bool = True):
     """Register a card of any axis (what a trial does with the cards its sweep sends)."""
     from dpsm_ray.methods import MethodCard, register_method
 
-    for kind, register in ((MethodCard, register_method), (DatasetCard, register_dataset), (ModelCard, register_model), (ScoreCard, register_score)):
+    for kind, register in (
+        (MethodCard, register_method),
+        (DatasetCard, register_dataset),
+        (ModelCard, register_model),
+        (ScoreCard, register_score),
+    ):
         if isinstance(card, kind):
             return register(card, replace=replace)
     raise TypeError(f"not a card: {card!r}")
@@ -224,8 +235,10 @@ def import_factory(spec: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"model {spec}: cannot import {module_name} ({error}); it must be importable (installed, or on PYTHONPATH) "
-                         "in the driver and on every Ray node") from None
+        raise ValueError(
+            f"model {spec}: cannot import {module_name} ({error}); it must be importable (installed, or on PYTHONPATH) "
+            "in the driver and on every Ray node"
+        ) from None
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise ValueError(f"model {spec}: {module_name} has no callable {attribute!r}")
@@ -244,7 +257,9 @@ def check_dataset(spec: str) -> str:
     if card.options is None and not card.path and spec != card.name:
         takes = [name for name, other in _DATASETS.items() if other.options is not None and not other.path]
         paths = [f"{name}:PATH" for name, other in _DATASETS.items() if other.path]
-        raise ValueError(f"dataset must be one of {', '.join(_DATASETS)} (only {', '.join(takes)} take options, and {', '.join(paths)} a path); got {spec!r}")
+        raise ValueError(
+            f"dataset must be one of {', '.join(_DATASETS)} (only {', '.join(takes)} take options, and {', '.join(paths)} a path); got {spec!r}"
+        )
     card.sizes(spec)
     return spec
 
@@ -351,12 +366,16 @@ def check_outputs(model, name: str, input_shape: tuple[int, ...], num_classes: i
         with torch.no_grad():
             out = model(torch.zeros(2, *input_shape))
     except Exception as error:
-        raise ValueError(f"model {name}: a batch of inputs {[2, *input_shape]} fails in its forward: {type(error).__name__}: {error}") from None
+        raise ValueError(
+            f"model {name}: a batch of inputs {[2, *input_shape]} fails in its forward: {type(error).__name__}: {error}"
+        ) from None
     finally:
         model.train(training)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"model {name}: must return logits [n, {num_classes}] for inputs [n, {', '.join(map(str, input_shape))}]; got {got} for n = 2")
+        raise ValueError(
+            f"model {name}: must return logits [n, {num_classes}] for inputs [n, {', '.join(map(str, input_shape))}]; got {got} for n = 2"
+        )
 
 
 def score_functions(names=None, parameters: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Callable]:
@@ -492,8 +511,10 @@ def _check_torchvision(name: str) -> None:
     names = torchvision.models.list_models(module=torchvision.models)
     if name not in names:
         close = [n for n in names if n.startswith(name[:4])][:6]
-        raise ValueError(f"model torchvision:{name}: not a torchvision classification architecture"
-                         + (f" (close: {', '.join(close)})" if close else f" ({len(names)} of them: torchvision.models.list_models())"))
+        raise ValueError(
+            f"model torchvision:{name}: not a torchvision classification architecture"
+            + (f" (close: {', '.join(close)})" if close else f" ({len(names)} of them: torchvision.models.list_models())")
+        )
 
 
 def _densenet100(input_shape, num_classes, pretrained_path=None):
@@ -538,32 +559,93 @@ for _card in (
     ModelCard("mlp", "MLP, 2 x 128 units", _mlp),
     ModelCard("mlp_bn", "MLP, 2 x 64 units with BatchNorm (ConfTr's Fashion-MNIST model)", _mlp_bn),
     ModelCard("cnn", "small CNN", _cnn, inputs="image"),
-    *(ModelCard(f"resnet{depth}", f"ResNet-{depth} (CIFAR)", _cifar_resnet(depth), inputs="image") for depth in catalog.CIFAR_RESNET_DEPTHS),
+    *(
+        ModelCard(f"resnet{depth}", f"ResNet-{depth} (CIFAR)", _cifar_resnet(depth), inputs="image")
+        for depth in catalog.CIFAR_RESNET_DEPTHS
+    ),
     ModelCard("densenet100", "DenseNet-BC-100, growth rate 12 (CIFAR)", _densenet100, inputs="image"),
-    *(ModelCard(name, f"torchvision {name} (ImageNet architecture)", _imagenet(name), inputs="rgb", pretrainable=True, trials_per_gpu=1)
-      for name in catalog.IMAGENET_HEADS),
+    *(
+        ModelCard(name, f"torchvision {name} (ImageNet architecture)", _imagenet(name), inputs="rgb", pretrainable=True, trials_per_gpu=1)
+        for name in catalog.IMAGENET_HEADS
+    ),
     ModelCard("lenet", "LeNet-5", _lenet, inputs="image"),
-    ModelCard("torchvision", "any torchvision classification architecture, randomly initialised, its classifier for the dataset's classes",
-              _torchvision, inputs="rgb", trials_per_gpu=1, argument="NAME"),
+    ModelCard(
+        "torchvision",
+        "any torchvision classification architecture, randomly initialised, its classifier for the dataset's classes",
+        _torchvision,
+        inputs="rgb",
+        trials_per_gpu=1,
+        argument="NAME",
+    ),
 ):
     register_model(_card)
 for _card in (
     DatasetCard("digits", "scikit-learn's 8x8 digits", lambda spec: dict(catalog.DIGITS_SIZES), _load_digits, "mlp"),
     DatasetCard("synthetic", "Gaussian classes (generated)", _synthetic_sizes, _load_synthetic, "mlp", options=catalog.SYNTHETIC_DEFAULTS),
-    DatasetCard("glyphs", "procedural stroke glyphs (generated)", lambda spec: catalog.glyph_sizes(catalog.parse_glyphs(spec)), _load_glyphs, "lenet",
-                options=catalog.GLYPHS_DEFAULTS),
-    DatasetCard("fonts", "characters rendered from real typefaces", lambda spec: catalog.font_sizes(catalog.parse_fonts(spec)), _load_fonts, "lenet",
-                check_files=_fonts_present, options=catalog.FONTS_DEFAULTS),
-    DatasetCard("fashion_mnist", catalog.IMAGE_TITLES["fashion_mnist"], _paper_sizes, _load_image_dataset, "mlp_bn", check_files=_image_files_present),
-    DatasetCard("cifar100", catalog.IMAGE_TITLES["cifar100"], _paper_sizes, _load_image_dataset, "resnet110", check_files=_image_files_present),
-    DatasetCard("caltech101", catalog.IMAGE_TITLES["caltech101"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present),
-    DatasetCard("inaturalist", catalog.IMAGE_TITLES["inaturalist"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present),
-    DatasetCard("inaturalist2018", catalog.IMAGE_TITLES["inaturalist2018"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present),
-    DatasetCard("folder", "your images (an ImageFolder tree)", catalog.folder_sizes, _load_folder, "resnet20", check_files=_folder_check,
-                options=catalog.FOLDER_DEFAULTS, path=True, fingerprint=catalog.folder_fingerprint),
-    DatasetCard("table", "your features (a Parquet, CSV or .npz table)", catalog.table_sizes, _load_table, "mlp",
-                check_files=lambda spec, data_root, download: catalog.table_sizes(spec), options=catalog.TABLE_DEFAULTS, path=True,
-                fingerprint=catalog.table_fingerprint),
+    DatasetCard(
+        "glyphs",
+        "procedural stroke glyphs (generated)",
+        lambda spec: catalog.glyph_sizes(catalog.parse_glyphs(spec)),
+        _load_glyphs,
+        "lenet",
+        options=catalog.GLYPHS_DEFAULTS,
+    ),
+    DatasetCard(
+        "fonts",
+        "characters rendered from real typefaces",
+        lambda spec: catalog.font_sizes(catalog.parse_fonts(spec)),
+        _load_fonts,
+        "lenet",
+        check_files=_fonts_present,
+        options=catalog.FONTS_DEFAULTS,
+    ),
+    DatasetCard(
+        "fashion_mnist",
+        catalog.IMAGE_TITLES["fashion_mnist"],
+        _paper_sizes,
+        _load_image_dataset,
+        "mlp_bn",
+        check_files=_image_files_present,
+    ),
+    DatasetCard(
+        "cifar100", catalog.IMAGE_TITLES["cifar100"], _paper_sizes, _load_image_dataset, "resnet110", check_files=_image_files_present
+    ),
+    DatasetCard(
+        "caltech101", catalog.IMAGE_TITLES["caltech101"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
+    ),
+    DatasetCard(
+        "inaturalist", catalog.IMAGE_TITLES["inaturalist"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
+    ),
+    DatasetCard(
+        "inaturalist2018",
+        catalog.IMAGE_TITLES["inaturalist2018"],
+        _paper_sizes,
+        _load_image_dataset,
+        "resnet50",
+        check_files=_image_files_present,
+    ),
+    DatasetCard(
+        "folder",
+        "your images (an ImageFolder tree)",
+        catalog.folder_sizes,
+        _load_folder,
+        "resnet20",
+        check_files=_folder_check,
+        options=catalog.FOLDER_DEFAULTS,
+        path=True,
+        fingerprint=catalog.folder_fingerprint,
+    ),
+    DatasetCard(
+        "table",
+        "your features (a Parquet, CSV or .npz table)",
+        catalog.table_sizes,
+        _load_table,
+        "mlp",
+        check_files=lambda spec, data_root, download: catalog.table_sizes(spec),
+        options=catalog.TABLE_DEFAULTS,
+        path=True,
+        fingerprint=catalog.table_fingerprint,
+    ),
 ):
     register_dataset(_card)
 for _card in (

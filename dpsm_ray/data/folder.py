@@ -33,9 +33,13 @@ def cache_path(path: str, options: dict, files: dict) -> Path:
     """The cache file of the folder as it is now: every file's split, class, path, size and
     modification time, and the options that change the pixels."""
     root = Path(path)
-    payload = {"version": CACHE_VERSION, "size": options["size"], "channels": options["channels"],
-               "files": [[split, name, rel] for split, entries in files.items() for name, rel in entries],
-               "stat": file_fingerprint([root / rel for entries in files.values() for _, rel in entries])}
+    payload = {
+        "version": CACHE_VERSION,
+        "size": options["size"],
+        "channels": options["channels"],
+        "files": [[split, name, rel] for split, entries in files.items() for name, rel in entries],
+        "stat": file_fingerprint([root / rel for entries in files.values() for _, rel in entries]),
+    }
     return cache_home() / "folders" / f"{root.name}-{hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:20]}.npz"
 
 
@@ -57,13 +61,17 @@ def decoded(spec: str, log=None) -> dict[str, np.ndarray]:
     say = log or (lambda line: print(line, file=sys.stderr))
     widths, heights = sorted(w for w, _ in shapes), sorted(h for _, h in shapes)
     pixels = f"{widths[0]}x{heights[0]}" if len(shapes) == 1 else f"{widths[0]}-{widths[-1]} x {heights[0]}-{heights[-1]}"
-    say(f"folder:{path}: decoding {len(entries)} images of {len(classes)} classes once (cached in {cache.parent}): modes {', '.join(sorted(modes))}, "
+    say(
+        f"folder:{path}: decoding {len(entries)} images of {len(classes)} classes once (cached in {cache.parent}): modes {', '.join(sorted(modes))}, "
         f"{pixels} pixels -> each converted to {mode}, its shorter side resized to {size} and the centre "
-        f"{size}x{size} cropped" + (f"; {skipped} files that are not readable images left out" if skipped else ""))
+        f"{size}x{size} cropped" + (f"; {skipped} files that are not readable images left out" if skipped else "")
+    )
     images = np.stack([pixels_of(root / rel, path, mode, size) for _, _, rel in entries])
     arrays = {
-        "images": images, "labels": np.array([index[name] for _, name, _ in entries], dtype=np.int64),
-        "splits": np.array([PRESPLIT.index(split) if split else -1 for split, _, _ in entries], dtype=np.int64), "classes": np.array(classes),
+        "images": images,
+        "labels": np.array([index[name] for _, name, _ in entries], dtype=np.int64),
+        "splits": np.array([PRESPLIT.index(split) if split else -1 for split, _, _ in entries], dtype=np.int64),
+        "classes": np.array(classes),
     }
     atomic_write(cache, lambda handle: np.savez(handle, **arrays))
     return arrays
@@ -76,7 +84,9 @@ def pixels_of(file: Path, path: str, mode: str, size: int) -> np.ndarray:
     try:
         return read_pixels(file, mode, size, (size, size))
     except (OSError, SyntaxError, ValueError) as error:
-        raise ValueError(f"dataset folder:{path}: {file} cannot be decoded ({type(error).__name__}: {str(error)[:120]}); remove or replace it") from None
+        raise ValueError(
+            f"dataset folder:{path}: {file} cannot be decoded ({type(error).__name__}: {str(error)[:120]}); remove or replace it"
+        ) from None
 
 
 def check_folder(spec: str, data_root=None, download: bool = False) -> None:
@@ -106,10 +116,21 @@ def load_folder(spec: str, seed: int):
     scaled = images[parts[0]].to(torch.float64) / 255.0
     mean, std = scaled.mean(dim=(0, 2, 3)).tolist(), scaled.std(dim=(0, 2, 3)).clamp(min=1e-3).tolist()
     mode = "L" if channels == 1 else "RGB"
-    input_spec = InputSpec((channels, size, size), 255.0, per_channel(tuple(mean)), per_channel(tuple(std)),
-                           f"8-bit {'greyscale' if channels == 1 else 'RGB'} pixel values 0..255 in [C, H, W] order, [{channels}, {size}, {size}]",
-                           ImageSpec(mode, size))
+    input_spec = InputSpec(
+        (channels, size, size),
+        255.0,
+        per_channel(tuple(mean)),
+        per_channel(tuple(std)),
+        f"8-bit {'greyscale' if channels == 1 else 'RGB'} pixel values 0..255 in [C, H, W] order, [{channels}, {size}, {size}]",
+        ImageSpec(mode, size),
+    )
     source = TensorSource(images, labels, functools.partial(spec_transform, spec=input_spec))
     splits = [Split(name, ids, source) for name, ids in zip(PRESPLIT, parts)]
-    return DataSplits(spec, len(arrays["classes"]), (channels, size, size), *splits, input_spec=input_spec,
-                      class_names=tuple(str(name) for name in arrays["classes"]))
+    return DataSplits(
+        spec,
+        len(arrays["classes"]),
+        (channels, size, size),
+        *splits,
+        input_spec=input_spec,
+        class_names=tuple(str(name) for name in arrays["classes"]),
+    )

@@ -28,4 +28,6 @@ def load_table(spec: str, seed: int):
     features, labels, columns, label = read_table(spec)
     index, names = class_index(labels)
     raw = f"{len(columns)} numeric features, in the table's column order: {', '.join(columns[:6])}{', ...' if len(columns) > 6 else ''}"
-    return from_tensors(spec, torch.from_numpy(features), torch.from_numpy(index), table_sizes(spec), derive_seed(seed, "table"), raw=raw, class_names=names)
+    return from_tensors(
+        spec, torch.from_numpy(features), torch.from_numpy(index), table_sizes(spec), derive_seed(seed, "table"), raw=raw, class_names=names
+    )

@@ -27,7 +27,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # an UnpicklingError names what weights_only refused
-        raise ValueError(f"--init weights:{path}: not a state dict torch.load(weights_only=True) can read ({str(error).splitlines()[0][:160]})") from None
+        raise ValueError(
+            f"--init weights:{path}: not a state dict torch.load(weights_only=True) can read ({str(error).splitlines()[0][:160]})"
+        ) from None
     if isinstance(saved, dict) and isinstance(saved.get("model"), dict):  # a dpsm_ray checkpoint: its model's weights
         saved = saved["model"]
     if not (isinstance(saved, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in saved.items())):
@@ -44,9 +46,16 @@ def load_weights(model: nn.Module, path: str | Path, model_name: str) -> None:
     missing from the file, the file's keys the model lacks, and the shapes that differ."""
     saved, own = read_state_dict(path), model.state_dict()
     missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
-    shapes = [f"{k} {list(saved[k].shape)} in the file, {list(own[k].shape)} in the model" for k in sorted(set(own) & set(saved)) if saved[k].shape != own[k].shape]
-    problems = ([f"missing from the file: {listed(missing)}"] if missing else []) + ([f"not in the model: {listed(unexpected)}"] if unexpected else []) \
+    shapes = [
+        f"{k} {list(saved[k].shape)} in the file, {list(own[k].shape)} in the model"
+        for k in sorted(set(own) & set(saved))
+        if saved[k].shape != own[k].shape
+    ]
+    problems = (
+        ([f"missing from the file: {listed(missing)}"] if missing else [])
+        + ([f"not in the model: {listed(unexpected)}"] if unexpected else [])
         + ([f"shapes differ: {listed(shapes)}"] if shapes else [])
+    )
     if problems:
         raise ValueError(f"--init weights:{path} does not fit model {model_name} ({len(own)} tensors): {'; '.join(problems)}")
     model.load_state_dict(saved)
