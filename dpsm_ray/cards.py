@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from dpsm_ray import catalog
+from dpsm_ray import catalog, own_data
 
 
 # -- the cards -------------------------------------------------------------------------------------
@@ -627,24 +627,24 @@ for _card in (
     DatasetCard(
         "folder",
         "your images (an ImageFolder tree)",
-        catalog.folder_sizes,
+        own_data.folder_sizes,
         _load_folder,
         "resnet20",
         check_files=_folder_check,
-        options=catalog.FOLDER_DEFAULTS,
+        options=own_data.FOLDER_DEFAULTS,
         path=True,
-        fingerprint=catalog.folder_fingerprint,
+        fingerprint=own_data.folder_fingerprint,
     ),
     DatasetCard(
         "table",
         "your features (a Parquet, CSV or .npz table)",
-        catalog.table_sizes,
+        own_data.table_sizes,
         _load_table,
         "mlp",
-        check_files=lambda spec, data_root, download: catalog.table_sizes(spec),
-        options=catalog.TABLE_DEFAULTS,
+        check_files=lambda spec, data_root, download: own_data.table_sizes(spec),
+        options=own_data.TABLE_DEFAULTS,
         path=True,
-        fingerprint=catalog.table_fingerprint,
+        fingerprint=own_data.table_fingerprint,
     ),
 ):
     register_dataset(_card)

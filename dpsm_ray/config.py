@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 
 from dpsm_ray import cards
-from dpsm_ray.catalog import BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS, SPLITS, min_calibration_size, split_path_spec
+from dpsm_ray.catalog import BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS, SPLITS, min_calibration_size
+from dpsm_ray.own_data import split_path_spec
 from dpsm_ray.cards import check_dataset, check_model, default_model, pretrainable_models, score_names, split_sizes
 from dpsm_ray.methods import method_names, reads
 

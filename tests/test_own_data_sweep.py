@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from dpsm_ray import Predictor
-from dpsm_ray.catalog import folder_files, parse_folder
+from dpsm_ray.own_data import folder_files, parse_folder
 from dpsm_ray.cli import main as dpsm_ray
 from dpsm_ray.data.folder import cache_path
 from dpsm_ray.sweep.cli import main as sweep_script

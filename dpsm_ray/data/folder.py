@@ -1,7 +1,7 @@
 """A researcher's own images: ``folder:PATH``, an image folder tree as torchvision's ImageFolder
 reads it (``PATH/CLASS/IMAGE``, or already split: ``PATH/{train,val,cal,test}/CLASS/IMAGE``).
 
-The files are listed without opening them (``catalog.folder_files``: the split sizes, known before
+The files are listed without opening them (``dpsm_ray.own_data.folder_files``: the split sizes, known before
 anything runs), then decoded once -- each converted to one mode (greyscale when every image is, else
 RGB, or as the option ``channels`` says), its shorter side resized to ``size`` and the centre
 ``size`` x ``size`` cropped, exactly as a predictor reads an image (``preprocessing.read_pixels``)
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsm_ray.catalog import PRESPLIT, file_fingerprint, folder_files, folder_sizes, parse_folder
+from dpsm_ray.own_data import PRESPLIT, file_fingerprint, folder_files, folder_sizes, parse_folder
 from dpsm_ray.files import atomic_write, cache_home
 
 CACHE_VERSION = 1
@@ -47,7 +47,7 @@ def decoded(spec: str, log=None) -> dict[str, np.ndarray]:
     """The folder's images as ``images`` uint8 ``[N, C, size, size]``, ``labels``, ``splits`` (the
     index in PRESPLIT of each image's own split, or -1) and ``classes`` (the class names): read from
     the cache, or decoded and cached (written whole or not at all).  The files were checked when
-    listed (``catalog.folder_files``)."""
+    listed (``dpsm_ray.own_data.folder_files``)."""
     path, options = parse_folder(spec)
     classes, files, skipped, modes, shapes = folder_files(path, options["skip"])
     cache = cache_path(path, options, files)

@@ -1,7 +1,7 @@
 """A researcher's own features: ``table:FILE``, a Parquet or CSV table (or an ``.npz``) with one
 row per example -- feature columns (e.g. the embeddings of a frozen backbone) and a label column
 (option ``label``, default ``label``) of integers or class names.  Read and checked once per
-process (``catalog.read_table``), split stratified at random by the run's data seed (fractions
+process (``dpsm_ray.own_data.read_table``), split stratified at random by the run's data seed (fractions
 ``val``, ``cal``, ``test``; train is the rest), standardised per feature by the training split.
 Class names: the label column's names (sorted), or, for integer labels, the integers as text.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpsm_ray.catalog import read_table, table_sizes
+from dpsm_ray.own_data import read_table, table_sizes
 
 
 def class_index(labels: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:

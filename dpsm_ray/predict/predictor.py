@@ -185,7 +185,7 @@ class Predictor:
     def label_columns(self) -> tuple[str, ...]:
         """The label column of the table the model trained on (``table:FILE``), which a table of
         new inputs in the same layout may still hold; none for other data."""
-        from dpsm_ray.catalog import parse_table
+        from dpsm_ray.own_data import parse_table
 
         dataset = (self.info["training_config"] or {}).get("dataset", "")  # null for a predictor built in Python
         return (parse_table(dataset)[1]["label"],) if dataset.startswith("table:") else ()

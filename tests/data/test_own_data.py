@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from dpsm_ray.cards import check_data_present, load_splits, split_sizes
-from dpsm_ray.catalog import folder_files
+from dpsm_ray.own_data import folder_files
 from dpsm_ray.data.preprocessing import read_pixels
 
 

@@ -1,0 +1,257 @@
+"""A researcher's own data, without code: ``--dataset folder:PATH`` (an image folder tree) and
+``--dataset table:FILE`` (feature columns and a label column) -- their options parsed, their files
+listed and checked, their split sizes, and the fingerprints of what they read: everything the
+command line and the dataset cards need before anything is decoded, torch-free (the loaders are
+``dpsm_ray/data/folder.py`` and ``dpsm_ray/data/table.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+# the splits' fractions when the data does not come split (train: the rest)
+OWN_FRACTIONS = {"val": 0.15, "cal": 0.15, "test": 0.2}
+# size: the side images are resized (shorter side) and centre-cropped to; channels: 1 or 3, or 0 for
+# 1 when every image is greyscale, else 3; skip: 1 to leave out (and count) files that are not images
+FOLDER_DEFAULTS = {"size": 32, "channels": 0, **OWN_FRACTIONS, "skip": 0}
+TABLE_DEFAULTS = {"label": "label", **OWN_FRACTIONS}
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+PRESPLIT = ("train", "val", "cal", "test")  # PATH/train/CLASS/... etc.: the data's own split
+TABLE_SUFFIXES = (".parquet", ".csv", ".npz")
+_OPTIONS_TAIL = re.compile(r"^[a-z_]+=[^/=]*(,[a-z_]+=[^/=]*)*$")
+
+
+def split_path_spec(spec: str) -> tuple[str, str, str]:
+    """``family:PATH[:key=value,...]`` -> ``(family, PATH, "key=value,..." or "")``."""
+    family, _, rest = spec.partition(":")
+    path, _, tail = rest.rpartition(":")
+    if not (path and _OPTIONS_TAIL.match(tail)):
+        path, tail = rest, ""
+    return family, path, tail
+
+
+def path_spec(spec: str, defaults: dict) -> tuple[str, dict]:
+    """``family:PATH`` or ``family:PATH:key=value,...`` -> the path and the options (defaults
+    filled in, each parsed as its default's type; the fractions checked)."""
+    family, path, tail = split_path_spec(spec)
+    if not path:
+        raise ValueError(f"dataset: {family} needs a path: {family}:PATH (options after it: {family}:PATH:key=value,...)")
+    options = dict(defaults)
+    for item in filter(None, tail.split(",")):
+        key, _, value = item.partition("=")
+        if key not in defaults:
+            raise ValueError(f"dataset: unknown {family} option {key!r}; allowed: {', '.join(defaults)}")
+        kind = type(defaults[key])
+        try:
+            options[key] = kind(value)
+        except ValueError:
+            raise ValueError(
+                f"dataset: {family} option {key} must be {'an integer' if kind is int else 'a number'}; got {value!r}"
+            ) from None
+    fractions = [options[split] for split in OWN_FRACTIONS]
+    if not (all(0 < f < 1 for f in fractions) and sum(fractions) < 1):
+        raise ValueError(
+            f"dataset: {family} options val, cal and test must be fractions in (0, 1) summing to less than 1 (train is the rest); "
+            f"got {', '.join(f'{split}={options[split]:g}' for split in OWN_FRACTIONS)}"
+        )
+    return path, options
+
+
+def own_split_sizes(total: int, options: dict) -> dict[str, int]:
+    """The four splits of ``total`` examples at the options' fractions (train: the rest)."""
+    sizes = {split: int(round(total * options[split])) for split in OWN_FRACTIONS}
+    sizes = {"train": total - sum(sizes.values()), **sizes}
+    if min(sizes.values()) < 1:
+        raise ValueError(
+            f"dataset: {total} examples are too few to split at val={options['val']:g}, cal={options['cal']:g}, test={options['test']:g}: "
+            f"a split would be empty ({sizes})"
+        )
+    return sizes
+
+
+def parse_folder(spec: str) -> tuple[str, dict]:
+    path, options = path_spec(spec, FOLDER_DEFAULTS)
+    if options["size"] < 8 or options["channels"] not in (0, 1, 3) or options["skip"] not in (0, 1):
+        raise ValueError(
+            f"dataset: folder needs size >= 8, channels 0 (from the images), 1 or 3, skip 0 or 1; "
+            f"got size={options['size']}, channels={options['channels']}, skip={options['skip']}"
+        )
+    return path, options
+
+
+@functools.lru_cache(maxsize=16)
+def folder_files(path: str, skip: int) -> tuple[tuple[str, ...], dict[str, tuple[tuple[str, str], ...]], int, frozenset, frozenset]:
+    """The images of an image folder tree (torchvision's ImageFolder layout), each opened for its
+    header only: ``(class names, {split or "": ((class, relative path), ...)}, files left out, the
+    images' modes, their (width, height)s)``.  The split is the data's own (PATH/train/CLASS/...,
+    PATH/val/..., PATH/cal/..., PATH/test/...) or "" (PATH/CLASS/...).  ValueError naming the
+    path for a layout it cannot use, or the first file that is not a readable image (with
+    ``skip``: such files are left out and counted)."""
+    from PIL import Image, UnidentifiedImageError
+
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"dataset folder:{path}: no such folder")
+    presplit = [name for name in PRESPLIT if (root / name).is_dir()]
+    if presplit and len(presplit) < len(PRESPLIT):
+        raise ValueError(
+            f"dataset folder:{path}: has {', '.join(n + '/' for n in presplit)} but not {', '.join(n + '/' for n in PRESPLIT if n not in presplit)}; "
+            "give all four split folders, or none (the classes' folders directly under it, split at random)"
+        )
+    files, skipped, classes, modes, shapes = {}, 0, set(), set(), set()
+    for split in presplit or [""]:
+        base = root / split
+        loose = sorted(p.name for p in base.iterdir() if p.is_file())
+        if loose:
+            raise ValueError(f"dataset folder:{path}: {base / loose[0]} is not in a class folder (the layout is {base}/CLASS/IMAGE)")
+        entries = []
+        for class_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+            for directory, subdirectories, names in os.walk(class_dir):
+                subdirectories.sort()
+                for name in sorted(names):
+                    file = Path(directory) / name
+                    try:
+                        if file.suffix.lower() not in IMAGE_SUFFIXES:
+                            raise ValueError(f"{file} is not an image ({', '.join(IMAGE_SUFFIXES)})")
+                        try:
+                            with Image.open(file) as image:
+                                modes.add(image.mode)
+                                shapes.add(image.size)
+                        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+                            raise ValueError(f"{file} cannot be read as an image ({type(error).__name__})") from None
+                    except ValueError as error:
+                        if not skip:
+                            raise ValueError(
+                                f"dataset folder:{path}: {error}; remove it, or add the option skip=1 to leave such files out"
+                            ) from None
+                        skipped += 1
+                        continue
+                    entries.append((class_dir.name, str(file.relative_to(root))))
+        files[split] = tuple(entries)
+        classes.update(name for name, _ in entries)
+    if not classes:
+        raise ValueError(
+            f"dataset folder:{path}: no class folder with images under it (the layout is {path}/CLASS/IMAGE, as torchvision's ImageFolder)"
+        )
+    if len(classes) < 2:
+        raise ValueError(f"dataset folder:{path}: one class ({next(iter(classes))}); a classifier needs at least 2")
+    return tuple(sorted(classes)), files, skipped, frozenset(modes), frozenset(shapes)
+
+
+def file_fingerprint(files: list[Path]) -> str:
+    """A short hash of the files' paths, sizes and modification times: what a cache of what was
+    made from them (their decoded images, a base model trained on them) is keyed by."""
+    listing = [[str(file), file.stat().st_size, file.stat().st_mtime_ns] for file in files]
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
+
+
+def folder_fingerprint(spec: str) -> str:
+    path, options = parse_folder(spec)
+    files = folder_files(path, options["skip"])[1]
+    return file_fingerprint([Path(path) / rel for entries in files.values() for _, rel in entries])
+
+
+def table_fingerprint(spec: str) -> str:
+    return file_fingerprint([Path(parse_table(spec)[0]).resolve()])
+
+
+def folder_sizes(spec: str) -> dict[str, int]:
+    path, options = parse_folder(spec)
+    classes, files = folder_files(path, options["skip"])[:2]
+    if "" not in files:
+        return {split: len(files[split]) for split in PRESPLIT}
+    counts = {name: 0 for name in classes}
+    for name, _ in files[""]:
+        counts[name] += 1
+    few = [name for name, count in counts.items() if count < len(PRESPLIT)]
+    if few:
+        raise ValueError(
+            f"dataset folder:{path}: class {few[0]!r} has {counts[few[0]]} images; each class needs at least {len(PRESPLIT)} "
+            "(one for each of train, val, cal and test)"
+        )
+    return own_split_sizes(len(files[""]), options)
+
+
+def parse_table(spec: str) -> tuple[str, dict]:
+    path, options = path_spec(spec, TABLE_DEFAULTS)
+    if Path(path).suffix.lower() not in TABLE_SUFFIXES:
+        raise ValueError(f"dataset table:{path}: give a {', '.join(TABLE_SUFFIXES)} file")
+    return path, options
+
+
+def read_table(spec: str):
+    """The table of ``table:FILE[:label=NAME,...]`` checked: ``(features float32 [n, F], label
+    strings or integers [n], feature names, label name)`` as numpy arrays.  ValueError naming the
+    file and the column for a missing label column, a feature that is not a number, a missing
+    value, or fewer than 2 classes."""
+    path, options = parse_table(spec)
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"dataset table:{path}: no such file")
+    stat = file.stat()
+    return _read_table(str(file.resolve()), stat.st_size, stat.st_mtime_ns, options["label"])
+
+
+@functools.lru_cache(maxsize=8)
+def _read_table(path: str, size: int, mtime: int, label: str):
+    import numpy as np
+
+    suffix = Path(path).suffix.lower()
+    if suffix == ".npz":
+        with np.load(path, allow_pickle=False) as archive:
+            if label not in archive.files:
+                raise ValueError(
+                    f"dataset table:{path}: no array {label!r} of labels (it holds {', '.join(archive.files)}; name it with label=NAME)"
+                )
+            arrays = {name: archive[name] for name in archive.files}
+        labels = arrays.pop(label)
+        if len(arrays) != 1 or next(iter(arrays.values())).ndim != 2:
+            raise ValueError(
+                f"dataset table:{path}: an .npz holds the labels {label!r} and one 2-D array of features; it holds {', '.join([label, *arrays])}"
+            )
+        name, features = next(iter(arrays.items()))
+        columns = [f"{name}[{i}]" for i in range(features.shape[1])]
+    else:
+        import pandas as pd
+
+        try:
+            frame = pd.read_parquet(path) if suffix == ".parquet" else pd.read_csv(path)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"dataset table:{path}: not a readable {suffix[1:]} file ({str(error).splitlines()[0][:160]})") from None
+        if label not in frame.columns:
+            raise ValueError(
+                f"dataset table:{path}: no label column {label!r} (its columns: {', '.join(map(str, frame.columns[:8]))}"
+                f"{', ...' if len(frame.columns) > 8 else ''}); name it with label=NAME"
+            )
+        columns = [str(c) for c in frame.columns if c != label]
+        wrong = [c for c in frame.columns if c != label and not pd.api.types.is_numeric_dtype(frame[c])]
+        if wrong:
+            raise ValueError(
+                f"dataset table:{path}: column {wrong[0]!r} is {frame[wrong[0]].dtype}, not a number (every column but the label {label!r} is a feature)"
+            )
+        labels, features = frame[label].to_numpy(), frame.drop(columns=[label]).to_numpy(dtype=np.float64)
+    if not columns:
+        raise ValueError(f"dataset table:{path}: no feature column besides the label {label!r}")
+    missing = ~np.isfinite(features.astype(np.float64))
+    if missing.any():
+        row, column = map(int, np.argwhere(missing)[0])
+        raise ValueError(
+            f"dataset table:{path}: {int(missing.any(axis=1).sum())} rows have a missing or infinite feature (the first: row {row}, column {columns[column]!r})"
+        )
+    if labels.dtype.kind == "f" and not np.all(labels == np.round(labels)):
+        raise ValueError(f"dataset table:{path}: labels {label!r} must be integers or names; got fractions")
+    if labels.dtype.kind not in "iubfUSO" or (labels.dtype.kind == "O" and not all(isinstance(v, str) for v in labels)):
+        raise ValueError(f"dataset table:{path}: labels {label!r} must be integers or names; got {labels.dtype}")
+    if len(np.unique(labels)) < 2:
+        raise ValueError(f"dataset table:{path}: labels {label!r} hold one class; a classifier needs at least 2")
+    return features.astype(np.float32), labels, tuple(columns), label
+
+
+def table_sizes(spec: str) -> dict[str, int]:
+    features, labels, _, _ = read_table(spec)
+    return own_split_sizes(len(labels), parse_table(spec)[1])
