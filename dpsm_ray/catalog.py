@@ -15,20 +15,26 @@ from dpsm_ray.methods import BASE_MODEL as BASE_MODEL  # re-exported
 from dpsm_ray.methods import BUILT_IN
 
 
-def dataset_options(spec: str, defaults: dict[str, float], floats: tuple[str, ...] = ("noise",)) -> dict[str, float]:
-    """``family`` or ``family:key=value,...`` -> ``defaults`` updated by the named options; the
-    keys in ``floats`` are read as floats, the others as integers.  Range checks are the caller's."""
+def dataset_options(spec: str, defaults: dict) -> dict:
+    """``family`` or ``family:key=value,...`` -> ``defaults`` updated by the named options."""
     family, _, rest = spec.partition(":")
+    return parse_options(family, rest, defaults)
+
+
+def parse_options(family: str, text: str, defaults: dict) -> dict:
+    """``key=value,...`` -> ``defaults`` updated by the named options, each read as its default's
+    type (an int, a float that must be finite, or a string).  Range checks are the caller's."""
     options = dict(defaults)
-    for item in filter(None, rest.split(",")):
+    for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in defaults:
             raise ValueError(f"dataset: unknown {family} option {key!r}; allowed: {', '.join(defaults)}")
+        kind = type(defaults[key])
         try:
-            options[key] = float(value) if key in floats else int(value)
+            options[key] = kind(value)
         except ValueError:
             raise ValueError(f"dataset: {family} option {key} must be a number; got {value!r}") from None
-        if not math.isfinite(options[key]):
+        if kind is float and not math.isfinite(options[key]):
             raise ValueError(f"dataset: {family} option {key} must be a finite number; got {value!r}")
     return options
 

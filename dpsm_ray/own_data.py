@@ -14,6 +14,8 @@ import os
 import re
 from pathlib import Path
 
+from dpsm_ray.catalog import parse_options
+
 # the splits' fractions when the data does not come split (train: the rest)
 OWN_FRACTIONS = {"val": 0.15, "cal": 0.15, "test": 0.2}
 # size: the side images are resized (shorter side) and centre-cropped to; channels: 1 or 3, or 0 for
@@ -37,22 +39,11 @@ def split_path_spec(spec: str) -> tuple[str, str, str]:
 
 def path_spec(spec: str, defaults: dict) -> tuple[str, dict]:
     """``family:PATH`` or ``family:PATH:key=value,...`` -> the path and the options (defaults
-    filled in, each parsed as its default's type; the fractions checked)."""
+    filled in, each read as its default's type; the fractions checked)."""
     family, path, tail = split_path_spec(spec)
     if not path:
         raise ValueError(f"dataset: {family} needs a path: {family}:PATH (options after it: {family}:PATH:key=value,...)")
-    options = dict(defaults)
-    for item in filter(None, tail.split(",")):
-        key, _, value = item.partition("=")
-        if key not in defaults:
-            raise ValueError(f"dataset: unknown {family} option {key!r}; allowed: {', '.join(defaults)}")
-        kind = type(defaults[key])
-        try:
-            options[key] = kind(value)
-        except ValueError:
-            raise ValueError(
-                f"dataset: {family} option {key} must be {'an integer' if kind is int else 'a number'}; got {value!r}"
-            ) from None
+    options = parse_options(family, tail, defaults)
     fractions = [options[split] for split in OWN_FRACTIONS]
     if not (all(0 < f < 1 for f in fractions) and sum(fractions) < 1):
         raise ValueError(
