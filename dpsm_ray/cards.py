@@ -55,7 +55,8 @@ class ModelCard:
     ``image`` ``[C, H, W]``, or ``rgb`` ``[3, H, W]``; ``pretrainable``: it takes a local weights
     file (``--pretrained-path``); ``trials_per_gpu``: how many trials share one GPU by default
     (a model that fills a GPU on its own: 1); ``argument``: the name takes one, ``NAME:ARGUMENT``
-    (``torchvision:resnet18``), passed to ``build`` as ``argument=``.
+    (``torchvision:resnet18``), passed to ``build`` as ``argument=`` and checked by
+    ``check_argument(argument)`` (a ValueError naming what is wrong) when a config is validated.
 
     Besides the cards, ``--model PKG.MODULE:FACTORY`` names a researcher's own code: ``FACTORY(
     num_classes)`` returns the network (``factory_card``); the module must be importable wherever
@@ -69,6 +70,7 @@ class ModelCard:
     pretrainable: bool = False
     trials_per_gpu: int = 4
     argument: str | None = None
+    check_argument: Callable[[str], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,8 @@ MODEL_INPUTS = ("any", "image", "rgb")
 _DATASETS: dict[str, DatasetCard] = {}
 _MODELS: dict[str, ModelCard] = {}
 _SCORES: dict[str, ScoreCard] = {}  # in the report's order
+# models first: a dataset card names its default model, so a trial registers the models it is sent first
+_REGISTRIES = {"model": _MODELS, "dataset": _DATASETS, "score": _SCORES}
 _BUILT_IN: set[tuple[str, str]] = set()  # (kind, name) of the cards this module registers
 
 
@@ -131,9 +135,9 @@ def register_score(card: ScoreCard, *, replace: bool = False) -> ScoreCard:
 
 def unregister(kind: str, name: str) -> None:
     """Forget the ``kind`` ("dataset", "model" or "score") card ``name`` registered from outside."""
-    if (kind, name) in _BUILT_IN:
+    if built_in(kind, name):
         raise ValueError(f"{kind} {name!r} is built in")
-    {"dataset": _DATASETS, "model": _MODELS, "score": _SCORES}[kind].pop(name, None)
+    _REGISTRIES[kind].pop(name, None)
 
 
 def built_in(kind: str, name: str) -> bool:
@@ -144,12 +148,7 @@ def built_in(kind: str, name: str) -> bool:
 def outside_cards() -> tuple:
     """The dataset, model and score cards registered from outside the package (a sweep sends
     them to its trials, with the method cards)."""
-    return tuple(
-        card
-        for kind, registry in (("model", _MODELS), ("dataset", _DATASETS), ("score", _SCORES))
-        for name, card in registry.items()
-        if (kind, name) not in _BUILT_IN
-    )
+    return tuple(card for kind, registry in _REGISTRIES.items() for name, card in registry.items() if not built_in(kind, name))
 
 
 def register_card(card, *, replace: bool = True):
@@ -251,8 +250,10 @@ def score_card(name: str) -> ScoreCard:
     return _SCORES[name]
 
 
-def check_dataset(spec: str) -> str:
-    """``spec`` if it names a dataset with valid options; ValueError naming the bad part."""
+def split_sizes(spec: str) -> dict[str, int]:
+    """Sizes of the four splits of ``spec``, known without loading any data (for the image
+    datasets, the paper's sizes: a smaller copy on disk gets them scaled down); ValueError naming
+    the bad part of ``spec``."""
     card = dataset_card(spec)
     if card.options is None and not card.path and spec != card.name:
         takes = [name for name, other in _DATASETS.items() if other.options is not None and not other.path]
@@ -260,15 +261,13 @@ def check_dataset(spec: str) -> str:
         raise ValueError(
             f"dataset must be one of {', '.join(_DATASETS)} (only {', '.join(takes)} take options, and {', '.join(paths)} a path); got {spec!r}"
         )
-    card.sizes(spec)
+    return dict(card.sizes(spec))
+
+
+def check_dataset(spec: str) -> str:
+    """``spec`` if it names a dataset with valid options; ValueError naming the bad part."""
+    split_sizes(spec)
     return spec
-
-
-def split_sizes(spec: str) -> dict[str, int]:
-    """Sizes of the four splits of ``spec``, known without loading any data (for the image
-    datasets, the paper's sizes: a smaller copy on disk gets them scaled down)."""
-    check_dataset(spec)
-    return dict(dataset_card(spec).sizes(spec))
 
 
 def default_model(spec: str) -> str:
@@ -277,13 +276,13 @@ def default_model(spec: str) -> str:
 
 
 def check_model(spec: str) -> str:
-    """``spec`` if it names a model that can be built: a card (a card's argument checked by the
-    card's ``check``, e.g. a torchvision architecture's name), or an importable factory."""
+    """``spec`` if it names a model that can be built: a card (its argument checked by the card's
+    ``check_argument``, e.g. a torchvision architecture's name), or an importable factory."""
     card = model_card(spec)
     if is_factory(spec):
         import_factory(spec)
-    elif card.argument:
-        _check_torchvision(spec.partition(":")[2])
+    elif card.argument and card.check_argument is not None:
+        card.check_argument(spec.partition(":")[2])
     return spec
 
 
@@ -346,7 +345,11 @@ def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (
         raise ValueError(f"model: {name} needs image inputs [C, H, W]; got input shape {input_shape}")
     if card.inputs == "rgb" and input_shape[0] != 3:
         raise ValueError(f"model: {name} takes RGB images [3, H, W]; got input shape {input_shape}")
-    argument = {"argument": name.partition(":")[2]} if card.argument else {}
+    argument = {}
+    if card.argument:
+        argument["argument"] = name.partition(":")[2]
+        if card.check_argument is not None:
+            card.check_argument(argument["argument"])
     model = card.build(tuple(input_shape), num_classes, pretrained_path, **argument)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model {name}: its card's build returned {type(model).__name__}, not a torch.nn.Module")
@@ -501,7 +504,6 @@ def _cifar_resnet(depth: int):
 def _torchvision(input_shape, num_classes, pretrained_path=None, *, argument):
     import torchvision
 
-    _check_torchvision(argument)
     return torchvision.models.get_model(argument, weights=None, num_classes=num_classes)
 
 
@@ -576,6 +578,7 @@ for _card in (
         inputs="rgb",
         trials_per_gpu=1,
         argument="NAME",
+        check_argument=_check_torchvision,
     ),
 ):
     register_model(_card)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from dpsm_ray import cards
 from dpsm_ray.catalog import BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS, SPLITS, min_calibration_size
 from dpsm_ray.own_data import split_path_spec
-from dpsm_ray.cards import check_dataset, check_model, default_model, pretrainable_models, score_names, split_sizes
+from dpsm_ray.cards import check_model, default_model, pretrainable_models, score_names, split_sizes
 from dpsm_ray.methods import method_names, reads
 
 
@@ -310,10 +310,9 @@ def validate(config: TrainConfig) -> None:
         return value
 
     try:
-        check_dataset(config.dataset)
+        train_size = split_sizes(config.dataset)["train"]
     except ValueError as error:
         raise ConfigError("dataset", config.dataset, str(error).partition("; got")[0]) from None
-    train_size = split_sizes(config.dataset)["train"]
     if config.model != "auto":
         try:
             check_model(config.model)
