@@ -99,7 +99,7 @@ def check_folder(spec: str, data_root=None, download: bool = False) -> None:
 def load_folder(spec: str, seed: int):
     import torch
 
-    from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, spec_transform
+    from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, pixel_statistics, spec_transform
     from dpsm_ray.data.splits import DataSplits, Split, TensorSource, stratified_partition
     from dpsm_ray.data.vision import per_channel
     from dpsm_ray.seeding import derive_seed
@@ -113,8 +113,9 @@ def load_folder(spec: str, seed: int):
         sizes = folder_sizes(spec)
         parts = stratified_partition(labels, [sizes[split] for split in PRESPLIT], derive_seed(seed, "folder"))
     channels, size = images.shape[1], images.shape[2]
-    scaled = images[parts[0]].to(torch.float64) / 255.0
-    mean, std = scaled.mean(dim=(0, 2, 3)).tolist(), scaled.std(dim=(0, 2, 3)).clamp(min=1e-3).tolist()
+    train = arrays["images"][parts[0].numpy()]  # uint8: the statistics come from each channel's histogram
+    statistics = [pixel_statistics(train[:, channel], ddof=1) for channel in range(channels)]
+    mean, std = [m for m, _ in statistics], [max(s, 1e-3) for _, s in statistics]
     mode = "L" if channels == 1 else "RGB"
     input_spec = InputSpec(
         (channels, size, size),

@@ -207,15 +207,6 @@ def held_out_parts(labels: np.ndarray, held_out: np.ndarray, sizes: dict[str, in
     return [np.sort(np.concatenate(part)) for part in parts]
 
 
-def pixel_statistics(images: np.ndarray) -> tuple[float, float]:
-    """The mean and standard deviation of uint8 ``images`` scaled to 0..1, from the histogram of
-    their values (no float copy of the images)."""
-    counts = np.bincount(images.ravel(), minlength=256).astype(np.float64)
-    values = np.arange(256) / 255.0
-    mean = float(counts @ values / counts.sum())
-    return mean, float(np.sqrt(counts @ (values - mean) ** 2 / counts.sum()))
-
-
 def fonts_transform(images, ids, augment: bool, seed: int, *, spec):
     """Raw batch -> model input: shifted when training (the padding is the black background), then
     standardised by the training split's pixel mean and standard deviation (``spec``)."""
@@ -229,7 +220,7 @@ def fonts_transform(images, ids, augment: bool, seed: int, *, spec):
 def load_fonts(spec: str, data_root: str | os.PathLike | None, seed: int, log=None):
     import torch
 
-    from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
+    from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, pixel_statistics
     from dpsm_ray.data.splits import DataSplits, Split, TensorSource
 
     options = parse_fonts(spec)

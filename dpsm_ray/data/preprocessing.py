@@ -124,6 +124,15 @@ def read_pixels(file, mode: str, resize: int, crop: tuple[int, int]) -> np.ndarr
     return pixels[None] if IMAGE_MODES[mode] == 1 else pixels.transpose(2, 0, 1)
 
 
+def pixel_statistics(images: np.ndarray, ddof: int = 0) -> tuple[float, float]:
+    """The mean and standard deviation (``ddof`` as numpy's) of uint8 ``images`` scaled to 0..1,
+    from the histogram of their values (no float copy of the images)."""
+    counts = np.bincount(images.ravel(), minlength=256).astype(np.float64)
+    values = np.arange(256) / 255.0
+    mean = float(counts @ values / counts.sum())
+    return mean, float(np.sqrt(counts @ (values - mean) ** 2 / (counts.sum() - ddof)))
+
+
 def standardising_spec(inputs: torch.Tensor, divisor: float, raw: str, image: ImageSpec | None = None) -> InputSpec:
     """Per-feature standardisation by the statistics of ``inputs`` (the training split's raw
     inputs): each feature's mean and standard deviation, the latter at least 1e-3 so that a
