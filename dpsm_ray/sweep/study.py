@@ -251,8 +251,6 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
             parser.error(f"--arms: unknown {', '.join(unknown)}; the arms are {', '.join(arm.name for arm in arms)}")
         arms = tuple(arm for arm in arms if arm.name in wanted)
     if args.searched_from:  # after the fixed arms, whatever --arms keeps
-        from dpsm_ray.sweep.spec import SweepError
-
         expected = TrainConfig.from_dict({**common, **({"epochs": definition["quick"]["epochs"], "milestones": definition["quick"]["milestones"]} if args.quick else {})})
         try:
             searched = searched_arms(Path(args.searched_from), expected, log=lambda line: print(line, flush=True))
