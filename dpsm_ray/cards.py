@@ -259,7 +259,8 @@ def split_sizes(spec: str) -> dict[str, int]:
         takes = [name for name, other in _DATASETS.items() if other.options is not None and not other.path]
         paths = [f"{name}:PATH" for name, other in _DATASETS.items() if other.path]
         raise ValueError(
-            f"dataset must be one of {', '.join(_DATASETS)} (only {', '.join(takes)} take options, and {', '.join(paths)} a path); got {spec!r}"
+            f"dataset must be one of {', '.join(_DATASETS)} (only {', '.join(takes)} take options, and {', '.join(paths)} a path); got"
+            f" {spec!r}"
         )
     return dict(card.sizes(spec))
 

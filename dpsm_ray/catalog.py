@@ -68,32 +68,111 @@ FONT_CLASSES = (
 # the typefaces, grouped by design (a clone or sibling of a design is in its group), and the split
 # each design's renders go to: "train", or "held_out" (validation, calibration and test)
 FONT_DESIGNS = {
-    "Helvetica-like sans": ("train", {
-        "Arimo": ("Regular", "Italic", "Bold", "Bold Italic"), "Liberation Sans": ("Regular", "Italic", "Bold", "Bold Italic"),
-        "Liberation Sans Narrow": ("Regular", "Italic", "Bold", "Bold Italic"), "Nimbus Sans": ("Regular", "Italic", "Bold", "Bold Italic"),
-        "Nimbus Sans Narrow": ("Regular", "Oblique", "Bold", "Bold Oblique"), "FreeSans": ("Regular", "Oblique", "Bold", "Bold Oblique")}),
-    "Times-like serif": ("train", {
-        "Tinos": ("Regular", "Italic", "Bold", "Bold Italic"), "Liberation Serif": ("Regular", "Italic", "Bold", "Bold Italic"),
-        "Nimbus Roman": ("Regular", "Italic", "Bold", "Bold Italic"), "FreeSerif": ("Regular", "Italic", "Bold", "Bold Italic")}),
-    "Courier-like mono": ("train", {"Nimbus Mono PS": ("Regular", "Italic", "Bold", "Bold Italic"), "FreeMono": ("Regular", "Oblique", "Bold", "Bold Oblique")}),
-    "DejaVu": ("train", {
-        "DejaVu Sans": ("Book", "Oblique", "Bold", "Bold Oblique", "ExtraLight", "Condensed", "Condensed Oblique", "Condensed Bold", "Condensed Bold Oblique"),
-        "DejaVu Sans Mono": ("Book", "Oblique", "Bold", "Bold Oblique"),
-        "DejaVu Serif": ("Book", "Italic", "Bold", "Bold Italic", "Condensed", "Condensed Italic", "Condensed Bold", "Condensed Bold Italic")}),
-    "Lato": ("train", {"Lato": ("Hairline", "Hairline Italic", "Thin", "Thin Italic", "Light", "Light Italic", "Regular", "Italic", "Medium",
-                                "Medium Italic", "Semibold", "Semibold Italic", "Bold", "Bold Italic", "Heavy", "Heavy Italic", "Black", "Black Italic")}),
+    "Helvetica-like sans": (
+        "train",
+        {
+            "Arimo": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "Liberation Sans": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "Liberation Sans Narrow": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "Nimbus Sans": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "Nimbus Sans Narrow": ("Regular", "Oblique", "Bold", "Bold Oblique"),
+            "FreeSans": ("Regular", "Oblique", "Bold", "Bold Oblique"),
+        },
+    ),
+    "Times-like serif": (
+        "train",
+        {
+            "Tinos": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "Liberation Serif": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "Nimbus Roman": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "FreeSerif": ("Regular", "Italic", "Bold", "Bold Italic"),
+        },
+    ),
+    "Courier-like mono": (
+        "train",
+        {"Nimbus Mono PS": ("Regular", "Italic", "Bold", "Bold Italic"), "FreeMono": ("Regular", "Oblique", "Bold", "Bold Oblique")},
+    ),
+    "DejaVu": (
+        "train",
+        {
+            "DejaVu Sans": (
+                "Book",
+                "Oblique",
+                "Bold",
+                "Bold Oblique",
+                "ExtraLight",
+                "Condensed",
+                "Condensed Oblique",
+                "Condensed Bold",
+                "Condensed Bold Oblique",
+            ),
+            "DejaVu Sans Mono": ("Book", "Oblique", "Bold", "Bold Oblique"),
+            "DejaVu Serif": (
+                "Book",
+                "Italic",
+                "Bold",
+                "Bold Italic",
+                "Condensed",
+                "Condensed Italic",
+                "Condensed Bold",
+                "Condensed Bold Italic",
+            ),
+        },
+    ),
+    "Lato": (
+        "train",
+        {
+            "Lato": (
+                "Hairline",
+                "Hairline Italic",
+                "Thin",
+                "Thin Italic",
+                "Light",
+                "Light Italic",
+                "Regular",
+                "Italic",
+                "Medium",
+                "Medium Italic",
+                "Semibold",
+                "Semibold Italic",
+                "Bold",
+                "Bold Italic",
+                "Heavy",
+                "Heavy Italic",
+                "Black",
+                "Black Italic",
+            )
+        },
+    ),
     "Palatino-like serif": ("train", {"P052": ("Roman", "Italic", "Bold", "Bold Italic")}),
     "Bookman-like serif": ("train", {"URW Bookman": ("Light", "Light Italic", "Demi", "Demi Italic")}),
     "Zapf Chancery-like script": ("train", {"Z003": ("Medium Italic",)}),
-    "Cousine and Liberation Mono": ("held_out", {"Cousine": ("Regular", "Italic", "Bold", "Bold Italic"), "Liberation Mono": ("Regular", "Italic", "Bold", "Bold Italic")}),
-    "Noto": ("held_out", {
-        "Noto Sans": ("Regular", "Italic", "Bold", "Bold Italic"), "Noto Sans Display": ("Regular", "Italic", "Bold", "Bold Italic"),
-        "Noto Serif": ("Regular", "Italic", "Bold", "Bold Italic"), "Noto Serif Display": ("Regular", "Italic", "Bold", "Bold Italic")}),
+    "Cousine and Liberation Mono": (
+        "held_out",
+        {"Cousine": ("Regular", "Italic", "Bold", "Bold Italic"), "Liberation Mono": ("Regular", "Italic", "Bold", "Bold Italic")},
+    ),
+    "Noto": (
+        "held_out",
+        {
+            "Noto Sans": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "Noto Sans Display": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "Noto Serif": ("Regular", "Italic", "Bold", "Bold Italic"),
+            "Noto Serif Display": ("Regular", "Italic", "Bold", "Bold Italic"),
+        },
+    ),
     "Century Schoolbook-like serif": ("held_out", {"C059": ("Roman", "Italic", "Bold", "Bold Italic")}),
     "Avant Garde-like sans": ("held_out", {"URW Gothic": ("Book", "Book Oblique", "Demi", "Demi Oblique")}),
 }
 # the Debian packages that install them (README, .ci/run)
-FONT_PACKAGES = ("fonts-dejavu-core", "fonts-liberation", "fonts-urw-base35", "fonts-noto-core", "fonts-freefont-ttf", "fonts-croscore", "fonts-lato")
+FONT_PACKAGES = (
+    "fonts-dejavu-core",
+    "fonts-liberation",
+    "fonts-urw-base35",
+    "fonts-noto-core",
+    "fonts-freefont-ttf",
+    "fonts-croscore",
+    "fonts-lato",
+)
 FONTS_DEFAULTS = {"classes": len(FONT_CLASSES), "train": 2, "eval": 3}  # renders of each class in each training / held-out font
 IMAGE_TITLES = {  # the image datasets read from files (dpsm_ray/data/vision.py)
     "cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)",
@@ -124,7 +203,9 @@ def parse_glyphs(spec: str) -> dict[str, float]:
     """``glyphs`` or ``glyphs:classes=K,train=N,noise=S`` -> the options (defaults filled in)."""
     options = dataset_options(spec, GLYPHS_DEFAULTS)
     if not (2 <= options["classes"] <= glyphs_max_classes() and options["train"] >= 2 and 0 <= options["noise"] < math.inf):
-        raise ValueError(f"dataset: glyphs needs 2 <= classes <= {glyphs_max_classes()}, train >= 2 (images per class), noise >= 0; got {options}")
+        raise ValueError(
+            f"dataset: glyphs needs 2 <= classes <= {glyphs_max_classes()}, train >= 2 (images per class), noise >= 0; got {options}"
+        )
     return options
 
 
@@ -136,7 +217,13 @@ def glyph_sizes(options: dict[str, float]) -> dict[str, int]:
 
 def font_faces(split: str) -> list[tuple[str, str]]:
     """The (family, style) faces whose renders go to ``split`` ("train" or "held_out")."""
-    return [(family, style) for where, families in FONT_DESIGNS.values() if where == split for family, styles in families.items() for style in styles]
+    return [
+        (family, style)
+        for where, families in FONT_DESIGNS.values()
+        if where == split
+        for family, styles in families.items()
+        for style in styles
+    ]
 
 
 def parse_fonts(spec: str) -> dict[str, float]:
@@ -144,7 +231,10 @@ def parse_fonts(spec: str) -> dict[str, float]:
     first K classes of FONT_CLASSES, R renders of each class in each training / held-out face."""
     options = dataset_options(spec, FONTS_DEFAULTS)
     if not (2 <= options["classes"] <= len(FONT_CLASSES) and options["train"] >= 1 and options["eval"] >= 1):
-        raise ValueError(f"dataset: fonts needs 2 <= classes <= {len(FONT_CLASSES)}, train >= 1 and eval >= 1 (renders of a class in each face); got {options}")
+        raise ValueError(
+            f"dataset: fonts needs 2 <= classes <= {len(FONT_CLASSES)}, train >= 1 and eval >= 1 (renders of a class in each face); got"
+            f" {options}"
+        )
     return options
 
 

@@ -88,7 +88,11 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 predictor.save(out / PREDICTOR_DIR, overwrite=True)  # a rerun of the same --out (it resumed) replaces it
         except ConfigError as error:
             fail(parser, error)
-        except (FileNotFoundError, InsufficientResources, CorruptFileError) as error:  # a missing dataset or weights file; workers that cannot start
+        except (
+            FileNotFoundError,
+            InsufficientResources,
+            CorruptFileError,
+        ) as error:  # a missing dataset or weights file; workers that cannot start
             parser.exit(2, f"{parser.prog}: error: {error}\n")
         except KeyboardInterrupt:
             parser.exit(3, f"{parser.prog}: interrupted{again}\n")
@@ -115,7 +119,11 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     results = Path(args.results)
     if not (results / SWEEP_FILE).is_file():
-        parser.exit(2, f"{parser.prog}: error: {results} is not a sweep's results directory (no sweep.json); a run's --out holds its predictor in {PREDICTOR_DIR}/\n")
+        parser.exit(
+            2,
+            f"{parser.prog}: error: {results} is not a sweep's results directory (no sweep.json); a run's --out holds its predictor in"
+            f" {PREDICTOR_DIR}/\n",
+        )
     try:
         export_chosen(results, args.method, args.out, seed=args.seed)
     except (ValueError, FileNotFoundError) as error:  # PredictorError, CorruptFileError and UnreadableResults are ValueErrors
@@ -132,14 +140,24 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         predictor = Predictor.load(args.predictor, device=args.device, trust_code=args.trust_code)
         source = open_inputs(args.input, predictor.input_spec, ignore=predictor.label_columns())
         predictor.threshold(args.score)  # an uncalibrated predictor fails before any input is read
-        rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size, non_empty=args.non_empty)
+        rows = write_sets(
+            predictor,
+            source,
+            args.out,
+            score=args.score,
+            probabilities=args.probabilities,
+            batch_size=args.batch_size,
+            non_empty=args.non_empty,
+        )
     except ValueError as error:  # PredictorError, InputError, InputFileError
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     if source.skipped:
         print(f"skipped {len(source.skipped)} files PIL cannot read (e.g. {source.skipped[0]})", file=sys.stderr)
     sizes = rows["set_size"]
-    print(f"{len(sizes)} inputs, {args.score.upper()} sets at alpha={predictor.alpha:g} (q {predictor.threshold(args.score):.4f}): mean set size "
-          f"{sum(sizes) / max(1, len(sizes)):.2f}, {sum(1 for n in sizes if n == 0)} empty; written to {args.out}")
+    print(
+        f"{len(sizes)} inputs, {args.score.upper()} sets at alpha={predictor.alpha:g} (q {predictor.threshold(args.score):.4f}): mean set"
+        f" size {sum(sizes) / max(1, len(sizes)):.2f}, {sum(1 for n in sizes if n == 0)} empty; written to {args.out}"
+    )
     return 0
 
 
@@ -155,9 +173,19 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         token, token_file = serve_token(args.host, args.token_file, args.no_token)
     except (ValueError, OSError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    serve_predictor(Path(args.predictor).resolve(), host=args.host, port=args.port, replicas=args.replicas, device=args.device,
-                    cpus_per_replica=args.cpus_per_replica, max_batch=args.max_batch, address=args.address, token=token, token_file=token_file,
-                    trust_code=args.trust_code)
+    serve_predictor(
+        Path(args.predictor).resolve(),
+        host=args.host,
+        port=args.port,
+        replicas=args.replicas,
+        device=args.device,
+        cpus_per_replica=args.cpus_per_replica,
+        max_batch=args.max_batch,
+        address=args.address,
+        token=token,
+        token_file=token_file,
+        trust_code=args.trust_code,
+    )
     return 0
 
 
@@ -196,7 +224,10 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
-TRUST_CODE_HELP = "load a predictor whose model is a researcher's own factory (PKG.MODULE:FACTORY): importing it runs that code; only for predictors you trust"
+TRUST_CODE_HELP = (
+    "load a predictor whose model is a researcher's own factory (PKG.MODULE:FACTORY): importing it runs that code; only for predictors you"
+    " trust"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
         "reaches the sweep's floor), or --seed S's. Builds RESULTS/predictors/ first for a sweep finished without it.",
     )
     export.add_argument("results", metavar="RESULTS", help="a sweep's --results-dir")
-    export.add_argument("--method", required=True, help=f"the method whose final model to export: one the sweep ran ({', '.join((*METHODS, BASE_MODEL))})")
+    export.add_argument(
+        "--method", required=True, help=f"the method whose final model to export: one the sweep ran ({', '.join((*METHODS, BASE_MODEL))})"
+    )
     export.add_argument("--seed", type=int, help="that final seed's model instead of the chosen one")
     export.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write (predictor.json and weights.pt)")
     export.set_defaults(handler=cmd_export, parser=export)
@@ -248,16 +281,34 @@ def build_parser() -> argparse.ArgumentParser:
     predict = commands.add_parser(
         "predict",
         help="prediction sets of new inputs from a predictor, as Parquet",
-        description="Read inputs -- an .npy or .npz array [n, *shape] (or [n, features]), a folder of image files (resized and normalised as the "
-        "predictor says), or a Parquet table of feature columns -- and write one row per input: input_id, set (list<int32>), set_names "
-        "(where the classes have names), set_size, top1 (and top1_name), and with --probabilities the softmax row.",
+        description=(
+            "Read inputs -- an .npy or .npz array [n, *shape] (or [n, features]), a folder of image files (resized and normalised as the "
+            "predictor says), or a Parquet table of feature columns -- and write one row per input: input_id, set (list<int32>), set_names "
+            "(where the classes have names), set_size, top1 (and top1_name), and with --probabilities the softmax row."
+        ),
     )
-    predict.add_argument("predictor", metavar="PREDICTOR", help="a predictor directory (dpsm-ray export --out, RESULTS/predictors/NAME, a run's --out/predictor)")
-    predict.add_argument("--input", required=True, metavar="PATH", help=".npy, .npz (array 'x', optional integer 'ids'), .parquet or .csv (one column per feature, optional 'id'; a training table's label column is left out), or a folder of images")
+    predict.add_argument(
+        "predictor",
+        metavar="PREDICTOR",
+        help="a predictor directory (dpsm-ray export --out, RESULTS/predictors/NAME, a run's --out/predictor)",
+    )
+    predict.add_argument(
+        "--input",
+        required=True,
+        metavar="PATH",
+        help=(
+            ".npy, .npz (array 'x', optional integer 'ids'), .parquet or .csv (one column per feature, optional 'id'; a training table's"
+            " label column is left out), or a folder of images"
+        ),
+    )
     predict.add_argument("--out", required=True, metavar="FILE", help="the Parquet file to write, e.g. sets.parquet")
     predict.add_argument("--score", default="hps", choices=score_names(), help="non-conformity score (default: %(default)s)")
     predict.add_argument("--probabilities", action="store_true", help="add each input's softmax row (list<double>)")
-    predict.add_argument("--non-empty", action="store_true", help="put the top class into every empty set (conservative: coverage only rises; docs/predictor.md)")
+    predict.add_argument(
+        "--non-empty",
+        action="store_true",
+        help="put the top class into every empty set (conservative: coverage only rises; docs/predictor.md)",
+    )
     predict.add_argument("--batch-size", type=positive_int, default=512, help="inputs per forward pass (default: %(default)s)")
     predict.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
     predict.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
@@ -271,17 +322,42 @@ def build_parser() -> argparse.ArgumentParser:
         "process it started.",
     )
     serve.add_argument("predictor", metavar="PREDICTOR", help="a predictor directory")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; 0.0.0.0 opens it to the network, behind a bearer token: --token-file)")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: %(default)s; 0.0.0.0 opens it to the network, behind a bearer token: --token-file)",
+    )
     serve.add_argument("--port", type=port_number, default=8000, help="HTTP port (default: %(default)s)")
     serve.add_argument("--replicas", type=positive_int, default=1, help="model replicas (default: %(default)s)")
     serve.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves for each replica (default: %(default)s)")
-    serve.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: the replicas share the GPU when there is one (default: %(default)s)")
-    serve.add_argument("--token-file", metavar="FILE", help="the bearer token every request but GET /health must carry: read from FILE (readable by its owner only), "
-                                                          "or generated into it; default, when --host is not a loopback address: $DPSM_RAY_CACHE/serve-token")
+    serve.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="auto: the replicas share the GPU when there is one (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help=(
+            "the bearer token every request but GET /health must carry: read from FILE (readable by its owner only), "
+            "or generated into it; default, when --host is not a loopback address: $DPSM_RAY_CACHE/serve-token"
+        ),
+    )
     serve.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
-    serve.add_argument("--no-token", action="store_true", help="serve beyond this machine without a token: anyone who can reach it can query the model")
-    serve.add_argument("--max-batch", type=positive_int, default=4096, help="most inputs in one request; more get status 413 (default: %(default)s)")
-    serve.add_argument("--address", help="a Ray cluster to run on (default: $RAY_ADDRESS, else one started on this machine with `ray start`, else a Ray instance of its own)")
+    serve.add_argument(
+        "--no-token", action="store_true", help="serve beyond this machine without a token: anyone who can reach it can query the model"
+    )
+    serve.add_argument(
+        "--max-batch", type=positive_int, default=4096, help="most inputs in one request; more get status 413 (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--address",
+        help=(
+            "a Ray cluster to run on (default: $RAY_ADDRESS, else one started on this machine with `ray start`, else a Ray instance of its"
+            " own)"
+        ),
+    )
     serve.set_defaults(handler=cmd_serve, parser=serve)
     return parser
 

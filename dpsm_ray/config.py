@@ -29,7 +29,17 @@ class ConfigError(ValueError):
         super().__init__(f"{name}={value!r} is invalid: {allowed}")
 
 
-def option(default, help, *, operational: bool = False, path: bool = False, sweep: bool = False, column: bool = False, label: str | None = None, **metadata):
+def option(
+    default,
+    help,
+    *,
+    operational: bool = False,
+    path: bool = False,
+    sweep: bool = False,
+    column: bool = False,
+    label: str | None = None,
+    **metadata,
+):
     """A config field, declared once: its default and help text (a string, or a function returning
     one where the text lists cards, so that cards registered later show in ``--help``), and what
     the rest of the package does with it:
@@ -59,7 +69,11 @@ def datasets_help() -> str:
     described = []
     for name in cards.dataset_names():
         card = cards.dataset_card(name)
-        options = "" if card.options is None else ",".join(f"{key}={value:g}" if not isinstance(value, str) else f"{key}={value}" for key, value in card.options.items())
+        options = (
+            ""
+            if card.options is None
+            else ",".join(f"{key}={value:g}" if not isinstance(value, str) else f"{key}={value}" for key, value in card.options.items())
+        )
         described.append(f"{name}:PATH[:{options}]" if card.path else name if card.options is None else f"{name}[:{options}]")
     return "dataset: " + ", ".join(described)
 
@@ -91,69 +105,204 @@ class TrainConfig:
     dataset: str = option("digits", datasets_help, sweep=True)
     data_root: str | None = option(
         None,
-        "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/ (iNaturalist), 2018/ (iNaturalist 2018), "
-        "Fashion-MNIST's IDX files; for fonts, the font files (default /usr/share/fonts)",
-        type=str, operational=True, path=True, sweep=True)
+        "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/"
+        " (iNaturalist), 2018/ (iNaturalist 2018), Fashion-MNIST's IDX files; for fonts, the font files (default /usr/share/fonts)",
+        type=str,
+        operational=True,
+        path=True,
+        sweep=True,
+    )
     download: bool = option(False, "download the dataset into --data-root if it is missing", operational=True)
     model: str = option("auto", models_help, sweep=True)
-    pretrained_path: str | None = option(None, lambda: f"local ImageNet weights (.pth state dict) for {'/'.join(pretrainable_models())}; nothing is downloaded", type=str, path=True, sweep=True)
-    method: str = option("dpsm", f"training objective: {', '.join(METHODS)}; or {BASE_MODEL} (the CE base model itself, evaluated without training: --init base --epochs 0)")
-    init: str = option("scratch", "start from random weights (scratch), fine-tune the cached CE base model (base), or start from your own weights "
-                       "(weights:FILE, a .pt/.pth state dict read with weights_only=True or a .safetensors file, every key and shape matching the model)", sweep=True, column=True, label="init")
-    init_checkpoint: str | None = option(None, "weights to start from; set from --init base by the base-model cache", cli=False, operational=True)
+    pretrained_path: str | None = option(
+        None,
+        lambda: f"local ImageNet weights (.pth state dict) for {'/'.join(pretrainable_models())}; nothing is downloaded",
+        type=str,
+        path=True,
+        sweep=True,
+    )
+    method: str = option(
+        "dpsm",
+        f"training objective: {', '.join(METHODS)}; or {BASE_MODEL} (the CE base model itself, evaluated without training: --init base"
+        " --epochs 0)",
+    )
+    init: str = option(
+        "scratch",
+        "start from random weights (scratch), fine-tune the cached CE base model (base), or start from your own weights "
+        "(weights:FILE, a .pt/.pth state dict read with weights_only=True or a .safetensors file, every key and shape matching the model)",
+        sweep=True,
+        column=True,
+        label="init",
+    )
+    init_checkpoint: str | None = option(
+        None, "weights to start from; set from --init base by the base-model cache", cli=False, operational=True
+    )
     base_epochs: int | None = option(None, "CE base model epochs (default: the model's recipe)", type=int, sweep=True)
     base_lr: float | None = option(None, "CE base model learning rate (default: the model's recipe)", type=float)
     base_batch_size: int | None = option(None, "CE base model batch size (default: the model's recipe)", type=int)
-    base_milestones: tuple[int, ...] | None = option(None, "CE base model learning-rate milestones (default: the model's recipe)", type=int, nargs="*")
-    cache_dir: str | None = option(None, "base-model cache directory (default: $DPSM_RAY_CACHE or ~/.cache/dpsm_ray)", type=str, operational=True, path=True)
+    base_milestones: tuple[int, ...] | None = option(
+        None, "CE base model learning-rate milestones (default: the model's recipe)", type=int, nargs="*"
+    )
+    cache_dir: str | None = option(
+        None, "base-model cache directory (default: $DPSM_RAY_CACHE or ~/.cache/dpsm_ray)", type=str, operational=True, path=True
+    )
     # --- the objective ------------------------------------------------------------------------
     alpha: float = option(0.1, "target miscoverage alpha, in (0, 1)", sweep=True, column=True)
-    conformal_weight: float = option(0.05, "the paper's lambda: weight of the conformal term L_c, >= 0 (the official code's 0.05: docs/method.md)", renamed_from="--lambda", column=True, label="λ (conformal_weight)")
-    sigmoid_temperature: float = option(1.0, "the paper's T (tau_Sigmoid): temperature of the soft set size, > 0 (the official code's 1: docs/method.md)", renamed_from="--temperature", column=True, label="T (sigmoid_temperature)")
-    sort_temperature: float = option(0.01, "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)", sweep=True, column=True, label="soft-sort temperature")
+    conformal_weight: float = option(
+        0.05,
+        "the paper's lambda: weight of the conformal term L_c, >= 0 (the official code's 0.05: docs/method.md)",
+        renamed_from="--lambda",
+        column=True,
+        label="λ (conformal_weight)",
+    )
+    sigmoid_temperature: float = option(
+        1.0,
+        "the paper's T (tau_Sigmoid): temperature of the soft set size, > 0 (the official code's 1: docs/method.md)",
+        renamed_from="--temperature",
+        column=True,
+        label="T (sigmoid_temperature)",
+    )
+    sort_temperature: float = option(
+        0.01,
+        "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)",
+        sweep=True,
+        column=True,
+        label="soft-sort temperature",
+    )
     quantile_lr: float | None = option(
         None,
-        f"the paper's gamma: DPSM's learning rate for q, per step, > 0; default: {QUANTILE_LR_PER_EPOCH:g} / (steps per epoch), so that q moves as far per epoch on any dataset size (docs/method.md)",
-        type=float, column=True, label="γ (quantile_lr, per step)")
-    q_init: str = option("dataset", "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random start)", sweep=True, column=True, label="q_0 (q_init)")
-    conftr_split: str = option("batch", "ConfTr's calibration/prediction split: batch (each batch of the whole training set split at random, CE on all of it: Stutz et al. and the official code) or halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1: Algorithm 1's halves)", sweep=True, column=True, label="ConfTr's split (conftr_split)")
-    ce_batch: str = option("full", "DPSM's and CUT's cross-entropy: full (the whole batch, B1 and B2: the official code) or half (B1 only: the tex's Algorithm 1, where D2 gets no CE gradient)", sweep=True, column=True, label="CE on (ce_batch)")
-    dpsm_split: str = option("halves", "DPSM's B1 (quantile) and B2 (size loss): halves (from the fixed halves D1 and D2: Algorithm 1) or batch (the two random halves of each batch of the whole training set: the official code splits each batch in place)", sweep=True, column=True, label="DPSM's B1/B2 (dpsm_split)")
-    size_target: float = option(0.0, "ConfTr (published)'s kappa: the size loss is max(soft size - kappa, 0), >= 0", label="κ (size_target)")
-    ce_weight: float = option(0.0, "ConfTr (published)'s weight of its optional classification loss (CE), >= 0 (its THR configuration: 0)", label="CE weight (ce_weight)")
-    cut_score: str = option("hps", "CUT's training score: hps (1 - p_y), or aps (randomised APS conformity scores, uniform for a calibrated model: Einbinder et al.)", sweep=True, column=True, label="CUT's score (cut_score)")
+        f"the paper's gamma: DPSM's learning rate for q, per step, > 0; default: {QUANTILE_LR_PER_EPOCH:g} / (steps per epoch), so that q"
+        " moves as far per epoch on any dataset size (docs/method.md)",
+        type=float,
+        column=True,
+        label="γ (quantile_lr, per step)",
+    )
+    q_init: str = option(
+        "dataset",
+        "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random"
+        " start)",
+        sweep=True,
+        column=True,
+        label="q_0 (q_init)",
+    )
+    conftr_split: str = option(
+        "batch",
+        "ConfTr's calibration/prediction split: batch (each batch of the whole training set split at random, CE on all of it: Stutz et al."
+        " and the official code) or halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1: Algorithm 1's halves)",
+        sweep=True,
+        column=True,
+        label="ConfTr's split (conftr_split)",
+    )
+    ce_batch: str = option(
+        "full",
+        "DPSM's and CUT's cross-entropy: full (the whole batch, B1 and B2: the official code) or half (B1 only: the tex's Algorithm 1,"
+        " where D2 gets no CE gradient)",
+        sweep=True,
+        column=True,
+        label="CE on (ce_batch)",
+    )
+    dpsm_split: str = option(
+        "halves",
+        "DPSM's B1 (quantile) and B2 (size loss): halves (from the fixed halves D1 and D2: Algorithm 1) or batch (the two random halves of"
+        " each batch of the whole training set: the official code splits each batch in place)",
+        sweep=True,
+        column=True,
+        label="DPSM's B1/B2 (dpsm_split)",
+    )
+    size_target: float = option(
+        0.0, "ConfTr (published)'s kappa: the size loss is max(soft size - kappa, 0), >= 0", label="κ (size_target)"
+    )
+    ce_weight: float = option(
+        0.0,
+        "ConfTr (published)'s weight of its optional classification loss (CE), >= 0 (its THR configuration: 0)",
+        label="CE weight (ce_weight)",
+    )
+    cut_score: str = option(
+        "hps",
+        "CUT's training score: hps (1 - p_y), or aps (randomised APS conformity scores, uniform for a calibrated model: Einbinder et al.)",
+        sweep=True,
+        column=True,
+        label="CUT's score (cut_score)",
+    )
     # --- optimisation -----------------------------------------------------------------------
     lr: float = option(0.05, "eta: SGD learning rate of the model, > 0", column=True, label="η (lr)")
-    batch_size: int = option(64, "total batch per step over all workers; half from D1, half from D2", sweep=True, column=True, label="batch size")
+    batch_size: int = option(
+        64, "total batch per step over all workers; half from D1, half from D2", sweep=True, column=True, label="batch size"
+    )
     epochs: int = option(30, "number of epochs, >= 1", sweep=True, column=True, label="epochs")
-    milestones: tuple[int, ...] = option((), "epochs at which the learning rate is multiplied by --lr-decay", column=True, label="lr milestones")
-    lr_decay: float = option(0.1, "learning-rate decay factor, in (0, 1]: applied at each milestone (--lr-schedule step) or after every epoch from the first milestone on (exp)", column=True, label="lr decay")
-    lr_schedule: str = option("step", "how --lr-decay applies: step (once at each milestone) or exp (after every epoch from the first milestone on, or from the start without milestones)", sweep=True, column=True, label="lr schedule")
+    milestones: tuple[int, ...] = option(
+        (), "epochs at which the learning rate is multiplied by --lr-decay", column=True, label="lr milestones"
+    )
+    lr_decay: float = option(
+        0.1,
+        "learning-rate decay factor, in (0, 1]: applied at each milestone (--lr-schedule step) or after every epoch from the first"
+        " milestone on (exp)",
+        column=True,
+        label="lr decay",
+    )
+    lr_schedule: str = option(
+        "step",
+        "how --lr-decay applies: step (once at each milestone) or exp (after every epoch from the first milestone on, or from the start"
+        " without milestones)",
+        sweep=True,
+        column=True,
+        label="lr schedule",
+    )
     momentum: float = option(0.9, "SGD momentum, in [0, 1)")
     nesterov: bool = option(False, "Nesterov momentum (Stutz et al.'s optimizer)")
     weight_decay: float = option(1e-4, "SGD weight decay, >= 0")
     seed: int = option(0, "run seed: initialisation, batches, augmentation, evaluation (and the data split, unless --split-seed)")
-    split_seed: int | None = option(None, "seed of the train/val/cal/test split (default: the run seed); sweeps fix it to the sweep seed, so that every seed re-trains on the split the search selected on", type=int)
+    split_seed: int | None = option(
+        None,
+        "seed of the train/val/cal/test split (default: the run seed); sweeps fix it to the sweep seed, so that every seed re-trains on the"
+        " split the search selected on",
+        type=int,
+    )
     train_subset: int | None = option(None, "train on a stratified subset of N training examples (smoke runs)", type=int, sweep=True)
     # --- evaluation ---------------------------------------------------------------------------
     val_splits: int = option(5, "validation re-splits (calibrate on half of val, measure on the other half)")
-    diagnostic_examples: int = option(10000, "training examples the per-epoch diagnostics of epochs.parquet (Q_n, |q - Q_n|, the figures' losses and sizes) score: a seeded sample "
-                                             "of N, the same every epoch (the whole split when it is no larger); 0 = the whole training split (docs/results.md)")
+    diagnostic_examples: int = option(
+        10000,
+        "training examples the per-epoch diagnostics of epochs.parquet (Q_n, |q - Q_n|, the figures' losses and sizes) score: a seeded"
+        " sample of N, the same every epoch (the whole split when it is no larger); 0 = the whole training split (docs/results.md)",
+    )
     eval_splits: int = option(10, "random calibration/test re-splits of the final evaluation")
     eval_scores: tuple[str, ...] = option(tuple(score_names()), lambda: f"scores evaluated at the end: {', '.join(score_names())}")
-    evaluate_test: bool = option(True, "evaluate on the calibration/test splits at the end (sweeps switch it off while searching)", cli=False, operational=True)
+    evaluate_test: bool = option(
+        True, "evaluate on the calibration/test splits at the end (sweeps switch it off while searching)", cli=False, operational=True
+    )
     # --- execution ----------------------------------------------------------------------------
     workers: int = option(0, "Ray Train data-parallel workers; 0 trains in this process", sweep=True)
     gpus_per_worker: float = option(0.0, "GPUs per Ray Train worker (fractions pack workers on a GPU)", operational=True, sweep=True)
     cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each Ray Train worker (fractions allowed)", operational=True, sweep=True)
-    device: str = option("auto", "auto (a GPU when there is one; under Ray the GPU it assigned, and a trial holding a GPU share that sees no CUDA "
-                                 "device fails instead of training on the CPU), cpu (also GPU-shaped trials, on purpose), cuda, cuda:N", operational=True, sweep=True)
+    device: str = option(
+        "auto",
+        "auto (a GPU when there is one; under Ray the GPU it assigned, and a trial holding a GPU share that sees no CUDA "
+        "device fails instead of training on the CPU), cpu (also GPU-shaped trials, on purpose), cuda, cuda:N",
+        operational=True,
+        sweep=True,
+    )
     data_workers: int = option(4, "DataLoader processes for file-based datasets", operational=True, sweep=True)
-    precision: str = option("auto", "fp32, bf16 (autocast of the model's forward; losses and quantiles stay in fp32), or auto (the measured fast path of the run's device: "
-                                    "bf16 on CUDA, fp32 on a CPU)", sweep=True)
-    channels_last: bool = option(False, "keep image batches and conv weights in channels_last memory format (--step auto turns it on on CUDA)", operational=True, sweep=True)
-    step: str = option("auto", "training step: eager, graph (the whole step -- forward, loss, backward, SGD, DPSM's q -- captured in one CUDA graph; needs CUDA and one worker), "
-                               "or auto (the measured fast path of the run's device: graph with channels_last on CUDA for one worker, eager otherwise)", operational=True, sweep=True)
+    precision: str = option(
+        "auto",
+        "fp32, bf16 (autocast of the model's forward; losses and quantiles stay in fp32), or auto (the measured fast path of the run's"
+        " device: bf16 on CUDA, fp32 on a CPU)",
+        sweep=True,
+    )
+    channels_last: bool = option(
+        False,
+        "keep image batches and conv weights in channels_last memory format (--step auto turns it on on CUDA)",
+        operational=True,
+        sweep=True,
+    )
+    step: str = option(
+        "auto",
+        "training step: eager, graph (the whole step -- forward, loss, backward, SGD, DPSM's q -- captured in one CUDA graph; needs CUDA"
+        " and one worker), or auto (the measured fast path of the run's device: graph with channels_last on CUDA for one worker, eager"
+        " otherwise)",
+        operational=True,
+        sweep=True,
+    )
     checkpoint_every: int = option(1, "checkpoint every N epochs (and always after the last)", operational=True)
     max_failures: int = option(0, "restarts of a failed worker group from its last checkpoint", operational=True)
     debug_sync_checks: bool = option(False, "assert every step that q and the parameters are identical on all workers", operational=True)
@@ -254,7 +403,9 @@ def renamed_option():
 
     class RenamedOption(argparse.Action):
         def __call__(self, parser, namespace, values, option_string=None):
-            warnings.warn(f"{option_string} is now {self.const}; {option_string} is accepted until the next release", FutureWarning, stacklevel=2)
+            warnings.warn(
+                f"{option_string} is now {self.const}; {option_string} is accepted until the next release", FutureWarning, stacklevel=2
+            )
             setattr(namespace, self.dest, values)
 
     return RenamedOption
@@ -281,8 +432,15 @@ def add_config_options(parser, names: tuple[str, ...] | None = None, defaults: d
         else:
             parser.add_argument(flag, type=spec.metadata.get("type", type(default)), **kwargs)
         if "renamed_from" in spec.metadata:
-            parser.add_argument(spec.metadata["renamed_from"], dest=spec.name, type=type(default), default=argparse.SUPPRESS, action=renamed_option(),
-                                const=flag, help=argparse.SUPPRESS)
+            parser.add_argument(
+                spec.metadata["renamed_from"],
+                dest=spec.name,
+                type=type(default),
+                default=argparse.SUPPRESS,
+                action=renamed_option(),
+                const=flag,
+                help=argparse.SUPPRESS,
+            )
 
 
 def calibration_warnings(config: TrainConfig) -> list[str]:
@@ -317,9 +475,15 @@ def validate(config: TrainConfig) -> None:
         try:
             check_model(config.model)
         except ValueError as error:
-            raise ConfigError("model", config.model, f"must be auto or one of {cards.model_choices()}" if "must be one of" in str(error) else str(error)) from None
+            raise ConfigError(
+                "model", config.model, f"must be auto or one of {cards.model_choices()}" if "must be one of" in str(error) else str(error)
+            ) from None
     model = config.resolved_model()
-    need(config.pretrained_path is None or model in pretrainable_models(), "pretrained_path", f"only applies to the models {', '.join(pretrainable_models())}")
+    need(
+        config.pretrained_path is None or model in pretrainable_models(),
+        "pretrained_path",
+        f"only applies to the models {', '.join(pretrainable_models())}",
+    )
     need(config.method in (*method_names(), BASE_MODEL), "method", f"must be one of {', '.join(method_names())}, or {BASE_MODEL}")
     if config.init.startswith(WEIGHTS):
         weights = config.init.removeprefix(WEIGHTS)
@@ -327,9 +491,18 @@ def validate(config: TrainConfig) -> None:
         need(os.path.isfile(weights), "init", f"weights:FILE: no such file {weights}")
     else:
         need(config.init in ("scratch", "base"), "init", "must be one of scratch, base, or weights:FILE")
-    need(config.base_epochs is None or (isinstance(config.base_epochs, int) and config.base_epochs >= 1), "base_epochs", "must be an integer >= 1")
+    need(
+        config.base_epochs is None or (isinstance(config.base_epochs, int) and config.base_epochs >= 1),
+        "base_epochs",
+        "must be an integer >= 1",
+    )
     need(config.base_lr is None or (isinstance(config.base_lr, (int, float)) and config.base_lr > 0), "base_lr", "must be > 0")
-    need(config.base_batch_size is None or (isinstance(config.base_batch_size, int) and config.base_batch_size >= 2 and config.base_batch_size % 2 == 0), "base_batch_size", "must be an even integer >= 2")
+    need(
+        config.base_batch_size is None
+        or (isinstance(config.base_batch_size, int) and config.base_batch_size >= 2 and config.base_batch_size % 2 == 0),
+        "base_batch_size",
+        "must be an even integer >= 2",
+    )
     need(0 < number("alpha") < 1, "alpha", "must be in the open interval (0, 1)")
     need(number("conformal_weight") >= 0, "conformal_weight", "must be >= 0 (the paper's lambda)")
     need(number("sigmoid_temperature") > 0, "sigmoid_temperature", "must be > 0")
@@ -343,7 +516,9 @@ def validate(config: TrainConfig) -> None:
     need(number("size_target") >= 0, "size_target", "kappa must be >= 0")
     need(number("ce_weight") >= 0, "ce_weight", "must be >= 0")
     need(number("lr") > 0, "lr", "eta must be > 0")
-    need(integer("batch_size") >= 2 and config.batch_size % 2 == 0, "batch_size", "must be an even integer >= 2 (half from D1, half from D2)")
+    need(
+        integer("batch_size") >= 2 and config.batch_size % 2 == 0, "batch_size", "must be an even integer >= 2 (half from D1, half from D2)"
+    )
     if config.method == BASE_MODEL:
         need(config.init == "base", "init", f"must be base for method {BASE_MODEL} (the CE base model, evaluated as it is)")
         need(integer("epochs") == 0, "epochs", f"must be 0 for method {BASE_MODEL}: the base model is evaluated, not trained")
@@ -356,15 +531,41 @@ def validate(config: TrainConfig) -> None:
     need(0 <= number("momentum") < 1, "momentum", "must be in [0, 1)")
     need(number("weight_decay") >= 0, "weight_decay", "must be >= 0")
     need(0 <= integer("seed") < MAX_SEED, "seed", "must be an integer in [0, 2**63) (torch generators take 64-bit seeds)")
-    need(config.split_seed is None or (isinstance(config.split_seed, int) and not isinstance(config.split_seed, bool) and 0 <= config.split_seed < MAX_SEED), "split_seed", "must be an integer in [0, 2**63)")
-    need(config.train_subset is None or (isinstance(config.train_subset, int) and config.train_subset >= 2), "train_subset", "must be an integer >= 2")
-    need(config.train_subset is None or config.train_subset <= train_size, "train_subset", f"must be at most the training split's {train_size} examples")
+    need(
+        config.split_seed is None
+        or (isinstance(config.split_seed, int) and not isinstance(config.split_seed, bool) and 0 <= config.split_seed < MAX_SEED),
+        "split_seed",
+        "must be an integer in [0, 2**63)",
+    )
+    need(
+        config.train_subset is None or (isinstance(config.train_subset, int) and config.train_subset >= 2),
+        "train_subset",
+        "must be an integer >= 2",
+    )
+    need(
+        config.train_subset is None or config.train_subset <= train_size,
+        "train_subset",
+        f"must be at most the training split's {train_size} examples",
+    )
     usable = 2 * ((config.train_subset or train_size) // 2)
-    need(config.batch_size <= usable, "batch_size", f"must be at most {usable}: each step takes half the batch from each half of the {config.train_subset or train_size} training examples")
+    need(
+        config.batch_size <= usable,
+        "batch_size",
+        f"must be at most {usable}: each step takes half the batch from each half of the {config.train_subset or train_size} training"
+        " examples",
+    )
     need(integer("val_splits") >= 1, "val_splits", "must be an integer >= 1")
-    need(integer("diagnostic_examples") >= 0 and config.diagnostic_examples != 1, "diagnostic_examples", "must be 0 (the whole training split) or an integer >= 2")
+    need(
+        integer("diagnostic_examples") >= 0 and config.diagnostic_examples != 1,
+        "diagnostic_examples",
+        "must be 0 (the whole training split) or an integer >= 2",
+    )
     need(integer("eval_splits") >= 1, "eval_splits", "must be an integer >= 1")
-    need(len(config.eval_scores) > 0 and all(s in score_names() for s in config.eval_scores), "eval_scores", f"must be a non-empty subset of {', '.join(score_names())}")
+    need(
+        len(config.eval_scores) > 0 and all(s in score_names() for s in config.eval_scores),
+        "eval_scores",
+        f"must be a non-empty subset of {', '.join(score_names())}",
+    )
     need(integer("workers") >= 0, "workers", "must be an integer >= 0")
     need(config.workers == 0 or config.batch_size % (2 * config.workers) == 0, "batch_size",
          f"must be divisible by 2 * workers = {2 * config.workers} (each worker takes batch_size / workers, half from D1 and half from D2)")

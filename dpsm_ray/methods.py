@@ -50,7 +50,9 @@ def with_current_knob_names(sweep: dict) -> dict:
     renamed = dict(sweep)
     for key in ("ranges", "grid_fixed", "grid_subsets"):
         if isinstance(sweep.get(key), list):
-            renamed[key] = [[KNOB_ALIASES.get(pair[0], pair[0]), *pair[1:]] if isinstance(pair, list) and pair else pair for pair in sweep[key]]
+            renamed[key] = [
+                [KNOB_ALIASES.get(pair[0], pair[0]), *pair[1:]] if isinstance(pair, list) and pair else pair for pair in sweep[key]
+            ]
     return renamed
 
 
@@ -145,7 +147,9 @@ class MethodCard:
         cls = self.objective_class()
         kwargs = {"alpha": values["alpha"], "conformal_weight": values["conformal_weight"], "collective": collective}
         # a field left out of ``values`` takes the constructor's default
-        kwargs.update({self.arguments.get(name, name): values[name] for name in self.fields if name not in COMMON_ARGUMENTS and name in values})
+        kwargs.update(
+            {self.arguments.get(name, name): values[name] for name in self.fields if name not in COMMON_ARGUMENTS and name in values}
+        )
         if "seed" in inspect.signature(cls).parameters:
             kwargs["seed"] = seed
         return cls(**kwargs)
@@ -166,14 +170,19 @@ def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
     shared = sorted(set(card.fields) - method_fields()) if BUILT_IN_NAMES else []
     if card.name not in BUILT_IN_NAMES and shared:
         # a field every method reads would leave every other method's config hash
-        raise ValueError(f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}); got {', '.join(shared)}")
+        raise ValueError(
+            f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}); got {', '.join(shared)}"
+        )
     renamed = {"knobs": tuple(knob_name(k, f"method {card.name}'s knobs") for k in card.knobs),
                "grid_axes": tuple(knob_name(a, f"method {card.name}'s grid_axes") for a in card.grid_axes)}
     if renamed != {"knobs": card.knobs, "grid_axes": card.grid_axes}:
         card = dataclasses.replace(card, **renamed)
     unknown = [k for k in card.knobs if k not in DEFAULT_RANGES] + [a for a in card.grid_axes if a not in PAPER_GRID]
     if unknown:
-        raise ValueError(f"method {card.name}: knobs must be among {', '.join(DEFAULT_RANGES)} and grid axes among {', '.join(PAPER_GRID)}; got {', '.join(unknown)}")
+        raise ValueError(
+            f"method {card.name}: knobs must be among {', '.join(DEFAULT_RANGES)} and grid axes among {', '.join(PAPER_GRID)}; got"
+            f" {', '.join(unknown)}"
+        )
     if card.name in _CARDS and not replace and _CARDS[card.name] != card:
         raise ValueError(f"method {card.name!r} is registered already (pass replace=True to change it)")
     _CARDS[card.name] = card
@@ -224,28 +233,59 @@ def method_fields() -> frozenset[str]:
 # -- the built-in methods, in the report's order ---------------------------------------------------
 _BUILT_IN_CARDS = (
     MethodCard(
-        "ce", "CE", "dpsm_ray.objectives.ce:CrossEntropy", paper=True, colour="tab:blue", marker="o",
+        "ce",
+        "CE",
+        "dpsm_ray.objectives.ce:CrossEntropy",
+        paper=True,
+        colour="tab:blue",
+        marker="o",
     ),
     MethodCard(
-        "cut", "CUT", "dpsm_ray.objectives.cut:CUT",
-        fields=("conformal_weight", "sort_temperature", "cut_score", "ce_batch"), arguments={"cut_score": "score"},
-        knobs=("conformal_weight", "lr"), grid_axes=(*SHARED_GRID_AXES, "conformal_weight"), paper=True, colour="tab:green", marker="s",
+        "cut",
+        "CUT",
+        "dpsm_ray.objectives.cut:CUT",
+        fields=("conformal_weight", "sort_temperature", "cut_score", "ce_batch"),
+        arguments={"cut_score": "score"},
+        knobs=("conformal_weight", "lr"),
+        grid_axes=(*SHARED_GRID_AXES, "conformal_weight"),
+        paper=True,
+        colour="tab:green",
+        marker="s",
     ),
     MethodCard(
-        "conftr", "ConfTr", "dpsm_ray.objectives.conftr:ConfTr",
-        fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "conftr_split"), arguments={"conftr_split": "split"},
-        knobs=("conformal_weight", "lr", "sigmoid_temperature"), grid_axes=(*SHARED_GRID_AXES, "conformal_weight"), paper=True, colour="tab:orange", marker="^",
+        "conftr",
+        "ConfTr",
+        "dpsm_ray.objectives.conftr:ConfTr",
+        fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "conftr_split"),
+        arguments={"conftr_split": "split"},
+        knobs=("conformal_weight", "lr", "sigmoid_temperature"),
+        grid_axes=(*SHARED_GRID_AXES, "conformal_weight"),
+        paper=True,
+        colour="tab:orange",
+        marker="^",
     ),
     MethodCard(
-        "conftr_published", "ConfTr (published)", "dpsm_ray.objectives.conftr:ConfTrPublished",
+        "conftr_published",
+        "ConfTr (published)",
+        "dpsm_ray.objectives.conftr:ConfTrPublished",
         fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "size_target", "ce_weight"),
         # its size weight sits inside a logarithm, where it only shifts the loss: not a knob
-        knobs=("lr", "sigmoid_temperature"), short_title="ConfTr (pub.)", colour="tab:brown", marker="v",
+        knobs=("lr", "sigmoid_temperature"),
+        short_title="ConfTr (pub.)",
+        colour="tab:brown",
+        marker="v",
     ),
     MethodCard(
-        "dpsm", "DPSM", "dpsm_ray.objectives.dpsm:DPSM",
-        fields=("conformal_weight", "sigmoid_temperature", "quantile_lr", "q_init", "dpsm_split", "ce_batch"), arguments={"dpsm_split": "split"},
-        knobs=("conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"), grid_axes=(*SHARED_GRID_AXES, "conformal_weight", "quantile_lr"), paper=True, colour="tab:red", marker="D",
+        "dpsm",
+        "DPSM",
+        "dpsm_ray.objectives.dpsm:DPSM",
+        fields=("conformal_weight", "sigmoid_temperature", "quantile_lr", "q_init", "dpsm_split", "ce_batch"),
+        arguments={"dpsm_split": "split"},
+        knobs=("conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"),
+        grid_axes=(*SHARED_GRID_AXES, "conformal_weight", "quantile_lr"),
+        paper=True,
+        colour="tab:red",
+        marker="D",
     ),
 )
 for _card in _BUILT_IN_CARDS:

@@ -91,8 +91,9 @@ def folder_files(path: str, skip: int) -> tuple[tuple[str, ...], dict[str, tuple
     presplit = [name for name in PRESPLIT if (root / name).is_dir()]
     if presplit and len(presplit) < len(PRESPLIT):
         raise ValueError(
-            f"dataset folder:{path}: has {', '.join(n + '/' for n in presplit)} but not {', '.join(n + '/' for n in PRESPLIT if n not in presplit)}; "
-            "give all four split folders, or none (the classes' folders directly under it, split at random)"
+            f"dataset folder:{path}: has {', '.join(n + '/' for n in presplit)} but not"
+            f" {', '.join(n + '/' for n in PRESPLIT if n not in presplit)}; give all four split folders, or none (the classes' folders"
+            " directly under it, split at random)"
         )
     files, skipped, classes, modes, shapes = {}, 0, set(), set(), set()
     for split in presplit or [""]:
@@ -203,7 +204,8 @@ def _read_table(path: str, size: int, mtime: int, label: str):
         labels = arrays.pop(label)
         if len(arrays) != 1 or next(iter(arrays.values())).ndim != 2:
             raise ValueError(
-                f"dataset table:{path}: an .npz holds the labels {label!r} and one 2-D array of features; it holds {', '.join([label, *arrays])}"
+                f"dataset table:{path}: an .npz holds the labels {label!r} and one 2-D array of features; it holds"
+                f" {', '.join([label, *arrays])}"
             )
         name, features = next(iter(arrays.items()))
         columns = [f"{name}[{i}]" for i in range(features.shape[1])]
@@ -223,7 +225,8 @@ def _read_table(path: str, size: int, mtime: int, label: str):
         wrong = [c for c in frame.columns if c != label and not pd.api.types.is_numeric_dtype(frame[c])]
         if wrong:
             raise ValueError(
-                f"dataset table:{path}: column {wrong[0]!r} is {frame[wrong[0]].dtype}, not a number (every column but the label {label!r} is a feature)"
+                f"dataset table:{path}: column {wrong[0]!r} is {frame[wrong[0]].dtype}, not a number (every column but the label {label!r}"
+                " is a feature)"
             )
         labels, features = frame[label].to_numpy(), frame.drop(columns=[label]).to_numpy(dtype=np.float64)
     if not columns:
@@ -232,7 +235,8 @@ def _read_table(path: str, size: int, mtime: int, label: str):
     if missing.any():
         row, column = map(int, np.argwhere(missing)[0])
         raise ValueError(
-            f"dataset table:{path}: {int(missing.any(axis=1).sum())} rows have a missing or infinite feature (the first: row {row}, column {columns[column]!r})"
+            f"dataset table:{path}: {int(missing.any(axis=1).sum())} rows have a missing or infinite feature (the first: row {row}, column"
+            f" {columns[column]!r})"
         )
     if labels.dtype.kind == "f" and not np.all(labels == np.round(labels)):
         raise ValueError(f"dataset table:{path}: labels {label!r} must be integers or names; got fractions")

@@ -62,9 +62,10 @@ def decoded(spec: str, log=None) -> dict[str, np.ndarray]:
     widths, heights = sorted(w for w, _ in shapes), sorted(h for _, h in shapes)
     pixels = f"{widths[0]}x{heights[0]}" if len(shapes) == 1 else f"{widths[0]}-{widths[-1]} x {heights[0]}-{heights[-1]}"
     say(
-        f"folder:{path}: decoding {len(entries)} images of {len(classes)} classes once (cached in {cache.parent}): modes {', '.join(sorted(modes))}, "
-        f"{pixels} pixels -> each converted to {mode}, its shorter side resized to {size} and the centre "
-        f"{size}x{size} cropped" + (f"; {skipped} files that are not readable images left out" if skipped else "")
+        f"folder:{path}: decoding {len(entries)} images of {len(classes)} classes once (cached in {cache.parent}): modes"
+        f" {', '.join(sorted(modes))}, {pixels} pixels -> each converted to {mode}, its shorter side resized to {size} and the centre"
+        f" {size}x{size} cropped"
+        + (f"; {skipped} files that are not readable images left out" if skipped else "")
     )
     images = np.stack([pixels_of(root / rel, path, mode, size) for _, _, rel in entries])
     arrays = {

@@ -107,7 +107,9 @@ def faces_under(root: Path) -> tuple[tuple[tuple[str, str], Path], ...]:
                     found.setdefault(face, path)
     missing = sorted(wanted - set(found))
     if missing:
-        shown = ", ".join(f"{family} {style}" for family, style in missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        shown = ", ".join(f"{family} {style}" for family, style in missing[:6]) + (
+            f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        )
         raise FileNotFoundError(f"dataset fonts: {len(missing)} of its {len(wanted)} font faces are not under {root} ({shown}); "
                                 f"Debian/Ubuntu: {APT_LINE}, or pass --data-root DIR holding them")
     return tuple(found.items())
@@ -122,7 +124,9 @@ def draw(font_file: Path, character: str, *, point_size: int, angle: float = 0.0
     side = SIZE * SCALE
     image = Image.new("L", (side, side))
     centre = (side / 2 + shift[0], side / 2 + shift[1])
-    ImageDraw.Draw(image).text(centre, character, fill=255, font=truetype(str(font_file), point_size), anchor="mm", stroke_width=stroke, stroke_fill=255)
+    ImageDraw.Draw(image).text(
+        centre, character, fill=255, font=truetype(str(font_file), point_size), anchor="mm", stroke_width=stroke, stroke_fill=255
+    )
     return image.rotate(angle, resample=Image.Resampling.BILINEAR, center=centre) if angle else image
 
 
@@ -145,8 +149,14 @@ def render_face(font_file: Path, classes: str, renders: int, rng: np.random.Gene
     SIZE, SIZE]``, class by class."""
     images = np.empty((len(classes) * renders, SIZE, SIZE), dtype=np.uint8)
     for index in range(len(images)):
-        glyph = render(font_file, classes[index // renders], point_size=int(rng.choice(POINT_SIZES)), angle=float(rng.uniform(-ROTATION, ROTATION)),
-                       shift=(int(rng.integers(-SHIFT, SHIFT + 1)), int(rng.integers(-SHIFT, SHIFT + 1))), stroke=int(rng.choice(STROKES)))
+        glyph = render(
+            font_file,
+            classes[index // renders],
+            point_size=int(rng.choice(POINT_SIZES)),
+            angle=float(rng.uniform(-ROTATION, ROTATION)),
+            shift=(int(rng.integers(-SHIFT, SHIFT + 1)), int(rng.integers(-SHIFT, SHIFT + 1))),
+            stroke=int(rng.choice(STROKES)),
+        )
         degraded = glyph * rng.uniform(*CONTRAST) + rng.normal(0.0, NOISE, size=glyph.shape)
         images[index] = np.clip(np.rint(degraded), 0, 255)
     return images

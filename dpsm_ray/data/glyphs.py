@@ -96,8 +96,14 @@ def load_glyphs(spec: str, seed: int) -> DataSplits:
     parts = stratified_partition(labels, list(sizes.values()), seed)
     train = images[parts[0]]
     # one mean and standard deviation for every pixel; an image file's 0..255 maps onto 0..1
-    input_spec = InputSpec((1, SIZE, SIZE), 1.0, float(train.mean()), float(train.std()), "glyph pixel values (background 0, strokes up to about 1)",
-                           ImageSpec("L", SIZE, pixel_scale=1 / 255))
+    input_spec = InputSpec(
+        (1, SIZE, SIZE),
+        1.0,
+        float(train.mean()),
+        float(train.std()),
+        "glyph pixel values (background 0, strokes up to about 1)",
+        ImageSpec("L", SIZE, pixel_scale=1 / 255),
+    )
     source = TensorSource(images, labels, functools.partial(glyphs_transform, spec=input_spec))
     splits = [Split(name, ids, source) for name, ids in zip(sizes, parts)]
     return DataSplits(spec, options["classes"], (1, SIZE, SIZE), *splits, input_spec=input_spec)

@@ -64,11 +64,16 @@ class InputSpec:
             try:  # numpy's: torch's imports sympy (0.35 s) for a loaded predictor's first call
                 np.broadcast_shapes(tuple(value.shape), tuple(self.shape))
             except ValueError:
-                raise ValueError(f"input.{name} of shape {list(value.shape)} does not broadcast against the input shape {list(self.shape)}") from None
+                raise ValueError(
+                    f"input.{name} of shape {list(value.shape)} does not broadcast against the input shape {list(self.shape)}"
+                ) from None
         if not (std > 0).all():
             raise ValueError("input.std must be > 0 everywhere")
         if self.image is not None and IMAGE_MODES[self.image.mode] != self.shape[0]:
-            raise ValueError(f"input.image.mode {self.image.mode} gives {IMAGE_MODES[self.image.mode]} channels; the input shape {list(self.shape)} has {self.shape[0]}")
+            raise ValueError(
+                f"input.image.mode {self.image.mode} gives {IMAGE_MODES[self.image.mode]} channels; the input shape {list(self.shape)} has"
+                f" {self.shape[0]}"
+            )
         object.__setattr__(self, "_tensors", (mean, std))
 
     @property

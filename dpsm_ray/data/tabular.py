@@ -36,8 +36,17 @@ def load_digits(seed: int) -> DataSplits:
     labels = torch.tensor(targets, dtype=torch.int64)
     # an 8-bit grayscale image file maps its 0..255 onto the digits' 0..16
     image = ImageSpec("L", 8, pixel_scale=16 / 255)
-    return from_tensors("digits", inputs, labels, DIGITS_SIZES, seed, divisor=16.0, raw="sklearn digits pixel values 0..16 ([1, 8, 8] or 64 features)",
-                        image=image, class_names=tuple(str(digit) for digit in range(10)))
+    return from_tensors(
+        "digits",
+        inputs,
+        labels,
+        DIGITS_SIZES,
+        seed,
+        divisor=16.0,
+        raw="sklearn digits pixel values 0..16 ([1, 8, 8] or 64 features)",
+        image=image,
+        class_names=tuple(str(digit) for digit in range(10)),
+    )
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +54,11 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     importing scikit-learn (a second of every sweep trial's start-up); through scikit-learn where
     the file is not where it ships it."""
     found = importlib.util.find_spec("sklearn")  # finds the package without running it
-    path = Path(found.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if found and found.submodule_search_locations else None
+    path = (
+        Path(found.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+        if found and found.submodule_search_locations
+        else None
+    )
     if path is None or not path.is_file():
         from sklearn.datasets import load_digits as sklearn_digits
 

@@ -57,7 +57,9 @@ def per_channel(values: tuple[float, ...]) -> list:
 
 
 CIFAR100_INPUT = InputSpec((3, 32, 32), 255.0, per_channel(CIFAR100_MEAN), per_channel(CIFAR100_STD), PIXELS, ImageSpec("RGB", 32))
-IMAGENET_INPUT = InputSpec((3, IMAGE_SIZE, IMAGE_SIZE), 255.0, per_channel(IMAGENET_MEAN), per_channel(IMAGENET_STD), PIXELS, ImageSpec("RGB", RESIZE))
+IMAGENET_INPUT = InputSpec(
+    (3, IMAGE_SIZE, IMAGE_SIZE), 255.0, per_channel(IMAGENET_MEAN), per_channel(IMAGENET_STD), PIXELS, ImageSpec("RGB", RESIZE)
+)
 INATURALIST_VERSIONS = ("2021_train_mini", "2021_valid")  # -> train / val, cal / test
 INATURALIST_KINGDOM = "Fungi"
 INATURALIST_2018 = "2018"  # torchvision's folder for train_val2018: <super-category>/<category id>/
@@ -82,7 +84,9 @@ def fitted_sizes(sizes: Sequence[int], available: int) -> list[int]:
 
 def check_data_root(name: str, data_root: str | Path | None) -> Path:
     if data_root is None:
-        raise FileNotFoundError(f"dataset {name} is read from files: pass --data-root DIR (and --download to fetch {IMAGE_TITLES[name]} into it)")
+        raise FileNotFoundError(
+            f"dataset {name} is read from files: pass --data-root DIR (and --download to fetch {IMAGE_TITLES[name]} into it)"
+        )
     return Path(data_root)
 
 
@@ -122,8 +126,12 @@ def two_pool_parts(first: torch.Tensor, second: torch.Tensor, name: str, seed: i
     """Train / val from the ``first`` pool of labels, cal / test from the ``second``, whose ids
     follow the first pool's."""
     sizes = PAPER_SIZES[name]
-    train, val = stratified_partition(first, fitted_sizes([sizes["train"], sizes["val"]], first.numel()), derive_seed(seed, name, "train pool"))
-    cal, test = stratified_partition(second, fitted_sizes([sizes["cal"], sizes["test"]], second.numel()), derive_seed(seed, name, "test pool"))
+    train, val = stratified_partition(
+        first, fitted_sizes([sizes["train"], sizes["val"]], first.numel()), derive_seed(seed, name, "train pool")
+    )
+    cal, test = stratified_partition(
+        second, fitted_sizes([sizes["cal"], sizes["test"]], second.numel()), derive_seed(seed, name, "test pool")
+    )
     return [train, val, cal + first.numel(), test + first.numel()]
 
 
@@ -132,7 +140,9 @@ def check_labels(labels: torch.Tensor, num_classes: int, path: Path) -> None:
         raise ValueError(f"labels under {path} must lie in 0..{num_classes - 1}; found {int(labels.min())}..{int(labels.max())}")
 
 
-def splits_of(name: str, spec: InputSpec, class_names: list[str], source: TensorSource | FileSource, parts: list[torch.Tensor]) -> DataSplits:
+def splits_of(
+    name: str, spec: InputSpec, class_names: list[str], source: TensorSource | FileSource, parts: list[torch.Tensor]
+) -> DataSplits:
     splits = (Split(split, ids, source) for split, ids in zip(PAPER_SIZES[name], parts))
     return DataSplits(name, len(class_names), spec.shape, *splits, input_spec=spec, class_names=tuple(class_names))
 
@@ -144,7 +154,13 @@ class ArrayUnpickler(pickle.Unpickler):
     """Reads only what the CIFAR-100 python-version files hold -- dicts, lists, bytes and numpy
     arrays -- and refuses any other global, so a planted file cannot run code."""
 
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
 
     def find_class(self, module: str, name: str):
         if (module, name) not in self.ALLOWED:
@@ -213,11 +229,18 @@ FASHION_MNIST_INPUT = InputSpec((1, 28, 28), 255.0, 0.5, 0.5, "8-bit greyscale p
 def fashion_mnist_files(root: Path) -> dict[str, Path]:
     """The four IDX files: ``root/<name>.gz`` (the original distribution, as Debian installs it)
     or torchvision's ``root/FashionMNIST/raw/<name>``; FileNotFoundError naming both otherwise."""
-    for candidates in ([root / f"{name}.gz" for name in FASHION_MNIST_FILES], [root / "FashionMNIST" / "raw" / name for name in FASHION_MNIST_FILES]):
+    for candidates in (
+        [root / f"{name}.gz" for name in FASHION_MNIST_FILES],
+        [root / "FashionMNIST" / "raw" / name for name in FASHION_MNIST_FILES],
+    ):
         if all(path.is_file() for path in candidates):
             return dict(zip(FASHION_MNIST_FILES, candidates))
-    raise missing("fashion_mnist", root, f" (neither {root}/train-images-idx3-ubyte.gz ... nor {root}/FashionMNIST/raw/; "
-                                         "Debian: apt-get install dataset-fashion-mnist, then --data-root /usr/share/datasets/fashion-mnist)")
+    raise missing(
+        "fashion_mnist",
+        root,
+        f" (neither {root}/train-images-idx3-ubyte.gz ... nor {root}/FashionMNIST/raw/; "
+        "Debian: apt-get install dataset-fashion-mnist, then --data-root /usr/share/datasets/fashion-mnist)",
+    )
 
 
 def read_idx(path: Path) -> torch.Tensor:
@@ -249,7 +272,9 @@ def fashion_mnist_transform(images: torch.Tensor, ids: torch.Tensor, augment: bo
 def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
     """Fashion-MNIST (module docstring) in memory, so ``data_workers`` is not used."""
     root = check_data_root("fashion_mnist", data_root)
-    if download and not any(path.is_file() for path in (root / "train-images-idx3-ubyte.gz", root / "FashionMNIST" / "raw" / "train-images-idx3-ubyte")):
+    if download and not any(
+        path.is_file() for path in (root / "train-images-idx3-ubyte.gz", root / "FashionMNIST" / "raw" / "train-images-idx3-ubyte")
+    ):
         from torchvision.datasets import FashionMNIST
 
         for train in (True, False):
@@ -259,11 +284,23 @@ def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool =
     labels = {split: read_idx(files[f"{split}-labels-idx1-ubyte"]).long() for split in ("train", "t10k")}
     for split in ("train", "t10k"):
         if images[split].ndim != 3 or tuple(images[split].shape[1:]) != (28, 28) or images[split].shape[0] != labels[split].numel():
-            raise ValueError(f"{files[f'{split}-images-idx3-ubyte']}: {tuple(images[split].shape)} images for {labels[split].numel()} labels; "
-                             "Fashion-MNIST has 28x28 images, one label each")
+            raise ValueError(
+                f"{files[f'{split}-images-idx3-ubyte']}: {tuple(images[split].shape)} images for {labels[split].numel()} labels; "
+                "Fashion-MNIST has 28x28 images, one label each"
+            )
         check_labels(labels[split], len(FASHION_MNIST_CLASSES), files[f"{split}-labels-idx1-ubyte"])
-    source = TensorSource(torch.cat([images["train"], images["t10k"]])[:, None].contiguous(), torch.cat([labels["train"], labels["t10k"]]), fashion_mnist_transform)
-    return splits_of("fashion_mnist", FASHION_MNIST_INPUT, list(FASHION_MNIST_CLASSES), source, two_pool_parts(labels["train"], labels["t10k"], "fashion_mnist", seed))
+    source = TensorSource(
+        torch.cat([images["train"], images["t10k"]])[:, None].contiguous(),
+        torch.cat([labels["train"], labels["t10k"]]),
+        fashion_mnist_transform,
+    )
+    return splits_of(
+        "fashion_mnist",
+        FASHION_MNIST_INPUT,
+        list(FASHION_MNIST_CLASSES),
+        source,
+        two_pool_parts(labels["train"], labels["t10k"], "fashion_mnist", seed),
+    )
 
 
 # ----------------------------------------------------------------------------- 224-pixel datasets
@@ -280,7 +317,9 @@ def imagenet_transforms():
 
     # a module-level function, unlike a lambda, survives pickling into DataLoader workers
     tensor = [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    train = transforms.Compose([transforms.Lambda(to_rgb), transforms.RandomResizedCrop(IMAGE_SIZE), transforms.RandomHorizontalFlip(), *tensor])
+    train = transforms.Compose(
+        [transforms.Lambda(to_rgb), transforms.RandomResizedCrop(IMAGE_SIZE), transforms.RandomHorizontalFlip(), *tensor]
+    )
     # what IMAGENET_INPUT describes (ToTensor divides by 255, Normalize standardises per channel)
     evaluate = transforms.Compose([transforms.Lambda(to_rgb), transforms.Resize(RESIZE), transforms.CenterCrop(IMAGE_SIZE), *tensor])
     return train, evaluate
@@ -294,7 +333,9 @@ def load_caltech101(data_root: str | Path | None, seed: int, download: bool = Fa
 
     dataset = Caltech101(str(root), target_type="category", download=download)
     labels = torch.tensor(dataset.y, dtype=torch.int64)
-    parts = stratified_partition(labels, fitted_sizes(list(PAPER_SIZES["caltech101"].values()), labels.numel()), derive_seed(seed, "caltech101"))
+    parts = stratified_partition(
+        labels, fitted_sizes(list(PAPER_SIZES["caltech101"].values()), labels.numel()), derive_seed(seed, "caltech101")
+    )
     source = FileSource(dataset, labels, *imagenet_transforms(), num_workers=data_workers)
     return splits_of("caltech101", IMAGENET_INPUT, dataset.categories, source, parts)
 
@@ -304,7 +345,10 @@ def fungi_species(dataset) -> list[int]:
     folders are named ``<id>_<kingdom>_<phylum>_<class>_<order>_<family>_<genus>_<species>``."""
     kingdom = dataset.categories_index["kingdom"].get(INATURALIST_KINGDOM)
     if kingdom is None:
-        raise ValueError(f"no {INATURALIST_KINGDOM} species under {dataset.root}: its folders name the kingdoms {', '.join(dataset.categories_index['kingdom'])}")
+        raise ValueError(
+            f"no {INATURALIST_KINGDOM} species under {dataset.root}: its folders name the kingdoms"
+            f" {', '.join(dataset.categories_index['kingdom'])}"
+        )
     return [category for category, taxa in enumerate(dataset.categories_map) if taxa["kingdom"] == kingdom]
 
 
@@ -319,7 +363,10 @@ def load_inaturalist(data_root: str | Path | None, seed: int, download: bool = F
     fungi = [fungi_species(pool) for pool in pools]
     species = [[pool.all_categories[category] for category in categories] for pool, categories in zip(pools, fungi)]
     if species[0] != species[1]:
-        raise ValueError(f"{root / INATURALIST_VERSIONS[0]} and {root / INATURALIST_VERSIONS[1]} hold different {INATURALIST_KINGDOM} species ({len(species[0])} and {len(species[1])} folders)")
+        raise ValueError(
+            f"{root / INATURALIST_VERSIONS[0]} and {root / INATURALIST_VERSIONS[1]} hold different {INATURALIST_KINGDOM} species"
+            f" ({len(species[0])} and {len(species[1])} folders)"
+        )
     pool_labels = []
     for pool, categories in zip(pools, fungi):
         label_of = {category: label for label, category in enumerate(categories)}
@@ -351,7 +398,9 @@ def load_inaturalist2018(data_root: str | Path | None, seed: int, download: bool
     label_of = {category: label for label, category in enumerate(species)}
     dataset.index = sorted(entry for entry in dataset.index if entry[0] in label_of)  # as in load_inaturalist
     labels = torch.tensor([label_of[category] for category, _ in dataset.index], dtype=torch.int64)
-    parts = stratified_partition(labels, fitted_sizes(list(PAPER_SIZES["inaturalist2018"].values()), labels.numel()), derive_seed(seed, "inaturalist2018"))
+    parts = stratified_partition(
+        labels, fitted_sizes(list(PAPER_SIZES["inaturalist2018"].values()), labels.numel()), derive_seed(seed, "inaturalist2018")
+    )
     source = FileSource(dataset, labels, *imagenet_transforms(), num_workers=data_workers)
     return splits_of("inaturalist2018", IMAGENET_INPUT, [dataset.all_categories[category] for category in species], source, parts)
 

@@ -38,7 +38,9 @@ class CifarResNet(nn.Module):
     def __init__(self, depth: int, num_classes: int, in_channels: int = 3) -> None:
         super().__init__()
         if (depth - 2) % 6 != 0 or depth < 8:
-            raise ValueError(f"model: a CIFAR ResNet has depth 6n + 2 with n >= 1 (e.g. {', '.join(map(str, CIFAR_RESNET_DEPTHS))}); got {depth}")
+            raise ValueError(
+                f"model: a CIFAR ResNet has depth 6n + 2 with n >= 1 (e.g. {', '.join(map(str, CIFAR_RESNET_DEPTHS))}); got {depth}"
+            )
         blocks = (depth - 2) // 6
         self.stem = nn.Sequential(nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True))
         stages, channels = [], 16

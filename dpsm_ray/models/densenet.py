@@ -29,7 +29,9 @@ class Bottleneck(nn.Module):
 
 
 def transition(in_channels: int, out_channels: int) -> nn.Sequential:
-    return nn.Sequential(nn.BatchNorm2d(in_channels), nn.ReLU(inplace=True), nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.AvgPool2d(2))
+    return nn.Sequential(
+        nn.BatchNorm2d(in_channels), nn.ReLU(inplace=True), nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.AvgPool2d(2)
+    )
 
 
 class CifarDenseNet(nn.Module):

@@ -43,9 +43,16 @@ def load_backbone(model: nn.Module, name: str, path: str | Path) -> nn.Module:
     head = HEADS[name] + "."
     backbone = {key: value for key, value in model.state_dict().items() if not key.startswith(head)}
     # BatchNorm's step counters are absent from older torchvision files and not needed to predict
-    unfit = [key for key, value in backbone.items() if not key.endswith("num_batches_tracked") and (key not in saved or saved[key].shape != value.shape)]
+    unfit = [
+        key
+        for key, value in backbone.items()
+        if not key.endswith("num_batches_tracked") and (key not in saved or saved[key].shape != value.shape)
+    ]
     if unfit:
-        raise ValueError(f"pretrained weights at {path} do not fit {name}: {len(unfit)} of its {len(backbone)} backbone tensors are missing or of another shape (first: {unfit[0]})")
+        raise ValueError(
+            f"pretrained weights at {path} do not fit {name}: {len(unfit)} of its {len(backbone)} backbone tensors are missing or of"
+            f" another shape (first: {unfit[0]})"
+        )
     model.load_state_dict({key: saved[key] for key in backbone if key in saved}, strict=False)
     return model
 

@@ -22,6 +22,22 @@ def build_objective(method: str, *, seed: int = 0, collective=None, **values) ->
 
 
 __all__ = [
-    "BASE_MODEL", "CE_BATCHES", "CONFTR_SPLITS", "CUT", "CUT_SCORES", "DPSM", "METHODS", "PAPER_METHODS", "Q_INITS", "SPLITS", "ConfTr", "ConfTrPublished", "CrossEntropy",
-    "Objective", "ObjectiveOutput", "build_objective", "hps_scores", "ks_to_uniform",
+    "BASE_MODEL",
+    "CE_BATCHES",
+    "CONFTR_SPLITS",
+    "CUT",
+    "CUT_SCORES",
+    "DPSM",
+    "METHODS",
+    "PAPER_METHODS",
+    "Q_INITS",
+    "SPLITS",
+    "ConfTr",
+    "ConfTrPublished",
+    "CrossEntropy",
+    "Objective",
+    "ObjectiveOutput",
+    "build_objective",
+    "hps_scores",
+    "ks_to_uniform",
 ]

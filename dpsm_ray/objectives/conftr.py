@@ -84,7 +84,9 @@ class ConfTrPublished(Objective):
     batch_split = "batch"
     graph_safe = True
 
-    def __init__(self, *, sigmoid_temperature: float, sort_temperature: float, size_target: float = 0.0, ce_weight: float = 0.0, **kwargs) -> None:
+    def __init__(
+        self, *, sigmoid_temperature: float, sort_temperature: float, size_target: float = 0.0, ce_weight: float = 0.0, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.sigmoid_temperature, self.sort_temperature = sigmoid_temperature, sort_temperature
         self.size_target, self.ce_weight = size_target, ce_weight

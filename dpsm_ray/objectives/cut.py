@@ -2,9 +2,9 @@
 score distribution and Unif(0, 1).
 
 CE on the whole batch (``ce_batch="full"``, the official code) or on B1 (``"half"``), plus lambda
-times sup_t |F_hat(t) - t| over B2's label scores (global B2 with several workers).  With the sorted scores s_(1) <= ... <= s_(n) the supremum is
-max_i max(i/n - s_(i), s_(i) - (i-1)/n); the sort is NeuralSort's differentiable relaxation
-(``sort_temperature``; 0 uses the exact sort, which is differentiable in the values too).
+times sup_t |F_hat(t) - t| over B2's label scores (global B2 with several workers).  With the sorted
+scores s_(1) <= ... <= s_(n) the supremum is max_i max(i/n - s_(i), s_(i) - (i-1)/n); the sort is
+NeuralSort's differentiable relaxation (``sort_temperature``; 0 uses the exact sort, which is differentiable in the values too).
 
 ``score``: ``hps`` (1 - p_y, this project's default), or ``aps``, the randomised APS conformity
 score Einbinder et al. use -- exactly Unif(0, 1) for the true conditional distribution, which is

@@ -23,7 +23,17 @@ import torch
 
 from dpsm_ray.files import CorruptFileError, read_checked_json, sha256_file, write_checked_json
 from dpsm_ray.predict.predictor import INFO_FILE, Predictor, PredictorError, pick_device
-from dpsm_ray.results.layout import CHECKPOINT_FILE, INDEX_FILE, PREDICTORS, Ledger, ResultsInUse, ResultsLock, read_index, read_sweep_settings
+from dpsm_ray.results.layout import (
+    CHECKPOINT_FILE,
+    INDEX_FILE,
+    PREDICTORS,
+    Ledger,
+    ResultsInUse,
+    ResultsLock,
+    read_index,
+    read_sweep_settings,
+)
+
 CHOICE_RULE = ("the final model with the smallest validation set size among those whose validation coverage reaches the sweep's floor "
                "(1 - alpha - coverage slack, the search's feasibility), else the one with the highest validation coverage; ties go to the "
                "lower seed. Validation data only: test results never choose")
@@ -112,12 +122,23 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
             info = predictor.info
             exported.append(name)
         metrics = record["metrics"]
-        entries.append({"name": name, "directory": f"{PREDICTORS}/{name}", "method": config.method, "seed": config.seed, "run_id": info["run_id"],
-                        "val_set_size": metrics.get("val_set_size"), "val_coverage": metrics.get("val_coverage"), "test": info["test"]})
+        entries.append({
+            "name": name,
+            "directory": f"{PREDICTORS}/{name}",
+            "method": config.method,
+            "seed": config.seed,
+            "run_id": info["run_id"],
+            "val_set_size": metrics.get("val_set_size"),
+            "val_coverage": metrics.get("val_coverage"),
+            "test": info["test"],
+        })
     index = {"rule": CHOICE_RULE, "coverage_floor": floor, "predictors": entries, "chosen": choose(entries, floor)}
     write_checked_json(results / PREDICTORS / INDEX_FILE, index)
     if exported:
-        log(f"exported {len(exported)} final model{'s' * (len(exported) > 1)} as conformal predictors under {results / PREDICTORS}: {', '.join(exported)}")
+        log(
+            f"exported {len(exported)} final model{'s' * (len(exported) > 1)} as conformal predictors under {results / PREDICTORS}:"
+            f" {', '.join(exported)}"
+        )
     return index
 
 

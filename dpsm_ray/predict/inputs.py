@@ -61,8 +61,12 @@ def open_inputs(path: str | os.PathLike, spec: InputSpec, ignore: tuple[str, ...
         elif len([n for n in names if n != "ids"]) == 1:
             key = next(n for n in names if n != "ids")
         else:
-            raise InputFileError(f"--input {path}: an .npz must hold the inputs as 'x' (or as its only array); it holds {', '.join(names) or 'nothing'}")
-        return array_source(path, load_array(path, lambda: archive[key]), load_array(path, lambda: archive["ids"]) if "ids" in names else None)
+            raise InputFileError(
+                f"--input {path}: an .npz must hold the inputs as 'x' (or as its only array); it holds {', '.join(names) or 'nothing'}"
+            )
+        return array_source(
+            path, load_array(path, lambda: archive[key]), load_array(path, lambda: archive["ids"]) if "ids" in names else None
+        )
     if suffix in (".parquet", ".csv"):
         return table_source(path, spec, ignore)
     raise InputFileError(f"--input {path}: give an .npy or .npz array, a .parquet or .csv table of feature columns, or a folder of images")
@@ -82,11 +86,15 @@ def array_source(path: Path, array: np.ndarray, ids: np.ndarray | None) -> Input
     positions = np.arange(count, dtype=np.int64)
     if ids is not None:
         if ids.shape != (count,) or ids.dtype.kind not in "iu":
-            raise InputFileError(f"--input {path}: 'ids' must be {count} integers, one per input; got {ids.dtype.name} of shape {list(ids.shape)}")
+            raise InputFileError(
+                f"--input {path}: 'ids' must be {count} integers, one per input; got {ids.dtype.name} of shape {list(ids.shape)}"
+            )
         example_ids = ids.astype(np.int64)
     else:
         example_ids = positions
-    return InputSource(path, count, example_ids.tolist(), example_ids, lambda size: (np.asarray(array[i : i + size]) for i in range(0, count, size)))
+    return InputSource(
+        path, count, example_ids.tolist(), example_ids, lambda size: (np.asarray(array[i : i + size]) for i in range(0, count, size))
+    )
 
 
 def table_source(path: Path, spec: InputSpec, ignore: tuple[str, ...] = ()) -> InputSource:
@@ -106,12 +114,20 @@ def table_source(path: Path, spec: InputSpec, ignore: tuple[str, ...] = ()) -> I
         left_out = ", ".join(repr(name) for name in ("id", *ignore))
         raise InputFileError(f"--input {path}: the predictor takes {spec.features} features (shape {list(spec.shape)}), one column each; "
                              f"the table has {len(features)} columns besides {left_out}")
-    wrong = [name for name in features if not (types.is_integer(table.schema.field(name).type) or types.is_floating(table.schema.field(name).type))]
+    wrong = [
+        name
+        for name in features
+        if not (types.is_integer(table.schema.field(name).type) or types.is_floating(table.schema.field(name).type))
+    ]
     if wrong:
         raise InputFileError(f"--input {path}: column {wrong[0]!r} is {table.schema.field(wrong[0]).type}, not a number")
     if table.num_rows and any(table.column(name).null_count for name in features):
         raise InputFileError(f"--input {path}: feature columns hold nulls")
-    array = np.column_stack([table.column(name).to_numpy() for name in features]) if table.num_rows else np.zeros((0, spec.features), np.float32)
+    array = (
+        np.column_stack([table.column(name).to_numpy() for name in features])
+        if table.num_rows
+        else np.zeros((0, spec.features), np.float32)
+    )
     count = table.num_rows
     example_ids = np.arange(count, dtype=np.int64)
     ids: list = example_ids.tolist()
@@ -126,7 +142,9 @@ def image_folder(path: Path, spec: InputSpec) -> InputSource:
     from PIL import Image, UnidentifiedImageError
 
     if spec.image is None:
-        raise InputFileError(f"--input {path} is a folder of images, but the predictor takes {spec.raw}, not images: give an .npy, .npz or .parquet")
+        raise InputFileError(
+            f"--input {path} is a folder of images, but the predictor takes {spec.raw}, not images: give an .npy, .npz or .parquet"
+        )
     files, skipped = [], []
     for directory, subdirectories, names in os.walk(path):
         subdirectories.sort()

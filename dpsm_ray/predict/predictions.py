@@ -28,7 +28,9 @@ from dpsm_ray.predict.predictor import Predictor
 PROGRESS_BATCHES = 10
 
 
-def predict_rows(predictor: Predictor, source: InputSource, *, score: str, probabilities: bool, batch_size: int, non_empty: bool = False) -> dict[str, list]:
+def predict_rows(
+    predictor: Predictor, source: InputSource, *, score: str, probabilities: bool, batch_size: int, non_empty: bool = False
+) -> dict[str, list]:
     """The output columns for every input of ``source``, computed chunk by chunk."""
     from tqdm import tqdm
 
@@ -68,10 +70,23 @@ def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike
 
     columns = predict_rows(predictor, source, score=score, probabilities=probabilities, batch_size=batch_size, non_empty=non_empty)
     id_type = pa.string() if any(isinstance(i, str) for i in columns["input_id"]) else pa.int64()
-    types = {"input_id": id_type, "set": pa.list_(pa.int32()), "set_names": pa.list_(pa.string()), "set_size": pa.int32(), "top1": pa.int32(),
-             "top1_name": pa.string(), "probabilities": pa.list_(pa.float64())}
+    types = {
+        "input_id": id_type,
+        "set": pa.list_(pa.int32()),
+        "set_names": pa.list_(pa.string()),
+        "set_size": pa.int32(),
+        "top1": pa.int32(),
+        "top1_name": pa.string(),
+        "probabilities": pa.list_(pa.float64()),
+    }
     order = [name for name in ("input_id", "set", "set_names", "set_size", "top1", "top1_name", "probabilities") if name in columns]
-    metadata = {"run_id": predictor.info["run_id"], "score": score, "alpha": predictor.alpha, "threshold": predictor.threshold(score), "non_empty": non_empty}
+    metadata = {
+        "run_id": predictor.info["run_id"],
+        "score": score,
+        "alpha": predictor.alpha,
+        "threshold": predictor.threshold(score),
+        "non_empty": non_empty,
+    }
     schema = pa.schema([(name, types[name]) for name in order], metadata={"dpsm_ray": json.dumps(metadata)})
     if id_type == pa.string():
         columns["input_id"] = [str(i) for i in columns["input_id"]]
@@ -87,4 +102,3 @@ def read_metadata(path: str | os.PathLike) -> dict:
     import pyarrow.parquet as pq
 
     return json.loads(pq.read_schema(path).metadata[b"dpsm_ray"])
-

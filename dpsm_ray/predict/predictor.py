@@ -48,8 +48,25 @@ WEIGHTS_FILE = "weights.pt"
 # same probabilities, to the last bit, as the rows of evals.parquet were computed from
 PREDICT_BATCH = 512
 PRECISIONS = ("fp32", "bf16")
-INFO_FIELDS = ("format", "format_version", "package_version", "model", "input", "class_names", "method", "seed", "run_id", "training_config",
-               "alpha", "uniform_seed", "scores", "calibration", "test", "weights", "provenance")
+INFO_FIELDS = (
+    "format",
+    "format_version",
+    "package_version",
+    "model",
+    "input",
+    "class_names",
+    "method",
+    "seed",
+    "run_id",
+    "training_config",
+    "alpha",
+    "uniform_seed",
+    "scores",
+    "calibration",
+    "test",
+    "weights",
+    "provenance",
+)
 
 
 class PredictorError(ValueError):
@@ -93,9 +110,24 @@ class Predictor:
     # ------------------------------------------------------------------ construction and files
 
     @classmethod
-    def create(cls, model: torch.nn.Module, *, architecture: str, input_spec: InputSpec, num_classes: int, alpha: float, class_names=None,
-               uniform_seed: int = 0, precision: str = "fp32", method: str | None = None, seed: int | None = None, run_id: str | None = None,
-               training_config: dict | None = None, provenance: dict | None = None, device: str | torch.device = "auto") -> Predictor:
+    def create(
+        cls,
+        model: torch.nn.Module,
+        *,
+        architecture: str,
+        input_spec: InputSpec,
+        num_classes: int,
+        alpha: float,
+        class_names=None,
+        uniform_seed: int = 0,
+        precision: str = "fp32",
+        method: str | None = None,
+        seed: int | None = None,
+        run_id: str | None = None,
+        training_config: dict | None = None,
+        provenance: dict | None = None,
+        device: str | torch.device = "auto",
+    ) -> Predictor:
         """An uncalibrated predictor around ``model`` (which must be ``architecture`` built by
         ``dpsm_ray.cards.build_model`` for ``input_spec.shape``): ``recalibrate`` it before
         asking for sets."""
@@ -137,7 +169,9 @@ class Predictor:
         if not weights.is_file():
             raise PredictorError(f"{weights} is missing (named by {info_path}, field weights.file)")
         if sha256_file(weights) != info["weights"]["sha256"]:
-            raise PredictorError(f"{weights} does not match the sha256 recorded in {info_path} (weights.sha256): it changed after the predictor was written")
+            raise PredictorError(
+                f"{weights} does not match the sha256 recorded in {info_path} (weights.sha256): it changed after the predictor was written"
+            )
         try:
             state = torch.load(weights, map_location="cpu", weights_only=True)
         except Exception as error:  # an unpickling refusal or a truncated archive: either way unusable
@@ -159,7 +193,9 @@ class Predictor:
         into predictor.json's."""
         directory = Path(path)
         if (directory / INFO_FILE).exists() and not overwrite:
-            raise PredictorError(f"{directory} holds a predictor already; remove it, choose another directory, or save(..., overwrite=True)")
+            raise PredictorError(
+                f"{directory} holds a predictor already; remove it, choose another directory, or save(..., overwrite=True)"
+            )
         state = {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()}
         atomic_write(directory / WEIGHTS_FILE, lambda handle: torch.save(state, handle))
         info = copy.deepcopy(self.info)
@@ -214,7 +250,9 @@ class Predictor:
         ``[n, H, W]`` get their one channel)."""
         shape = self.input_spec.shape
         greyscale = len(shape) == 3 and shape[0] == 1
-        others = ([f"[n, {shape[1]}, {shape[2]}]"] if greyscale else []) + ([f"[n, {self.input_spec.features}] flattened"] if len(shape) > 1 else [])
+        others = ([f"[n, {shape[1]}, {shape[2]}]"] if greyscale else []) + (
+            [f"[n, {self.input_spec.features}] flattened"] if len(shape) > 1 else []
+        )
         expected = f"[n, {', '.join(map(str, shape))}]" + (f" (or {', or '.join(others)})" if others else "")
         tensor = as_number_tensor(x, "inputs")
         if tensor.ndim >= 1 and tuple(tensor.shape[1:]) == shape:
@@ -233,7 +271,9 @@ class Predictor:
         if tensor.is_floating_point():
             bad = ~torch.isfinite(tensor.flatten(1)).all(dim=1)
             if bad.any():
-                raise InputError(f"inputs hold NaN or infinite values ({int(bad.sum())} inputs, the first at position {int(bad.nonzero()[0])})")
+                raise InputError(
+                    f"inputs hold NaN or infinite values ({int(bad.sum())} inputs, the first at position {int(bad.nonzero()[0])})"
+                )
         return tensor
 
     @torch.no_grad()
@@ -262,7 +302,9 @@ class Predictor:
                 return self.model(x).float().cpu()
         return self.model(x).float().cpu()
 
-    def predict_sets(self, x, score: str = "hps", *, example_ids=None, batch_size: int = PREDICT_BATCH, non_empty: bool = False) -> PredictionSets:
+    def predict_sets(
+        self, x, score: str = "hps", *, example_ids=None, batch_size: int = PREDICT_BATCH, non_empty: bool = False
+    ) -> PredictionSets:
         """The prediction set of each raw input: a boolean ``[n, K]`` mask and the lists of its
         classes.  ``example_ids`` (default ``0 .. n-1``) draw the APS/RAPS uniforms: pass stable
         ids (e.g. dataset indices) for sets that do not depend on an input's position.
@@ -291,7 +333,9 @@ class Predictor:
         kind = check_score(score)
         if kind not in self.info["scores"]:
             have = ", ".join(self.info["scores"]) or "none"
-            raise PredictorError(f"this predictor has no calibrated threshold for {kind} (it has: {have}); call recalibrate(x_cal, y_cal) first")
+            raise PredictorError(
+                f"this predictor has no calibrated threshold for {kind} (it has: {have}); call recalibrate(x_cal, y_cal) first"
+            )
         return _threshold(self.info["scores"][kind]["threshold"])
 
     def score_matrix(self, probs: torch.Tensor, score: str, example_ids=None) -> torch.Tensor:
@@ -335,11 +379,18 @@ class Predictor:
         scores = {}
         for kind in score_names():
             q = float(conformal_quantile(label_scores(self.score_matrix(probs, kind, example_ids), labels), alpha))
-            scores[kind] = {"threshold": q if math.isfinite(q) else None, "calibration_points": len(labels), "randomised": score_card(kind).randomised,
-                            **self.score_parameters(kind)}
+            scores[kind] = {
+                "threshold": q if math.isfinite(q) else None,
+                "calibration_points": len(labels),
+                "randomised": score_card(kind).randomised,
+                **self.score_parameters(kind),
+            }
         if len(labels) < min_calibration_size(alpha):
-            warnings.warn(f"alpha={alpha:g} needs at least {min_calibration_size(alpha)} calibration points for a finite threshold; with {len(labels)} "
-                          "every prediction set holds every class", stacklevel=3)
+            warnings.warn(
+                f"alpha={alpha:g} needs at least {min_calibration_size(alpha)} calibration points for a finite threshold; with"
+                f" {len(labels)} every prediction set holds every class",
+                stacklevel=3,
+            )
         info = copy.deepcopy(self.info)
         info.update(alpha=alpha, scores=scores, calibration={"data": data, "points": len(labels)}, test=None)
         return Predictor(self.model, info, device=self.device)
@@ -378,7 +429,10 @@ def as_number_tensor(x, what: str) -> torch.Tensor:
 
         array = np.asarray(x) if not isinstance(x, np.ndarray) else x
         if array.dtype.kind not in "iuf":
-            raise InputError(f"{what} must be numbers (integers or floats); got {array.dtype.name if array.dtype.kind != 'O' else 'a ragged or mixed array'}")
+            raise InputError(
+                f"{what} must be numbers (integers or floats); got"
+                f" {array.dtype.name if array.dtype.kind != 'O' else 'a ragged or mixed array'}"
+            )
         array = np.ascontiguousarray(array)
         # torch shares the array's memory: a read-only one (a memory-mapped .npy) is copied first
         tensor = torch.from_numpy(array if array.flags.writeable else array.copy())
@@ -437,15 +491,23 @@ def check_info(info, where: str) -> None:
     need(isinstance(info, dict), "(top level)", "must be an object")
     need(info.get("format") == FORMAT, "format", f"must be {FORMAT!r}; got {info.get('format')!r} (not a dpsm_ray predictor)")
     version = info.get("format_version")
-    need(isinstance(version, int) and not isinstance(version, bool) and version >= 1, "format_version", f"must be an integer >= 1; got {version!r}")
+    need(
+        isinstance(version, int) and not isinstance(version, bool) and version >= 1,
+        "format_version",
+        f"must be an integer >= 1; got {version!r}",
+    )
     if version > FORMAT_VERSION:
         raise PredictorError(f"{where}: format_version {version} is newer than this dpsm_ray {__version__} reads (up to {FORMAT_VERSION}); "
                              f"upgrade dpsm_ray (the predictor was written by dpsm_ray {info.get('package_version')})")
     missing = [field for field in INFO_FIELDS if field not in info]
     need(not missing, missing[0] if missing else "", "is missing")
     model = info["model"]
-    need(isinstance(model, dict) and isinstance(model.get("architecture"), str) and known_model(model["architecture"]), "model.architecture",
-         f"must be one of {model_choices()} (a model card of your own: register_model it before loading); got {model.get('architecture') if isinstance(model, dict) else None!r}")
+    need(
+        isinstance(model, dict) and isinstance(model.get("architecture"), str) and known_model(model["architecture"]),
+        "model.architecture",
+        f"must be one of {model_choices()} (a model card of your own: register_model it before loading); got"
+        f" {model.get('architecture') if isinstance(model, dict) else None!r}",
+    )
     need(isinstance(model.get("num_classes"), int) and model["num_classes"] >= 2, "model.num_classes", "must be an integer >= 2")
     need(model.get("precision") in PRECISIONS, "model.precision", f"must be one of {', '.join(PRECISIONS)}")
     try:
@@ -469,8 +531,20 @@ def check_info(info, where: str) -> None:
         for name, default in score_card(kind).parameters.items():
             value = entry.get(name)
             integral = isinstance(default, int)
-            need(isinstance(value, int if integral else (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0,
-                 f"scores.{kind}.{name}", f"must be {'an integer' if integral else 'a number'} >= 0")
+            need(
+                isinstance(value, int if integral else (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value >= 0,
+                f"scores.{kind}.{name}",
+                f"must be {'an integer' if integral else 'a number'} >= 0",
+            )
     weights = info["weights"]
-    need(isinstance(weights, dict) and isinstance(weights.get("file"), str) and Path(weights["file"]).name == weights["file"] and weights["file"] not in ("", ".", ".."),
-         "weights.file", "must be a file name inside the predictor directory")
+    need(
+        isinstance(weights, dict)
+        and isinstance(weights.get("file"), str)
+        and Path(weights["file"]).name == weights["file"]
+        and weights["file"] not in ("", ".", ".."),
+        "weights.file",
+        "must be a file name inside the predictor directory",
+    )

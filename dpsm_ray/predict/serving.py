@@ -137,7 +137,9 @@ def answer(predictor: Predictor, body: bytes, max_batch: int) -> tuple[int, dict
     try:
         array = np.asarray(inputs)
     except ValueError:  # numpy refuses ragged nesting
-        return 400, {"error": f"\"inputs\" must be a rectangular array of numbers, shape [n, {', '.join(map(str, predictor.input_spec.shape))}]"}
+        return 400, {
+            "error": f"\"inputs\" must be a rectangular array of numbers, shape [n, {', '.join(map(str, predictor.input_spec.shape))}]"
+        }
     try:
         probs = predictor.predict_proba(array)
         sets = predictor.sets_from_proba(probs, score, example_ids=request.get("ids"), non_empty=request.get("non_empty", False))
@@ -180,8 +182,16 @@ class PredictorServer:
         if not authorized(request.headers.get("authorization"), self.token_sha256):
             client = request.client.host if request.client else "?"
             logging.getLogger("dpsm_ray.serve").warning("refused %s %s from %s: no valid bearer token", request.method, path or "/", client)
-            return JSONResponse({"error": "this endpoint needs the header 'Authorization: Bearer TOKEN', the token in the file dpsm-ray serve "
-                                          "named when it started"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            return JSONResponse(
+                {
+                    "error": (
+                        "this endpoint needs the header 'Authorization: Bearer TOKEN', the token in the file dpsm-ray serve "
+                        "named when it started"
+                    )
+                },
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         if path == "/health":
             return JSONResponse({"error": "/health takes a GET"}, status_code=405)
         if path != "/predict":
@@ -207,8 +217,21 @@ def check_port(host: str, port: int) -> None:
             raise OSError(f"cannot listen on {host}:{port} ({error.strerror}); pass another --port or --host") from None
 
 
-def serve_predictor(path: Path, *, host: str, port: int, replicas: int, device: str, cpus_per_replica: float, max_batch: int,
-                    address: str | None = None, token: str | None = None, token_file: Path | None = None, trust_code: bool = False, log=None) -> None:
+def serve_predictor(
+    path: Path,
+    *,
+    host: str,
+    port: int,
+    replicas: int,
+    device: str,
+    cpus_per_replica: float,
+    max_batch: int,
+    address: str | None = None,
+    token: str | None = None,
+    token_file: Path | None = None,
+    trust_code: bool = False,
+    log=None,
+) -> None:
     """Serve the predictor in ``path`` until Ctrl-C or SIGTERM, then shut Serve and Ray down
     (``check_port`` and ``serve_token`` first, for a one-line error).  With ``token``, every
     request but GET /health must carry it."""

@@ -89,7 +89,10 @@ def apply_scale(axes, series: list) -> str:
     return scale
 
 
-SCALE_WORDS = {"log": "a log scale: its series differ by more than 10x", "symlog": "a symmetric log scale: its series differ by more than 10x and reach 0"}
+SCALE_WORDS = {
+    "log": "a log scale: its series differ by more than 10x",
+    "symlog": "a symmetric log scale: its series differ by more than 10x and reach 0",
+}
 
 
 def scale_note(scale: str) -> str:
@@ -147,7 +150,14 @@ def line(ax, part: pd.DataFrame, column: str, method: str, **options) -> None:
     from matplotlib.ticker import MaxNLocator
 
     style = method_style(method)
-    options = {"color": style.color, "marker": style.marker, "markevery": max(1, len(part) // 10), "markersize": 4, "label": name_of(method), **options}
+    options = {
+        "color": style.color,
+        "marker": style.marker,
+        "markevery": max(1, len(part) // 10),
+        "markersize": 4,
+        "label": name_of(method),
+        **options,
+    }
     ax.plot(part.epoch, part[column], **options)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
@@ -157,7 +167,10 @@ def counts_text(evals: pd.DataFrame, methods: list[str]) -> str:
     per = {m: (evals[evals.method == m].run_id.nunique(), evals[evals.method == m].split.nunique()) for m in methods}
     if len(set(per.values())) == 1:
         models, splits = next(iter(per.values()))
-        return f"each box: {models} model{'s' * (models != 1)} x {splits} calibration/test re-split{'s' * (splits != 1)} = {models * splits} values"
+        return (
+            f"each box: {models} model{'s' * (models != 1)} x {splits} calibration/test re-split{'s' * (splits != 1)} = {models * splits}"
+            " values"
+        )
     return "each box: " + "; ".join(f"{name_of(m)} {a} model{'s' * (a != 1)} x {b} re-splits" for m, (a, b) in per.items())
 
 
@@ -212,13 +225,20 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
         means = evals.groupby(["method", "score"])[metric].mean()
         if metric == "coverage":
             low, high = means.idxmin(), means.idxmax()
-            caption = (f"Test coverage of each method's final models per score (paper figure 1, top); {counts}. Dashed: 1 − α = {1 - alpha:g}. "
-                       f"Mean coverage ranges from {means[low]:.3f} ({name_of(low[0])}, {low[1].upper()}) to {means[high]:.3f} ({name_of(high[0])}, {high[1].upper()}).")
+            caption = (
+                f"Test coverage of each method's final models per score (paper figure 1, top); {counts}. Dashed: 1 − α = {1 - alpha:g}."
+                f" Mean coverage ranges from {means[low]:.3f} ({name_of(low[0])}, {low[1].upper()}) to {means[high]:.3f}"
+                f" ({name_of(high[0])}, {high[1].upper()})."
+            )
             yield Figure("coverage_box", title, caption), fig
         else:
-            lowest = "; ".join(f"{s.upper()} {name_of(means.xs(s, level='score').idxmin())} ({means.xs(s, level='score').min():.3f})" for s in scores)
-            caption = (f"Test average prediction set size per score (paper figure 1, bottom; lower is better at equal coverage){scale_note(scale)}; "
-                       f"{counts}. Lowest mean: {lowest}.")
+            lowest = "; ".join(
+                f"{s.upper()} {name_of(means.xs(s, level='score').idxmin())} ({means.xs(s, level='score').min():.3f})" for s in scores
+            )
+            caption = (
+                "Test average prediction set size per score (paper figure 1, bottom; lower is better at equal"
+                f" coverage){scale_note(scale)}; {counts}. Lowest mean: {lowest}."
+            )
             yield Figure("apss_box", title, caption), fig
 
     # load() has kept a sweep's final stage only: the curves of the chosen configurations
@@ -246,10 +266,16 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
             ax.set_xlabel("epoch")
         legend_below(fig, method_handles(curve_methods))
         weights = context.conformal_weight or {}
-        weight_text = "; λ of the chosen configurations: " + ", ".join(f"{name_of(m)} {weights[m]}" for m in curve_methods if m in weights) if weights else ""
-        caption = (f"Epoch means of the training objective (left) and of the pinball loss at q (DPSM) or the batch τ (ConfTr) "
-                   f"(right){panel_notes([upper_scale, lower_scale])} on the training batches, averaged over each method's final models ({runs_text}) "
-                   f"(paper figure 2(a)(b)){weight_text}.")
+        weight_text = (
+            "; λ of the chosen configurations: " + ", ".join(f"{name_of(m)} {weights[m]}" for m in curve_methods if m in weights)
+            if weights
+            else ""
+        )
+        caption = (
+            "Epoch means of the training objective (left) and of the pinball loss at q (DPSM) or the batch τ (ConfTr)"
+            f" (right){panel_notes([upper_scale, lower_scale])} on the training batches, averaged over each method's final models"
+            f" ({runs_text}) (paper figure 2(a)(b)){weight_text}."
+        )
         yield Figure("losses", "Training losses", caption), fig
 
         if quantile_methods and {"upper_gap", "lower_gap"} <= set(columns):
@@ -257,7 +283,10 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
             for method in quantile_methods:
                 line(upper, mean[mean.method == method], "upper_gap", method)
                 line(lower, mean[mean.method == method], "lower_gap", method)
-            scales = [apply_scale(ax, [mean[mean.method == m][c].to_numpy() for m in quantile_methods]) for ax, c in ((upper, "upper_gap"), (lower, "lower_gap"))]
+            scales = [
+                apply_scale(ax, [mean[mean.method == m][c].to_numpy() for m in quantile_methods])
+                for ax, c in ((upper, "upper_gap"), (lower, "lower_gap"))
+            ]
             for ax in (upper, lower):
                 ax.axhline(0, color="black", linestyle=":", linewidth=1)
                 ax.set_xlabel("epoch")
@@ -266,10 +295,15 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
             upper.set_title("Upper-level gap")
             lower.set_title("Lower-level gap (never negative)")
             legend_below(fig, method_handles(quantile_methods))
-            measured = "; ".join(f"{name_of(m)}'s upper gap {change_text(mean[mean.method == m], 'upper_gap', towards_zero=True)}, "
-                                 f"its lower gap {change_text(mean[mean.method == m], 'lower_gap', towards_zero=True)}" for m in quantile_methods)
-            caption = (f"The upper and lower losses over the training split at the learned quantile minus at its Q_n (paper figure 2(c)(d); "
-                       f"the paper's DPSM gaps fall towards 0){panel_notes(scales)}. Measured here: {measured}.")
+            measured = "; ".join(
+                f"{name_of(m)}'s upper gap {change_text(mean[mean.method == m], 'upper_gap', towards_zero=True)}, "
+                f"its lower gap {change_text(mean[mean.method == m], 'lower_gap', towards_zero=True)}"
+                for m in quantile_methods
+            )
+            caption = (
+                "The upper and lower losses over the training split at the learned quantile minus at its Q_n (paper figure 2(c)(d); "
+                f"the paper's DPSM gaps fall towards 0){panel_notes(scales)}. Measured here: {measured}."
+            )
             yield Figure("loss_gaps", "Optimisation gaps", caption), fig
 
         if quantile_methods:
@@ -290,12 +324,25 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
             keys.append(Line2D([], [], color="black", linestyle="--", label="Q_n of D1"))
             legend_below(fig, method_handles(quantile_methods) + keys)
             column = "q_error_train" if "q_error_train" in columns else "q_error"
-            measured = "; ".join(f"{name_of(m)} ({'learned q' if m == 'dpsm' else 'batch τ'}) {change_text(mean[mean.method == m], column)}" for m in quantile_methods)
+            measured = "; ".join(
+                f"{name_of(m)} ({'learned q' if m == 'dpsm' else 'batch τ'}) {change_text(mean[mean.method == m], column)}"
+                for m in quantile_methods
+            )
             q_init = (context.q_init or {}).get("dpsm")
-            start = ("" if "dpsm" not in quantile_methods else
-                     f" DPSM's q_0: {', '.join(f'{v} ({Q_INIT_WORDS.get(v, v)})' for v in q_init)}." if q_init else " DPSM's q_0: not recorded in these files.")
-            caption = (f"|q − Q_n| with Q_n over the whole training split (solid, paper figure 3(a)) and over D1, the half q is fitted on (dashed){scale_note(scale)}; "
-                       f"ConfTr's is the mean over its batch quantiles τ.{start} Against Q_n of the {'training split' if column == 'q_error_train' else 'D1 half'}: {measured}.")
+            start = (
+                ""
+                if "dpsm" not in quantile_methods
+                else (
+                    f" DPSM's q_0: {', '.join(f'{v} ({Q_INIT_WORDS.get(v, v)})' for v in q_init)}."
+                    if q_init
+                    else " DPSM's q_0: not recorded in these files."
+                )
+            )
+            caption = (
+                "|q − Q_n| with Q_n over the whole training split (solid, paper figure 3(a)) and over D1, the half q is fitted on"
+                f" (dashed){scale_note(scale)}; ConfTr's is the mean over its batch quantiles τ.{start} Against Q_n of the"
+                f" {'training split' if column == 'q_error_train' else 'D1 half'}: {measured}."
+            )
             yield Figure("q_error", "Quantile estimation error", caption), fig
 
         if quantile_methods and "train_set_size_q" in columns:
@@ -305,19 +352,27 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
                 line(sizes, part, "train_set_size_q", method)
                 line(sizes, part, "val_set_size", method, linestyle="--", label=None)
                 line(gaps, part.assign(gap=(part.train_set_size_q - part.val_set_size).abs()), "gap", method)
-            size_scale = apply_scale(sizes, [mean[mean.method == m][c].to_numpy() for m in quantile_methods for c in ("train_set_size_q", "val_set_size")])
+            size_scale = apply_scale(
+                sizes, [mean[mean.method == m][c].to_numpy() for m in quantile_methods for c in ("train_set_size_q", "val_set_size")]
+            )
             for ax in (sizes, gaps):
                 ax.set_xlabel("epoch")
             sizes.set_ylabel("average set size (classes)")
             gaps.set_ylabel("|training − validation| set size (classes)")
             sizes.set_title("Training split at q (solid), validation (dashed)")
             gaps.set_title("Their difference")
-            keys = [Line2D([], [], color="black", label="training split at q"), Line2D([], [], color="black", linestyle="--", label="validation split")]
+            keys = [
+                Line2D([], [], color="black", label="training split at q"),
+                Line2D([], [], color="black", linestyle="--", label="validation split"),
+            ]
             legend_below(fig, method_handles(quantile_methods) + keys)
             last = mean.sort_values("epoch").groupby("method").tail(1).set_index("method")
             measured = ", ".join(f"{name_of(m)} {abs(last.train_set_size_q[m] - last.val_set_size[m]):.3f}" for m in quantile_methods)
-            caption = (f"The training split's hard set size at the learned quantile against the validation set size (paper figure 3(c), its "
-                       f"learning-bound proxy; the paper has DPSM's gap below ConfTr's){scale_note(size_scale)}. Gap at the last epoch: {measured}.")
+            caption = (
+                "The training split's hard set size at the learned quantile against the validation set size (paper figure 3(c), its"
+                f" learning-bound proxy; the paper has DPSM's gap below ConfTr's){scale_note(size_scale)}. Gap at the last epoch:"
+                f" {measured}."
+            )
             yield Figure("set_size_gap", "Training against validation set size", caption), fig
 
     if not classes.empty:
@@ -325,9 +380,14 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
         per_class = classes.groupby(["method", "score", "run_id", "label"])[["coverage", "set_size"]].mean().reset_index()
         class_methods = ordered(per_class["method"], method_order())
         class_scores = ordered(per_class["score"], score_names())
-        fig, axes = plt.subplots(2, len(class_scores), figsize=(4 * len(class_scores), 7.5), squeeze=False, sharey="row", layout="constrained")
+        fig, axes = plt.subplots(
+            2, len(class_scores), figsize=(4 * len(class_scores), 7.5), squeeze=False, sharey="row", layout="constrained"
+        )
         for row, (metric, label) in enumerate((("coverage", "class-conditional test coverage"), ("set_size", "class-wise " + SIZE_LABEL))):
-            data = {s: [per_class[(per_class.method == m) & (per_class.score == s)][metric].dropna().to_numpy() for m in class_methods] for s in class_scores}
+            data = {
+                s: [per_class[(per_class.method == m) & (per_class.score == s)][metric].dropna().to_numpy() for m in class_methods]
+                for s in class_scores
+            }
             scale = apply_scale(axes[row], [v for s in class_scores for v in data[s]])
             for column, score in enumerate(class_scores):
                 ax = axes[row][column]
@@ -342,11 +402,16 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
         behind = "; ".join(f"{name_of(m)} {shape.labels[m]} classes x {shape.models[m]} models" for m in class_methods)
         worst = per_class.groupby(["method", "score"]).coverage.min()
         lowest = per_class.loc[per_class.coverage.idxmin()] if per_class.coverage.notna().any() else None
-        names = classes.dropna(subset=["class_name"]).drop_duplicates("label").set_index("label").class_name if "class_name" in classes else {}
+        names = (
+            classes.dropna(subset=["class_name"]).drop_duplicates("label").set_index("label").class_name if "class_name" in classes else {}
+        )
         lowest_class = f", class {names[lowest.label]!r}" if lowest is not None and lowest.label in names else ""
-        caption = (f"Each class's test coverage (top) and average set size (bottom), per final model, averaged over its "
-                   f"{'/'.join(str(v) for v in sorted(set(splits)))} re-splits (paper figures 5-6); each box: {behind}. Dashed: 1 − α = {1 - alpha:g}. "
-                   f"Lowest class coverage: {worst.min():.3f} ({name_of(worst.idxmin()[0])}, {worst.idxmin()[1].upper()}{lowest_class}).")
+        caption = (
+            "Each class's test coverage (top) and average set size (bottom), per final model, averaged over its"
+            f" {'/'.join(str(v) for v in sorted(set(splits)))} re-splits (paper figures 5-6); each box: {behind}. Dashed: 1 − α ="
+            f" {1 - alpha:g}. Lowest class coverage: {worst.min():.3f} ({name_of(worst.idxmin()[0])},"
+            f" {worst.idxmin()[1].upper()}{lowest_class})."
+        )
         yield Figure("class_coverage", "Class-conditional coverage", caption), fig
 
 
@@ -360,13 +425,24 @@ def search_figures(results: Path, sweep: dict | None) -> tuple[Iterator[tuple[Fi
     if sweep.get("grid"):
         return None, "No search figures: a grid sweep (`--grid paper`) has no Optuna studies."
     if sweep.get("optuna_storage"):
-        return None, f"No search figures: the Optuna studies live in {sweep['optuna_storage']}, not in this directory (the report reads a local optuna.db only)."
+        return (
+            None,
+            (
+                f"No search figures: the Optuna studies live in {sweep['optuna_storage']}, not in this directory (the report reads a local"
+                " optuna.db only)."
+            ),
+        )
     if not (results / "optuna.db").exists():
         return None, "No search figures: there is no optuna.db in this directory."
-    return draw_search(results, sweep), (
-        "One figure per method from its Optuna study in optuna.db (read from a copy): the validation set size of each complete "
-        "trial, infeasible ones marked, and the best feasible value so far; and, for a study with at least 3 complete trials and "
-        "2 parameters, Optuna's parameter importances (its default evaluator, PED-ANOVA). Stopped (pruned) and failed trials have no value to draw.")
+    return (
+        draw_search(results, sweep),
+        (
+            "One figure per method from its Optuna study in optuna.db (read from a copy): the validation set size of each complete trial,"
+            " infeasible ones marked, and the best feasible value so far; and, for a study with at least 3 complete trials and 2"
+            " parameters, Optuna's parameter importances (its default evaluator, PED-ANOVA). Stopped (pruned) and failed trials have no"
+            " value to draw."
+        ),
+    )
 
 
 def draw_search(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
@@ -399,9 +475,11 @@ def draw_search(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
                 restyle_history(ax, method, floor)
                 ax.figure.set_size_inches(7, 4.2)
                 ax.figure.set_layout_engine("constrained")
-            caption = (f"{name_of(method)}'s search ({len(trials)} trials: {', '.join(f'{n} {s}' for s, n in states.items())}): each complete trial's "
-                       f"validation set size (the objective), {len(infeasible)} of {len(complete)} infeasible (validation coverage below {floor:g}, "
-                       f"crossed), and the best feasible value so far.")
+            caption = (
+                f"{name_of(method)}'s search ({len(trials)} trials: {', '.join(f'{n} {s}' for s, n in states.items())}): each complete"
+                f" trial's validation set size (the objective), {len(infeasible)} of {len(complete)} infeasible (validation coverage below"
+                f" {floor:g}, crossed), and the best feasible value so far."
+            )
             yield Figure(f"search_{method}", f"Search: {name_of(method)}", caption), ax.figure
             params = sorted({p for t in complete for p in t.params})
             if len(complete) >= 3 and len(params) >= 2:
@@ -411,9 +489,11 @@ def draw_search(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
                     restyle_importances(ax, method)
                     ax.figure.set_size_inches(7, 1.2 + 0.6 * len(params))
                     ax.figure.set_layout_engine("constrained")
-                caption = (f"How much each of {name_of(method)}'s searched parameters ({', '.join(params)}) explains the validation set size of its "
-                           f"{len(complete)} complete trials (Optuna's default importance evaluator, PED-ANOVA; normalised to sum to 1). "
-                           f"With {len(complete)} trials this is a rough guide.")
+                caption = (
+                    f"How much each of {name_of(method)}'s searched parameters ({', '.join(params)}) explains the validation set size of"
+                    f" its {len(complete)} complete trials (Optuna's default importance evaluator, PED-ANOVA; normalised to sum to 1). With"
+                    f" {len(complete)} trials this is a rough guide."
+                )
                 yield Figure(f"importance_{method}", f"Parameter importance: {name_of(method)}", caption), ax.figure
 
 

@@ -66,7 +66,9 @@ def read_sweep_settings(results: Path) -> dict:
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
-        raise UnreadableResults(f"{path} is not readable JSON ({error}); it holds the sweep's settings: restore it, or start a new --results-dir") from None
+        raise UnreadableResults(
+            f"{path} is not readable JSON ({error}); it holds the sweep's settings: restore it, or start a new --results-dir"
+        ) from None
     if not isinstance(stored, dict) or "base" not in stored:
         raise UnreadableResults(f"{path} does not hold a sweep's settings; restore it, or start a new --results-dir")
     return with_current_knob_names(stored)
@@ -183,7 +185,9 @@ class ResultsLock:
             handle.seek(0)
             holder = describe_holder(parse_holder(handle.read().strip()))
             handle.close()
-            raise ResultsInUse(f"{self.path.parent} is in use by another sweep driver ({holder}); wait for it to finish or stop it first") from None
+            raise ResultsInUse(
+                f"{self.path.parent} is in use by another sweep driver ({holder}); wait for it to finish or stop it first"
+            ) from None
         handle.seek(0)
         previous = handle.read().strip()
         handle.seek(0)

@@ -50,7 +50,9 @@ def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[lis
     if trials.empty or "stage" not in trials or not (trials.stage == "final").any():
         return None
     final = trials[trials.stage == "final"]
-    configs = {m: json.loads(final[final.method == m].sort_values("seed").iloc[0].config_json) for m in ordered(final.method, method_order())}
+    configs = {
+        m: json.loads(final[final.method == m].sort_values("seed").iloc[0].config_json) for m in ordered(final.method, method_order())
+    }
     trained = [m for m in configs if m != "base"]
     rows = [["parameter", *(method_name(m) for m in trained)]]
     for field, label in PARAMETERS.items():
@@ -75,7 +77,11 @@ def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[lis
                          f"coverage {pick.val_coverage:.3f})")
     if "base" in configs:
         base = configs["base"]
-        recipe = ", ".join(f"{k.removeprefix('base_')} {value_text(base[k])}" for k in ("base_epochs", "base_lr", "base_batch_size", "base_milestones") if base.get(k) is not None)
+        recipe = ", ".join(
+            f"{k.removeprefix('base_')} {value_text(base[k])}"
+            for k in ("base_epochs", "base_lr", "base_batch_size", "base_milestones")
+            if base.get(k) is not None
+        )
         model = final[final.method == "base"].model.iloc[0] if "model" in final else base.get("model")
         notes.append(f"the CE base model ({len(final[final.method == 'base'])} seeds): the {model} recipe"
                      + (f" with {recipe}" if recipe else "") + ", not fine-tuned")
@@ -114,29 +120,54 @@ def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
             ["feasible (the constraint)", f"validation coverage ≥ 1 − α − slack = {1 - alpha - slack:g} (slack {slack:g})"]]
     if sweep.get("grid"):
         budget = sweep.get("grid_budget")
-        rows.append(["search", "the paper's grid" + (f", a seeded random {budget} configurations per method" if budget else ", every configuration")])
+        rows.append([
+            "search",
+            "the paper's grid" + (f", a seeded random {budget} configurations per method" if budget else ", every configuration"),
+        ])
     else:
         rows.append(["search", f"Optuna {str(sweep.get('sampler', 'tpe')).upper()}, {sweep.get('trials')} trials per method"])
     scheduler = sweep.get("scheduler", "fifo")
-    rows.append(["scheduler", scheduler + (f" (grace period {sweep.get('grace_period')} epochs, reduction factor {sweep.get('reduction_factor')})" if scheduler == "asha" else
-                                           " (every search trial runs to its last epoch)")])
+    rows.append([
+        "scheduler",
+        scheduler
+        + (
+            f" (grace period {sweep.get('grace_period')} epochs, reduction factor {sweep.get('reduction_factor')})"
+            if scheduler == "asha"
+            else " (every search trial runs to its last epoch)"
+        ),
+    ])
     ranges = {**DEFAULT_RANGES}
     for knob, bounds in sweep.get("ranges", []):
         ranges[knob] = type(DEFAULT_RANGES[knob])(**bounds) if isinstance(bounds, dict) else type(DEFAULT_RANGES[knob])(*bounds)
     for method in sweep.get("methods", []):
         if sweep.get("grid"):
-            axes = paper_grid(method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])})
+            axes = paper_grid(
+                method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])}
+            )
             space = "; ".join(f"{axis} {{{', '.join(value_text(v) for v in values)}}}" for axis, values in axes.items())
         else:
-            space = "; ".join(f"{knob} ∈ [{ranges[knob].low:g}, {ranges[knob].high:g}]{' log' if ranges[knob].log else ''}" for knob in (method_card(method).knobs if method in method_names() else ()))
+            space = "; ".join(
+                f"{knob} ∈ [{ranges[knob].low:g}, {ranges[knob].high:g}]{' log' if ranges[knob].log else ''}"
+                for knob in (method_card(method).knobs if method in method_names() else ())
+            )
         rows.append([f"search space: {method_name(method)}", space])
     first_seed = sweep.get("seed", 0)
-    rows += [["final seeds", f"{seeds} (seeds {first_seed}–{first_seed + seeds - 1}), each re-training every method's chosen configuration"],
-             ["sweep seed", f"{first_seed} (data split, base model, sampler)"],
-             ["training", f"init {base.get('init')}, {base.get('epochs')} epochs, batch {base.get('batch_size')}"
-                          + (f", base model {base.get('base_epochs')} epochs" if base.get("init") == "base" and base.get("base_epochs") else "")],
-             ["evaluation", f"{base.get('eval_splits')} calibration/test re-splits, scores {', '.join(s.upper() for s in base.get('eval_scores', []))}; "
-                            f"validation: {base.get('val_splits')} re-splits"]]
+    rows += [
+        ["final seeds", f"{seeds} (seeds {first_seed}–{first_seed + seeds - 1}), each re-training every method's chosen configuration"],
+        ["sweep seed", f"{first_seed} (data split, base model, sampler)"],
+        [
+            "training",
+            f"init {base.get('init')}, {base.get('epochs')} epochs, batch {base.get('batch_size')}"
+            + (f", base model {base.get('base_epochs')} epochs" if base.get("init") == "base" and base.get("base_epochs") else ""),
+        ],
+        [
+            "evaluation",
+            (
+                f"{base.get('eval_splits')} calibration/test re-splits, scores {', '.join(s.upper() for s in base.get('eval_scores', []))};"
+                f" validation: {base.get('val_splits')} re-splits"
+            ),
+        ],
+    ]
     if sweep.get("preset"):
         rows.append(["preset", str(sweep["preset"])])
     return rows

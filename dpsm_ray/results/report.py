@@ -111,10 +111,12 @@ def comparison_table(found: list[dict]) -> list[list[str]]:
 
 def comparison_caption(found: list[dict]) -> str:
     seeds = sorted({c["seeds"] for c in found})
-    return (f"DPSM's percent change of the mean set size against a method, per seed (both from that seed's base model, on the same "
-            f"calibration/test re-splits), then the mean and a Student t {T_LEVEL:.0%} interval over n = {'/'.join(map(str, seeds))} seeds; "
-            f"{NOT_SIGNIFICANT} (n.s. in the table above) where the interval holds 0. The best baseline is the one with the lowest mean "
-            "set size for that score, the CE base model excluded; negative: DPSM's sets are smaller.")
+    return (
+        "DPSM's percent change of the mean set size against a method, per seed (both from that seed's base model, on the same "
+        f"calibration/test re-splits), then the mean and a Student t {T_LEVEL:.0%} interval over n = {'/'.join(map(str, seeds))} seeds; "
+        f"{NOT_SIGNIFICANT} (n.s. in the table above) where the interval holds 0. The best baseline is the one with the lowest mean "
+        "set size for that score, the CE base model excluded; negative: DPSM's sets are smaller."
+    )
 
 
 def details_table(evals: pd.DataFrame) -> list[list[str]]:
@@ -140,7 +142,9 @@ def identical_scores(evals: pd.DataFrame, classes: pd.DataFrame) -> list[tuple[s
     pairs = []
     for i, first in enumerate(scores):
         for second in scores[i + 1:]:
-            if agree(evals, first, second, ["run_id", "split"], AGREEING) and (classes.empty or agree(classes, first, second, ["run_id", "split", "label"], ("coverage", "set_size"))):
+            if agree(evals, first, second, ["run_id", "split"], AGREEING) and (
+                classes.empty or agree(classes, first, second, ["run_id", "split", "label"], ("coverage", "set_size"))
+            ):
                 pairs.append((first, second))
     return pairs
 
@@ -160,7 +164,9 @@ def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: p
         return None
     evaluations = evals[evals.score == pairs[0][0]][["run_id", "split"]].drop_duplicates()
     methods = ", ".join(method_name(m) for m in ordered(evals.method, method_order()))
-    seen = "coverage, set size, CovGap, SSCV and WSC" + (", and every class's coverage and set size (classes.parquet)" if not classes.empty else "")
+    seen = "coverage, set size, CovGap, SSCV and WSC" + (
+        ", and every class's coverage and set size (classes.parquet)" if not classes.empty else ""
+    )
     notes = []
     for first, second in pairs:
         text = (f"{first.upper()} and {second.upper()} give identical rows: {seen} are equal on every one of the {len(evaluations)} "
@@ -168,11 +174,17 @@ def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: p
         if {first, second} == {"aps", "raps"}:
             labels = classes.label.nunique() if not classes.empty else None
             accuracy = evals.accuracy.min()
-            text += (f" The reason: RAPS's score is APS's plus λ·max(0, rank(y) − k_reg) with λ = {raps['lambda']:g}, k_reg = {raps['k_reg']} "
-                     "(dpsm_ray/conformal/scores.py), so it differs from APS only where a label ranked below the top "
-                     f"{raps['k_reg']} enters a calibration score or a set; here that changed no result"
-                     + (f" (the models rank {labels} classes, and the least accurate has test accuracy {accuracy:.3f})" if labels else
-                        f" (the least accurate model has test accuracy {accuracy:.3f})") + ". It is not a bug.")
+            text += (
+                f" The reason: RAPS's score is APS's plus λ·max(0, rank(y) − k_reg) with λ = {raps['lambda']:g}, k_reg = {raps['k_reg']} "
+                "(dpsm_ray/conformal/scores.py), so it differs from APS only where a label ranked below the top "
+                f"{raps['k_reg']} enters a calibration score or a set; here that changed no result"
+                + (
+                    f" (the models rank {labels} classes, and the least accurate has test accuracy {accuracy:.3f})"
+                    if labels
+                    else f" (the least accurate model has test accuracy {accuracy:.3f})"
+                )
+                + ". It is not a bug."
+            )
         notes.append(text)
     return " ".join(notes)
 
@@ -195,8 +207,11 @@ def run_context(results: Path, trials: pd.DataFrame, alpha: float) -> Context:
     final = trials[trials.stage == "final"]
 
     def values(column: str) -> dict:
-        return {m: sorted({str(v) if not isinstance(v, float) else f"{v:.4g}" for v in part[column].dropna()}) for m, part in final.groupby("method")
-                if part[column].notna().any()}
+        return {
+            m: sorted({str(v) if not isinstance(v, float) else f"{v:.4g}" for v in part[column].dropna()})
+            for m, part in final.groupby("method")
+            if part[column].notna().any()
+        }
 
     weights = {m: ", ".join(v) for m, v in values("conformal_weight").items()}
     return Context(alpha, q_init=values("q_init"), conformal_weight=weights)
@@ -213,18 +228,31 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     if evals.empty:
         raise FileNotFoundError(f"no evaluation rows in {results / 'evals.parquet'}: is this a finished run or sweep directory?")
     alpha = float(evals.alpha.iloc[0])
-    epochs, classes, trials, sweep = load(results, "epochs.parquet"), load(results, "classes.parquet"), load(results, "trials.parquet"), read_sweep(results)
+    epochs, classes, trials, sweep = (
+        load(results, "epochs.parquet"),
+        load(results, "classes.parquet"),
+        load(results, "trials.parquet"),
+        read_sweep(results),
+    )
     search_written = drawing_search_figures(results, sweep)  # while this process writes the rest
     size, details, found = paper_table(evals), details_table(evals), comparisons(evals)
     pairs = identical_scores(evals, classes)
     footnote = identical_note(pairs, evals, classes)
-    size_caption = (f"Average prediction set size at α = {alpha:g}: mean ± std over every final model and calibration/test re-split. "
-                    + ("DPSM vs ...: per-seed paired change, mean [95% t interval]; n.s.: the interval holds 0 (next table). " if found else "")
-                    + (f"Footnote: {footnote}" if footnote else ""))
+    size_caption = (
+        f"Average prediction set size at α = {alpha:g}: mean ± std over every final model and calibration/test re-split. "
+        + ("DPSM vs ...: per-seed paired change, mean [95% t interval]; n.s.: the interval holds 0 (next table). " if found else "")
+        + (f"Footnote: {footnote}" if footnote else "")
+    )
     text = "\n".join([
         f"Average prediction set size at alpha = {alpha:g} (mean ± std over models and calibration/test re-splits)",
-        render_columns(size), *([f"note: {footnote}"] if footnote else []), "",
-        *([f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""] if found and not brief else []),
+        render_columns(size),
+        *([f"note: {footnote}"] if footnote else []),
+        "",
+        *(
+            [f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""]
+            if found and not brief
+            else []
+        ),
         *(["All metrics: in report.md"] if brief else ["All metrics", render_columns(details)]),
     ])
     log(text)
@@ -240,7 +268,13 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     configurations = chosen_configurations(trials, sweep)
     md += ["## Chosen configurations", ""]
     if configurations is None:
-        md += ["Not recorded: these files have no final-stage rows in trials.parquet (a single run's directory records its configuration in config.json).", ""]
+        md += [
+            (
+                "Not recorded: these files have no final-stage rows in trials.parquet (a single run's directory records its configuration"
+                " in config.json)."
+            ),
+            "",
+        ]
     else:
         rows, notes = configurations
         caption = ("Each method's configuration, the one its final models re-trained with every seed; bold: chosen by the search "
@@ -256,22 +290,59 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
         md += [markdown(settings), "", "From sweep.json.", ""]
         tex.append(latex_table(settings, "The sweep's settings (sweep.json).", "settings", align="lp{0.7\\linewidth}"))
     versions = versions_table(sweep)
-    md += ["## Versions", "", markdown(versions), "", "The versions sweep.json recorded when the sweep started (\"not recorded\": an older sweep, or a "
-           "single run), and the ones installed when this report was written, which drew the tables and figures.", ""]
-    tex.append(latex_table(versions, "Package versions: those that ran the sweep, and those installed when this report was written.", "versions", align="lll"))
+    md += [
+        "## Versions",
+        "",
+        markdown(versions),
+        "",
+        (
+            "The versions sweep.json recorded when the sweep started (\"not recorded\": an older sweep, or a "
+            "single run), and the ones installed when this report was written, which drew the tables and figures."
+        ),
+        "",
+    ]
+    tex.append(
+        latex_table(
+            versions,
+            "Package versions: those that ran the sweep, and those installed when this report was written.",
+            "versions",
+            align="lll",
+        )
+    )
     md += predictors_section(results, log, brief)
 
     figures = write_figures(results, evals, epochs, classes, run_context(results, trials, alpha))
     search_written, search_note = search_written()
     for figure in figures:
-        md += [f"## {figure.title}", "", figure.caption, "", f"![{figure.title}](figures/{figure.name}.png)", "", f"PDF: `figures/{figure.name}.pdf`", ""]
+        md += [
+            f"## {figure.title}",
+            "",
+            figure.caption,
+            "",
+            f"![{figure.title}](figures/{figure.name}.png)",
+            "",
+            f"PDF: `figures/{figure.name}.pdf`",
+            "",
+        ]
     md += ["## Search", "", search_note, ""]
     for figure in search_written:
-        md += [f"### {figure.title}", "", figure.caption, "", f"![{figure.title}](figures/{figure.name}.png)", "", f"PDF: `figures/{figure.name}.pdf`", ""]
+        md += [
+            f"### {figure.title}",
+            "",
+            figure.caption,
+            "",
+            f"![{figure.title}](figures/{figure.name}.png)",
+            "",
+            f"PDF: `figures/{figure.name}.pdf`",
+            "",
+        ]
     tex += [latex_figure(f) for f in [*figures, *search_written]]
     write_text(results / "report.md", "\n".join(md))
     write_text(results / "report.tex", latex_document(results.name, tex, search_note))
-    log(f"report written to {results / 'report.md'} and {results / 'report.tex'} with {len(figures) + len(search_written)} figures (PNG and PDF) in {results / 'figures'}")
+    log(
+        f"report written to {results / 'report.md'} and {results / 'report.tex'} with {len(figures) + len(search_written)} figures (PNG and"
+        f" PDF) in {results / 'figures'}"
+    )
     return text
 
 
@@ -304,7 +375,9 @@ def drawing_search_figures(results: Path, sweep: dict | None) -> Callable[[], tu
     package_root = str(Path(__file__).resolve().parents[2])  # the child imports this very dpsm_ray
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     code = "import sys; from dpsm_ray.results.report import print_search_figures; print_search_figures(sys.argv[1])"
-    child = subprocess.Popen([sys.executable, "-c", code, str(results)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(results)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
 
     def wait() -> tuple[list[Figure], str]:
         out, _ = child.communicate()
@@ -335,14 +408,29 @@ def write_drawn(results: Path, drawn) -> list[Figure]:
 
 
 def latex_figure(figure: Figure) -> str:
-    return "\n".join([r"\begin{figure}[htbp]", r"\centering", rf"\includegraphics[width=\linewidth]{{figures/{figure.name}.pdf}}",
-                      rf"\caption{{{latex_text(figure.title)}. {latex_text(figure.caption)}}}", rf"\label{{fig:{figure.name.replace('_', '-')}}}", r"\end{figure}"])
+    return "\n".join([
+        r"\begin{figure}[htbp]",
+        r"\centering",
+        rf"\includegraphics[width=\linewidth]{{figures/{figure.name}.pdf}}",
+        rf"\caption{{{latex_text(figure.title)}. {latex_text(figure.caption)}}}",
+        rf"\label{{fig:{figure.name.replace('_', '-')}}}",
+        r"\end{figure}",
+    ])
 
 
 def latex_document(name: str, parts: list[str], search_note: str) -> str:
     """report.tex: every table (booktabs) and figure (its PDF) of report.md, ready for pdflatex."""
-    head = [r"\documentclass{article}", r"\usepackage[margin=2cm]{geometry}", r"\usepackage{booktabs}", r"\usepackage{graphicx}",
-            r"\usepackage[T1]{fontenc}", r"\usepackage[utf8]{inputenc}", r"\begin{document}", rf"\section*{{Results: {latex_text(name)}}}", ""]
+    head = [
+        r"\documentclass{article}",
+        r"\usepackage[margin=2cm]{geometry}",
+        r"\usepackage{booktabs}",
+        r"\usepackage{graphicx}",
+        r"\usepackage[T1]{fontenc}",
+        r"\usepackage[utf8]{inputenc}",
+        r"\begin{document}",
+        rf"\section*{{Results: {latex_text(name)}}}",
+        "",
+    ]
     return "\n".join([*head, *(p + "\n" for p in parts), latex_text(search_note), "", r"\end{document}", ""])
 
 
@@ -356,7 +444,9 @@ def predictors_section(results: Path, log, brief: bool = False) -> list[str]:
     for method in ordered(list(index["chosen"]), method_order()):
         entry = next(e for e in index["predictors"] if e["name"] == index["chosen"][method])
         hps = entry["test"]["scores"]["hps"]
-        validation = ["n/a" if entry[key] is None else f"{entry[key]:.3f}" for key in ("val_set_size", "val_coverage")]  # none for a base model
+        validation = [
+            "n/a" if entry[key] is None else f"{entry[key]:.3f}" for key in ("val_set_size", "val_coverage")
+        ]  # none for a base model
         rows.append([f"`{entry['directory']}`", method_name(method), str(entry["seed"]), *validation,
                      f"{hps['coverage']:.3f}", f"{hps['set_size']:.2f}"])
         if not brief:
@@ -365,10 +455,18 @@ def predictors_section(results: Path, log, brief: bool = False) -> list[str]:
         log(f"predictors chosen per method: {', '.join(index['chosen'][m] for m in ordered(list(index['chosen']), method_order()))} under "
             f"{results / 'predictors'} (dpsm-ray export {results} --method METHOD --out DIR)")
     return [
-        "## Predictors", "",
-        f"Every final model is a conformal predictor under `predictors/` (docs/predictor.md), calibrated on the calibration split and "
-        f"measured on the test split. Chosen per method: {index['rule']}.", "",
-        markdown(rows), "",
-        "`dpsm-ray export DIR --method METHOD --out OUT` copies the chosen one out (`--seed S` another); `dpsm-ray predict OUT --input X.npy "
-        "--out sets.parquet` and `dpsm-ray serve OUT` use it.", "",
+        "## Predictors",
+        "",
+        (
+            "Every final model is a conformal predictor under `predictors/` (docs/predictor.md), calibrated on the calibration split and "
+            f"measured on the test split. Chosen per method: {index['rule']}."
+        ),
+        "",
+        markdown(rows),
+        "",
+        (
+            "`dpsm-ray export DIR --method METHOD --out OUT` copies the chosen one out (`--seed S` another); `dpsm-ray predict OUT --input"
+            " X.npy --out sets.parquet` and `dpsm-ray serve OUT` use it."
+        ),
+        "",
     ]

@@ -10,7 +10,14 @@ import pyarrow as pa
 
 from dpsm_ray.config import TRIAL_COLUMNS, field_type
 
-ARROW_TYPES = {"float": pa.float64(), "int": pa.int64(), "str": pa.string(), "bool": pa.bool_(), "list[int]": pa.list_(pa.int64()), "list[str]": pa.list_(pa.string())}
+ARROW_TYPES = {
+    "float": pa.float64(),
+    "int": pa.int64(),
+    "str": pa.string(),
+    "bool": pa.bool_(),
+    "list[int]": pa.list_(pa.int64()),
+    "list[str]": pa.list_(pa.string()),
+}
 
 RUN_KEY = {
     "sweep": pa.string(),  # sweep name (null for a single `dpsm-ray train` run)

@@ -60,7 +60,14 @@ def per_seed_change(evals, arm: str, against: str, score: str, metric: str = "se
 def summary(values: list[float]) -> dict:
     """Mean, t interval, significance and detectable effect of per-seed values."""
     mean, low, high = t_interval(values)
-    return {"seeds": len(values), "mean": mean, "low": low, "high": high, "significant": bool(low > 0 or high < 0), "detectable": detectable_effect(values)}
+    return {
+        "seeds": len(values),
+        "mean": mean,
+        "low": low,
+        "high": high,
+        "significant": bool(low > 0 or high < 0),
+        "detectable": detectable_effect(values),
+    }
 
 
 def paired_change(evals, arm: str, against: str, score: str, metric: str = "set_size", by: str = "stage") -> dict:

@@ -12,7 +12,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dpsm_ray.files import CorruptFileError, atomic_write, read_checked_json, sha256_bytes, sha256_file, write_bytes, write_checked_json, write_json
+from dpsm_ray.files import (
+    CorruptFileError,
+    atomic_write,
+    read_checked_json,
+    sha256_bytes,
+    sha256_file,
+    write_bytes,
+    write_checked_json,
+    write_json,
+)
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, arrow_schema
 
 MANIFEST = "manifest.json"
@@ -70,7 +79,13 @@ def verify_manifest(directory: str | os.PathLike, names: list[str] | None = None
 
 def run_key(config) -> dict:
     """The columns that identify a run in every file; ``model`` is the architecture that ran (``auto`` resolved)."""
-    return {"run_id": config.config_hash(), "dataset": config.dataset, "model": config.resolved_model(), "method": config.method, "seed": config.seed}
+    return {
+        "run_id": config.config_hash(),
+        "dataset": config.dataset,
+        "model": config.resolved_model(),
+        "method": config.method,
+        "seed": config.seed,
+    }
 
 
 def write_run(out_dir: str | os.PathLike, result) -> None:

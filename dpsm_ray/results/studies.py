@@ -86,7 +86,10 @@ def write_compact(study: Study, results: Path) -> Path:
     folder.mkdir(exist_ok=True)
     for name, table in (("evals", evals), ("runs", runs)):
         write_text(folder / f"{name}.csv", table.to_csv(index=False, float_format="%.17g"))
-    write_json(folder / "arms.json", [{"name": arm.name, "title": arm.title, "settings": json.loads(json.dumps(arm.settings, default=list))} for arm in study.arms])
+    write_json(
+        folder / "arms.json",
+        [{"name": arm.name, "title": arm.title, "settings": json.loads(json.dumps(arm.settings, default=list))} for arm in study.arms],
+    )
     return folder
 
 
@@ -138,11 +141,22 @@ def analyse_tables(study: Study, evals, runs) -> dict:
         part = runs[runs.stage == arm.name]
         if part.empty or part.q.isna().all():
             continue
-        diagnostics.append({"arm": arm.name, **{c: float(part[c].mean()) for c in ("q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size")},
-                            "q_error_train_all_epochs": float(part.q_error_train_all_epochs.mean())})
-    analysis = {"study": study.name, "dataset": study.common.dataset, "alpha": study.common.alpha, "seeds": sorted(int(seed) for seed in set(evals.seed)),
-                "eval_splits": study.common.eval_splits, "table": table, "comparisons": comparisons, "diagnostics": diagnostics,
-                "batch": batch_gaps(study, evals, runs, scores)}
+        diagnostics.append({
+            "arm": arm.name,
+            **{c: float(part[c].mean()) for c in ("q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size")},
+            "q_error_train_all_epochs": float(part.q_error_train_all_epochs.mean()),
+        })
+    analysis = {
+        "study": study.name,
+        "dataset": study.common.dataset,
+        "alpha": study.common.alpha,
+        "seeds": sorted(int(seed) for seed in set(evals.seed)),
+        "eval_splits": study.common.eval_splits,
+        "table": table,
+        "comparisons": comparisons,
+        "diagnostics": diagnostics,
+        "batch": batch_gaps(study, evals, runs, scores),
+    }
     analysis["verdicts"] = verdicts(study, analysis, evals)
     return analysis
 
@@ -199,11 +213,22 @@ def batch_gaps(study: Study, evals, runs, scores: list[str]) -> dict | None:
         change = (small - large).dropna()
         means = [float(gaps[batch].mean()) for batch, _, _ in pairs]
         difference = summary(change.tolist())
-        result["scores"][score] = {"gaps": [{"batch": batch, **summary(gaps[batch].tolist())} for batch, _, _ in pairs], "difference": difference,
-                                   "holds": bool(difference["low"] > 0 and all(a >= b for a, b in zip(means, means[1:]))),
-                                   "contradicted": bool(difference["high"] < 0)}
-    result["errors"] = [{"batch": batch, **{f"{name}_q_error_train": float(runs[runs.stage == arm].q_error_train.mean()) for name, arm in (("dpsm", dpsm), ("conftr", conftr))}}
-                        for batch, dpsm, conftr in pairs]
+        result["scores"][score] = {
+            "gaps": [{"batch": batch, **summary(gaps[batch].tolist())} for batch, _, _ in pairs],
+            "difference": difference,
+            "holds": bool(difference["low"] > 0 and all(a >= b for a, b in zip(means, means[1:]))),
+            "contradicted": bool(difference["high"] < 0),
+        }
+    result["errors"] = [
+        {
+            "batch": batch,
+            **{
+                f"{name}_q_error_train": float(runs[runs.stage == arm].q_error_train.mean())
+                for name, arm in (("dpsm", dpsm), ("conftr", conftr))
+            },
+        }
+        for batch, dpsm, conftr in pairs
+    ]
     return result
 
 
@@ -237,8 +262,13 @@ def markdown_report(analysis: dict) -> str:
         if not part:
             continue
         title = "CE fine-tuned (the same protocol)" if against == "ce" else "the CE base model (the paper's CE column)"
-        lines += [f"Per-seed change of the set size against {title}, mean [{T_LEVEL:.0%} t interval] over the seeds "
-                  "(negative: smaller sets; n.s.: the interval holds 0); detectable: the smallest change these seeds detect with 80% power.", ""]
+        lines += [
+            (
+                f"Per-seed change of the set size against {title}, mean [{T_LEVEL:.0%} t interval] over the seeds "
+                "(negative: smaller sets; n.s.: the interval holds 0); detectable: the smallest change these seeds detect with 80% power."
+            ),
+            "",
+        ]
         rows = [["arm", *[s.upper() for s in scores], *detectable]]
         for arm in dict.fromkeys(c["arm"] for c in part):
             mine = {c["score"]: c for c in part if c["arm"] == arm}
@@ -246,8 +276,13 @@ def markdown_report(analysis: dict) -> str:
         lines += [markdown(rows), ""]
     own = [c for c in analysis["comparisons"] if c.get("own")]
     if own:
-        lines += [f"The study's own comparisons: per-seed change of the first arm's set size against the second's, mean [{T_LEVEL:.0%} t interval]; "
-                  "detectable as above.", ""]
+        lines += [
+            (
+                f"The study's own comparisons: per-seed change of the first arm's set size against the second's, mean [{T_LEVEL:.0%} t"
+                " interval]; detectable as above."
+            ),
+            "",
+        ]
         rows = [["arm", "against", *[s.upper() for s in scores], *detectable]]
         for arm, against in dict.fromkeys((c["arm"], c["against"]) for c in own):
             mine = {c["score"]: c for c in own if c["arm"] == arm and c["against"] == against}
@@ -256,9 +291,14 @@ def markdown_report(analysis: dict) -> str:
     if analysis.get("batch"):
         batch = analysis["batch"]
         first, last = batch["batches"][0], batch["batches"][-1]
-        lines += [f"The batch-size prediction: ConfTr's set size over DPSM's per seed, 100 (ConfTr - DPSM) / ConfTr, mean [{T_LEVEL:.0%} t interval], "
-                  f"at each batch; its change from batch {last} to batch {first} per seed; the quantile errors at the last epoch "
-                  "(DPSM \\|q - Q_n\\|, ConfTr's mean \\|Q_batch - Q_n\\|).", ""]
+        lines += [
+            (
+                f"The batch-size prediction: ConfTr's set size over DPSM's per seed, 100 (ConfTr - DPSM) / ConfTr, mean [{T_LEVEL:.0%} t"
+                f" interval], at each batch; its change from batch {last} to batch {first} per seed; the quantile errors at the last epoch"
+                " (DPSM \\|q - Q_n\\|, ConfTr's mean \\|Q_batch - Q_n\\|)."
+            ),
+            "",
+        ]
         rows = [["score", *[f"gap at batch {b}" for b in batch["batches"]], f"gap({first}) - gap({last})", "detectable", "prediction"]]
         for score, part in batch["scores"].items():
             verdict = "holds" if part["holds"] else "contradicted" if part["contradicted"] else "not shown"
@@ -271,17 +311,34 @@ def markdown_report(analysis: dict) -> str:
     verdict = analysis.get("verdicts", {})
     if "claim" in verdict:
         claim = verdict["claim"]
-        lines += [f"**The claim** (searched DPSM at least {CLAIM_MARGIN:g}% smaller than the best searched baseline, HPS and APS, "
-                  f"interval below 0, coverage within 1 - alpha ± {COVERAGE_TOLERANCE}): **{claim['verdict']}**. "
-                  + "; ".join(f"{s.upper()}: against `{claim[s]['against']}` {interval_text(claim[s])}, detectable {detectable_text(claim[s])}"
-                              + ("" if claim[s]["coverage_ok"] else ", coverage outside the tolerance") for s in CRITERION_SCORES) + ".", ""]
+        lines += [
+            f"**The claim** (searched DPSM at least {CLAIM_MARGIN:g}% smaller than the best searched baseline, HPS and APS, "
+            f"interval below 0, coverage within 1 - alpha ± {COVERAGE_TOLERANCE}): **{claim['verdict']}**. "
+            + "; ".join(
+                f"{s.upper()}: against `{claim[s]['against']}` {interval_text(claim[s])}, detectable {detectable_text(claim[s])}"
+                + ("" if claim[s]["coverage_ok"] else ", coverage outside the tolerance")
+                for s in CRITERION_SCORES
+            )
+            + ".",
+            "",
+        ]
     if "mechanism" in verdict:
         mechanism = verdict["mechanism"]
-        lines += [f"**The mechanism** (`{mechanism['dpsm']}`, the lambda with DPSM's smaller HPS sets, smaller than `{mechanism['conftr']}` and "
-                  f"`{mechanism['cut']}`, HPS and APS, intervals below 0): **{mechanism['verdict']}**.", ""]
+        lines += [
+            (
+                f"**The mechanism** (`{mechanism['dpsm']}`, the lambda with DPSM's smaller HPS sets, smaller than `{mechanism['conftr']}`"
+                f" and `{mechanism['cut']}`, HPS and APS, intervals below 0): **{mechanism['verdict']}**."
+            ),
+            "",
+        ]
     if analysis["diagnostics"]:
-        lines += ["Quantile diagnostics at the last epoch (mean over seeds): the learned q (DPSM) or batch tau (ConfTr), "
-                  "Q_n of the training split, \\|q - Q_n\\| (and its mean over all epochs), the training set size at q, the validation set size.", ""]
+        lines += [
+            (
+                "Quantile diagnostics at the last epoch (mean over seeds): the learned q (DPSM) or batch tau (ConfTr), Q_n of the training"
+                " split, \\|q - Q_n\\| (and its mean over all epochs), the training set size at q, the validation set size."
+            ),
+            "",
+        ]
         rows = [["arm", "q", "Q_n train", "\\|q - Q_n\\|", "\\|q - Q_n\\| all epochs", "train size at q", "val size"]]
         rows += [[d["arm"], fmt(d["q"], 4), fmt(d["q_dataset_train"], 4), fmt(d["q_error_train"], 4), fmt(d["q_error_train_all_epochs"], 4),
                   fmt(d["train_set_size_q"]), fmt(d["val_set_size"])] for d in analysis["diagnostics"]]

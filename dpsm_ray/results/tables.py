@@ -78,8 +78,24 @@ def markdown(rows: list[list[str]]) -> str:
 
 # Unicode the tables hold and LaTeX's default fonts lack, as LaTeX
 LATEX_SYMBOLS = {
-    "±": r"$\pm$", "−": "$-$", "↓": r"$\downarrow$", "↑": r"$\uparrow$", "×": r"$\times$", "≥": r"$\geq$", "≤": r"$\leq$", "∈": r"$\in$",
-    "α": r"$\alpha$", "λ": r"$\lambda$", "γ": r"$\gamma$", "η": r"$\eta$", "τ": r"$\tau$", "κ": r"$\kappa$", "…": r"\dots{}", "–": "--", "—": "---", "·": r"$\cdot$",
+    "±": r"$\pm$",
+    "−": "$-$",
+    "↓": r"$\downarrow$",
+    "↑": r"$\uparrow$",
+    "×": r"$\times$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "∈": r"$\in$",
+    "α": r"$\alpha$",
+    "λ": r"$\lambda$",
+    "γ": r"$\gamma$",
+    "η": r"$\eta$",
+    "τ": r"$\tau$",
+    "κ": r"$\kappa$",
+    "…": r"\dots{}",
+    "–": "--",
+    "—": "---",
+    "·": r"$\cdot$",
 }
 
 

@@ -68,7 +68,10 @@ def parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
     if axis not in PAPER_GRID:
         raise ValueError(f"{option}: unknown grid axis {axis!r}; allowed: {', '.join(PAPER_GRID)}")
     try:
-        parsed = tuple(tuple(int(m) for m in v.split("+")) if axis == "milestones" else (int(v) if axis in ("batch_size", "epochs") else float(v)) for v in values.split(","))
+        parsed = tuple(
+            tuple(int(m) for m in v.split("+")) if axis == "milestones" else (int(v) if axis in ("batch_size", "epochs") else float(v))
+            for v in values.split(",")
+        )
     except ValueError:
         raise ValueError(f"{option} {text!r}: values must be numbers (milestones as 25+40)") from None
     return axis, parsed
@@ -78,41 +81,147 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     parser = argparse.ArgumentParser(prog=f"sweeps/{name}.py", description=description)
     add = parser.add_argument
     add("--version", action="version", version=version_line("dpsm_ray"))
-    add("--config", metavar="FILE", help="a .yaml or .json file of options (named as here, e.g. trials: 8); options given here override it; "
-        "a sweep's RESULTS/sweep.json is one: --config RESULTS/sweep.json --results-dir NEW runs that sweep again")
-    add("--results-dir", default=f"results/{name}", help="directory of this sweep's Parquet files, report and Tune state (default: %(default)s); on a multi-node cluster it must be on shared storage")
+    add(
+        "--config",
+        metavar="FILE",
+        help=(
+            "a .yaml or .json file of options (named as here, e.g. trials: 8); options given here override it; "
+            "a sweep's RESULTS/sweep.json is one: --config RESULTS/sweep.json --results-dir NEW runs that sweep again"
+        ),
+    )
+    add(
+        "--results-dir",
+        default=f"results/{name}",
+        help=(
+            "directory of this sweep's Parquet files, report and Tune state (default: %(default)s); on a multi-node cluster it must be on"
+            " shared storage"
+        ),
+    )
     add("--trials", type=int, default=defaults["trials"], help="Optuna trials per method (default: %(default)s)")
     add("--resume", action="store_true", help="continue the interrupted sweep in --results-dir without redoing finished trials")
-    add("--seed", type=int, default=0, help="sweep seed: data splits, base model, TPE sampler; final seeds are seed .. seed+S-1 (default: %(default)s)")
+    add(
+        "--seed",
+        type=int,
+        default=0,
+        help="sweep seed: data splits, base model, TPE sampler; final seeds are seed .. seed+S-1 (default: %(default)s)",
+    )
     add("--methods", default=",".join(defaults.get("methods", PAPER_METHODS)), help="comma-separated methods (default: %(default)s)")
-    add("--final-seeds", type=int, default=defaults["final_seeds"], help="seeds the best configuration of each method is re-trained with (default: %(default)s)")
-    add("--coverage-slack", type=float, default=defaults.get("coverage_slack", 0.0), help="a trial is feasible if validation coverage >= 1 - alpha - slack (default: %(default)s)")
-    add("--range", action="append", default=[], metavar="KNOB=LOW:HIGH", help=f"search range of a knob ({', '.join(DEFAULT_RANGES)}), log-uniform; repeatable")
+    add(
+        "--final-seeds",
+        type=int,
+        default=defaults["final_seeds"],
+        help="seeds the best configuration of each method is re-trained with (default: %(default)s)",
+    )
+    add(
+        "--coverage-slack",
+        type=float,
+        default=defaults.get("coverage_slack", 0.0),
+        help="a trial is feasible if validation coverage >= 1 - alpha - slack (default: %(default)s)",
+    )
+    add(
+        "--range",
+        action="append",
+        default=[],
+        metavar="KNOB=LOW:HIGH",
+        help=f"search range of a knob ({', '.join(DEFAULT_RANGES)}), log-uniform; repeatable",
+    )
     add("--grid", choices=["paper"], help="run the paper's exhaustive grid (its appendix D) instead of Optuna")
     add("--fix", action="append", default=[], metavar="AXIS=VALUE", help=f"paper grid: fix an axis ({', '.join(PAPER_GRID)}); repeatable")
     add("--subset", action="append", default=[], metavar="AXIS=V1,V2", help="paper grid: keep only these values of an axis; repeatable")
     add("--grid-budget", type=int, metavar="N", help="paper grid: a random N of its configurations, chosen by --seed (default: all)")
     add("--sampler", choices=SAMPLERS, default="tpe", help="Optuna's sampler: tpe, or random (default: %(default)s)")
-    add("--scheduler", choices=SCHEDULERS, default=defaults.get("scheduler", "fifo"),
-        help="fifo: every search trial runs to the end; asha: stop unpromising trials early on their validation set size (default: %(default)s)")
-    add("--grace-period", type=int, default=defaults.get("grace_period", 5), metavar="EPOCHS", help="asha: epochs every trial runs before it may be stopped (default: %(default)s)")
-    add("--reduction-factor", type=int, default=3, metavar="ETA", help="asha: one in ETA trials goes on at each rung (default: %(default)s)")
+    add(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default=defaults.get("scheduler", "fifo"),
+        help=(
+            "fifo: every search trial runs to the end; asha: stop unpromising trials early on their validation set size (default:"
+            " %(default)s)"
+        ),
+    )
+    add(
+        "--grace-period",
+        type=int,
+        default=defaults.get("grace_period", 5),
+        metavar="EPOCHS",
+        help="asha: epochs every trial runs before it may be stopped (default: %(default)s)",
+    )
+    add(
+        "--reduction-factor", type=int, default=3, metavar="ETA", help="asha: one in ETA trials goes on at each rung (default: %(default)s)"
+    )
     add("--optuna-storage", metavar="URL", default=os.environ.get(OPTUNA_STORAGE_ENV),
         help=f"SQLAlchemy URL of the Optuna studies, e.g. postgresql://user:PASSWORD@head/optuna; read from ${OPTUNA_STORAGE_ENV} when not "
         "given, and never written anywhere, so a resumed sweep needs it again (default: sqlite:///RESULTS/optuna.db)")
     add("--concurrency", type=int, default=defaults.get("concurrency", 1), help="trials running at once (default: %(default)s)")
-    add("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a Ray instance embedded in this process)")
-    add("--resource-timeout", type=float, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS", help="on a Ray cluster: how long to wait for the CPUs/GPUs one trial asks for before giving up (an embedded Ray fails at once; default: %(default)s)")
-    add("--trial-retries", type=int, default=2, metavar="N", help="restarts of a trial from its last checkpoint after its process dies (a lost node); a trial that raises is retried too (default: %(default)s)")
-    add("--tracking", metavar="mlflow[=URI]", help="log every trial as an MLflow run, one experiment per sweep (pip install -e '.[mlflow]'); "
-        "URI: the tracking server, default $MLFLOW_TRACKING_URI, else sqlite:///RESULTS/mlflow.db (docs/tracking.md)")
-    add("--process-per-trial", action="store_true", help="start a new process for every trial; by default a trial that trains in its own process "
-        "hands it to the next trial of its Tune experiment (all the searches are one, the final stage another), saving the start-up and imports (seconds a trial; bench/sweep_overhead.py)")
-    add("--worker-logs", action="store_true", help="show the trials' own output (epoch lines, Ray's) here; by default it stays in Ray's session logs and one line per trial is printed")
+    add(
+        "--address",
+        help=(
+            "Ray cluster address (default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a Ray instance"
+            " embedded in this process)"
+        ),
+    )
+    add(
+        "--resource-timeout",
+        type=float,
+        default=DEFAULT_RESOURCE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=(
+            "on a Ray cluster: how long to wait for the CPUs/GPUs one trial asks for before giving up (an embedded Ray fails at once;"
+            " default: %(default)s)"
+        ),
+    )
+    add(
+        "--trial-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help=(
+            "restarts of a trial from its last checkpoint after its process dies (a lost node); a trial that raises is retried too"
+            " (default: %(default)s)"
+        ),
+    )
+    add(
+        "--tracking",
+        metavar="mlflow[=URI]",
+        help=(
+            "log every trial as an MLflow run, one experiment per sweep (pip install -e '.[mlflow]'); "
+            "URI: the tracking server, default $MLFLOW_TRACKING_URI, else sqlite:///RESULTS/mlflow.db (docs/tracking.md)"
+        ),
+    )
+    add(
+        "--process-per-trial",
+        action="store_true",
+        help=(
+            "start a new process for every trial; by default a trial that trains in its own process hands it to the next trial of its Tune"
+            " experiment (all the searches are one, the final stage another), saving the start-up and imports (seconds a trial;"
+            " bench/sweep_overhead.py)"
+        ),
+    )
+    add(
+        "--worker-logs",
+        action="store_true",
+        help=(
+            "show the trials' own output (epoch lines, Ray's) here; by default it stays in Ray's session logs and one line per trial is"
+            " printed"
+        ),
+    )
     add("--download", action="store_true", help="download the dataset into --data-root if it is missing")
-    add("--preset", choices=PRESET_NAMES, help="official: each method's objective settings as its official code has them (DPSM's T 1, lambda 0.05, "
-        "q step 0.01, CE on the whole batch, each batch split in place; docs/method.md), under what the search sets; the schedule stays the script's")
-    add("--trials-per-gpu", default="auto", metavar="N|auto", help="single-worker GPU trials packed on one GPU (each asks for 1/N of it); auto: the model card's (" + packing_help() + "); --gpus-per-worker overrides (default: %(default)s)")
+    add(
+        "--preset",
+        choices=PRESET_NAMES,
+        help=(
+            "official: each method's objective settings as its official code has them (DPSM's T 1, lambda 0.05, q step 0.01, CE on the"
+            " whole batch, each batch split in place; docs/method.md), under what the search sets; the schedule stays the script's"
+        ),
+    )
+    add(
+        "--trials-per-gpu",
+        default="auto",
+        metavar="N|auto",
+        help="single-worker GPU trials packed on one GPU (each asks for 1/N of it); auto: the model card's ("
+        + packing_help()
+        + "); --gpus-per-worker overrides (default: %(default)s)",
+    )
     add_config_options(parser, SWEEP_OPTIONS, defaults["config"])
     return parser
 
@@ -140,12 +249,31 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
     workers = base.workers
     resources = {"cpu": base.cpus_per_worker, "gpu": base.gpus_per_worker} if workers == 0 else {"cpu": 0.1}
     return SweepSpec(
-        name=name, base=base, methods=methods, trials=args.trials, final_seeds=args.final_seeds,
-        coverage_slack=args.coverage_slack, ranges=ranges, grid=args.grid == "paper", grid_fixed=tuple(fixed.items()),
-        grid_subsets=tuple(subsets.items()), grid_budget=args.grid_budget, sampler=args.sampler, scheduler=args.scheduler, grace_period=args.grace_period,
-        reduction_factor=args.reduction_factor, optuna_storage=args.optuna_storage, concurrency=args.concurrency, seed=args.seed,
-        trial_resources=tuple((k, v) for k, v in resources.items() if v), preset=args.preset, address=args.address,
-        resource_timeout=args.resource_timeout, trial_retries=args.trial_retries, worker_logs=args.worker_logs, tracking=args.tracking,
+        name=name,
+        base=base,
+        methods=methods,
+        trials=args.trials,
+        final_seeds=args.final_seeds,
+        coverage_slack=args.coverage_slack,
+        ranges=ranges,
+        grid=args.grid == "paper",
+        grid_fixed=tuple(fixed.items()),
+        grid_subsets=tuple(subsets.items()),
+        grid_budget=args.grid_budget,
+        sampler=args.sampler,
+        scheduler=args.scheduler,
+        grace_period=args.grace_period,
+        reduction_factor=args.reduction_factor,
+        optuna_storage=args.optuna_storage,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        trial_resources=tuple((k, v) for k, v in resources.items() if v),
+        preset=args.preset,
+        address=args.address,
+        resource_timeout=args.resource_timeout,
+        trial_retries=args.trial_retries,
+        worker_logs=args.worker_logs,
+        tracking=args.tracking,
         process_per_trial=args.process_per_trial,
     )
 

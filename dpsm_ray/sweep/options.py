@@ -30,8 +30,10 @@ TRACKERS = ("mlflow",)
 URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # SQLAlchemy's own dialects; third-party ones (cockroachdb, ...) register an entry point
 SQL_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
-ROUTES = ("supported: a directory on a file system mounted at the same path on every node (a local disk for one machine, NFS or "
-          "similar for a cluster); for --optuna-storage, SQLite (sqlite:////abs/path/optuna.db) or a database URL (postgresql://..., mysql://...)")
+ROUTES = (
+    "supported: a directory on a file system mounted at the same path on every node (a local disk for one machine, NFS or "
+    "similar for a cluster); for --optuna-storage, SQLite (sqlite:////abs/path/optuna.db) or a database URL (postgresql://..., mysql://...)"
+)
 
 
 def database_dialects() -> set[str]:

@@ -28,7 +28,10 @@ def best_overrides(spec, results: Path, method: str, log) -> dict | None:
     search = trials[(trials.stage == "search") & (trials.method == method)]
     finished, stopped = search[search.status == "ok"], search[search.status == "stopped"]
     if finished.empty and stopped.empty:
-        log(f"warning: every search trial of {method} failed (errors in trials.parquet and under {results / 'tune'}); {method} is left out of the final stage")
+        log(
+            f"warning: every search trial of {method} failed (errors in trials.parquet and under {results / 'tune'}); {method} is left out"
+            " of the final stage"
+        )
         return None
     feasible, feasible_stopped = finished[finished.feasible == True], stopped[stopped.feasible == True]  # noqa: E712 (nullable)
     if not feasible.empty:
@@ -40,7 +43,10 @@ def best_overrides(spec, results: Path, method: str, log) -> dict | None:
             ahead = feasible_stopped.assign(margin=margin)[margin > 0]
             if not ahead.empty:
                 chosen = ahead.sort_values(["margin", "trial_index"], ascending=[False, True]).iloc[0]
-                log(f"{method}: trial {chosen.trial_id}, stopped after {chosen.epochs_completed} epochs, was {chosen.margin:.3f} ahead of the best finished trial there")
+                log(
+                    f"{method}: trial {chosen.trial_id}, stopped after {chosen.epochs_completed} epochs, was {chosen.margin:.3f} ahead of"
+                    " the best finished trial there"
+                )
     elif not feasible_stopped.empty:
         chosen = feasible_stopped.sort_values(["epochs_completed", "val_set_size", "trial_index"], ascending=[False, True, True]).iloc[0]
     else:
@@ -50,7 +56,9 @@ def best_overrides(spec, results: Path, method: str, log) -> dict | None:
     config = json.loads(chosen.config_json)
     searched = spec.grid_axes(method) if spec.grid else dict.fromkeys(method_knobs(method))
     overrides = {name: (tuple(config[name]) if isinstance(config[name], list) else config[name]) for name in searched}
-    which = f"search trial {int(chosen.trial_index) + 1}" if chosen.trial_index == chosen.trial_index else f"trial {chosen.trial_id}"  # NaN: no index
+    which = (
+        f"search trial {int(chosen.trial_index) + 1}" if chosen.trial_index == chosen.trial_index else f"trial {chosen.trial_id}"
+    )  # NaN: no index
     log(f"best {method}: {which}  val size {chosen.val_set_size:.3f}  val cov {chosen.val_coverage:.3f}  "
         + "  ".join(f"{k}={f'{v:.4g}' if isinstance(v, float) else v}" for k, v in overrides.items()))
     return overrides

@@ -42,7 +42,9 @@ class Progress:
     trials of every stage against the sweep's total, and thins the base model's epoch lines to one
     per ``epoch_every_s``."""
 
-    def __init__(self, emit: Callable[[str], None] = print, *, epoch_every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, emit: Callable[[str], None] = print, *, epoch_every_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.emit, self.clock, self.epoch_every_s = emit, clock, epoch_every_s
         self.started = clock()
         self.total = 0  # trials in the whole sweep (the stages not built yet as planned)
@@ -77,7 +79,9 @@ class Progress:
         if self.first_end is None:
             self.first_end = self.clock()
         left = self.left_seconds()
-        return f"trial {self.done}/{self.total}" + (f", about {duration_text(left)} left" if left is not None and self.done < self.total else "")
+        return f"trial {self.done}/{self.total}" + (
+            f", about {duration_text(left)} left" if left is not None and self.done < self.total else ""
+        )
 
     def left_seconds(self) -> float | None:
         if self.ended_now < 2 or self.first_end is None:
@@ -95,4 +99,7 @@ class Progress:
         self._last_epoch_line = now
         left = (line.epochs - line.epoch) * line.seconds
         what = "base model" if line.method == "ce" else line.method
-        self(f"{what}: epoch {line.epoch}/{line.epochs}  val size {line.val_set_size:.2f}  ({line.seconds:.1f}s per epoch, about {duration_text(left)} left)")
+        self(
+            f"{what}: epoch {line.epoch}/{line.epochs}  val size {line.val_set_size:.2f}  ({line.seconds:.1f}s per epoch, about"
+            f" {duration_text(left)} left)"
+        )

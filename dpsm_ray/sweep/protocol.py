@@ -29,7 +29,17 @@ from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.space import DEFAULT_RANGES, grid_size, method_knobs
 from dpsm_ray.sweep.spec import (
-    FINISHED_FILE, SAMPLERS, SCHEDULERS, SWEEP_FILE, SweepError, SweepInterrupted, SweepSpec, check_results_dir, claim_results_dir, first_line, masked,
+    FINISHED_FILE,
+    SAMPLERS,
+    SCHEDULERS,
+    SWEEP_FILE,
+    SweepError,
+    SweepInterrupted,
+    SweepSpec,
+    check_results_dir,
+    claim_results_dir,
+    first_line,
+    masked,
     optuna_storage_url,
 )
 from dpsm_ray.timing import Stopwatch
@@ -100,15 +110,36 @@ def start_ray(demand: dict, address: str | None, resource_timeout: float, worker
     check_capacity(demand, timeout_s=resource_timeout, log=log)
 
 
-def run_in_tune(stages: list, results: Path, *, name: str, resources: dict, concurrency: int, retries: int, log, callbacks=(), reuse: bool = True,
-                then=None) -> None:
+def run_in_tune(
+    stages: list,
+    results: Path,
+    *,
+    name: str,
+    resources: dict,
+    concurrency: int,
+    retries: int,
+    log,
+    callbacks=(),
+    reuse: bool = True,
+    then=None,
+) -> None:
     """``stages`` in one Tune experiment called ``name``, then ``then()``'s (``run_stages``); an
     interruption or a full disk as the drivers' resumable errors."""
     from dpsm_ray.sweep.stage import StageInterrupted, StageOutOfSpace, run_stages
 
     try:
-        run_stages(stages, results, name=name, resources=resources, concurrency=concurrency, retries=retries, log=log, callbacks=callbacks, reuse=reuse,
-                   then=then)
+        run_stages(
+            stages,
+            results,
+            name=name,
+            resources=resources,
+            concurrency=concurrency,
+            retries=retries,
+            log=log,
+            callbacks=callbacks,
+            reuse=reuse,
+            then=then,
+        )
     except StageInterrupted as error:
         raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
     except StageOutOfSpace as error:
@@ -137,8 +168,10 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     with clock("base_model"):
         base = with_base_model(spec.base, spec.base.seed, results, log)
     if not spec.grid:
-        log(f"search: {spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}, minimising the validation set size "
-            f"(validation coverage >= {spec.coverage_floor:g} as a constraint){asha_text(spec)}")
+        log(
+            f"search: {spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}, minimising the validation"
+            f" set size (validation coverage >= {spec.coverage_floor:g} as a constraint){asha_text(spec)}"
+        )
     searches = [search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log) for method in spec.methods]
 
     def then() -> list:
@@ -181,8 +214,18 @@ def run(spec: SweepSpec, results: Path, stages: list, log, name: str, then=None)
         from dpsm_ray.sweep.tracking import tracking_callbacks
 
         callbacks = tracking_callbacks(spec.tracking, results)
-    run_in_tune(stages, results, name=name, resources=dict(spec.trial_resources), concurrency=spec.concurrency, retries=spec.trial_retries, log=log,
-                callbacks=callbacks, reuse=not spec.process_per_trial, then=then)
+    run_in_tune(
+        stages,
+        results,
+        name=name,
+        resources=dict(spec.trial_resources),
+        concurrency=spec.concurrency,
+        retries=spec.trial_retries,
+        log=log,
+        callbacks=callbacks,
+        reuse=not spec.process_per_trial,
+        then=then,
+    )
 
 
 def quiet_libraries() -> None:
@@ -225,7 +268,10 @@ def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: di
         axes = spec.grid_axes(method)
         points = method_grid_points(spec, method)
         budget = f", a seeded random {len(points)} of them" if len(points) < grid_size(axes) else ""
-        log(f"{name}: the paper grid has {grid_size(axes)} configurations ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())}){budget}{asha_text(spec)}")
+        log(
+            f"{name}: the paper grid has {grid_size(axes)} configurations"
+            f" ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())}){budget}{asha_text(spec)}"
+        )
         knobs = tuple(k for k, v in axes.items() if len(v) > 1)
         return Stage(name, base, len(points), knobs, points=points, asha=asha, coverage_floor=spec.coverage_floor)
     knobs = method_knobs(method)  # the trials' lines show them

@@ -67,12 +67,16 @@ class SweepSpec:
     preset: str | None = None  # each method's objective settings from a preset (dpsm_ray/train/presets.py), under the search
     # how the sweep runs, not what it computes: free to differ on --resume
     address: str | None = field(default=None, compare=False)
-    resource_timeout: float = field(default=DEFAULT_RESOURCE_TIMEOUT_S, compare=False)  # seconds a cluster may take to provide one trial's resources
+    resource_timeout: float = field(
+        default=DEFAULT_RESOURCE_TIMEOUT_S, compare=False
+    )  # seconds a cluster may take to provide one trial's resources
     trial_retries: int = field(default=2, compare=False)  # restarts of a trial from its last checkpoint after a crash (a lost node)
     worker_logs: bool = field(default=False, compare=False)  # forward trials' own output (epoch lines, Tune's) to this terminal
     process_per_trial: bool = field(default=False, compare=False)  # no reuse of a trial's process by the next trial of its Tune experiment
     optuna_storage: str | None = field(default=None, compare=False)  # SQLAlchemy URL; default: sqlite in the results directory
-    tracking: str | None = field(default=None, compare=False)  # "mlflow" or "mlflow=URI": each trial an MLflow run (dpsm_ray.sweep.tracking)
+    tracking: str | None = field(
+        default=None, compare=False
+    )  # "mlflow" or "mlflow=URI": each trial an MLflow run (dpsm_ray.sweep.tracking)
 
     def __post_init__(self) -> None:
         for name in ("ranges", "grid_fixed", "grid_subsets"):  # an earlier release's knob names, warned
@@ -107,7 +111,11 @@ class SweepSpec:
         if not self.resource_timeout > 0:
             raise ConfigError("resource_timeout", self.resource_timeout, "must be a number of seconds > 0")
         if not 0 <= self.seed <= MAX_SEED - self.final_seeds:
-            raise ConfigError("seed", self.seed, f"must be an integer in [0, 2**63 - final_seeds] (the final seeds are seed .. seed + {self.final_seeds - 1})")
+            raise ConfigError(
+                "seed",
+                self.seed,
+                f"must be an integer in [0, 2**63 - final_seeds] (the final seeds are seed .. seed + {self.final_seeds - 1})",
+            )
         if self.optuna_storage is not None:
             check_storage_url(self.optuna_storage)
         if self.preset is not None and self.preset not in PRESET_NAMES:
@@ -175,8 +183,6 @@ class SweepSpec:
         return json.loads(json.dumps(payload, default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v)))
 
 
-
-
 # --- the results directory ------------------------------------------------------------------
 
 # sweep.json's "ledger" key: the sweep keeps run records under runs/ (dpsm_ray.results.layout); a
@@ -193,7 +199,11 @@ def check_storage_url(url: str) -> None:
     try:
         make_url(url)
     except ArgumentError:
-        raise ConfigError("optuna_storage", masked(url), "must be a SQLAlchemy database URL, e.g. sqlite:////abs/path/optuna.db or postgresql://user@host/db") from None
+        raise ConfigError(
+            "optuna_storage",
+            masked(url),
+            "must be a SQLAlchemy database URL, e.g. sqlite:////abs/path/optuna.db or postgresql://user@host/db",
+        ) from None
 
 
 def optuna_storage_url(spec: SweepSpec, results: Path) -> str:
@@ -246,13 +256,20 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
         if not resume:
             if (results / FINISHED_FILE).exists():
                 raise SweepFinished(f"{results} holds a finished sweep; choose another --results-dir to run one again")
-            raise SweepError(f"{results} already holds a sweep that has not finished; pass --resume to continue it, or choose another --results-dir")
+            raise SweepError(
+                f"{results} already holds a sweep that has not finished; pass --resume to continue it, or choose another --results-dir"
+            )
         stored = read_sweep_file(results)
         described = spec.describe()
         changed = sorted(k for k in described if k != "base" and stored.get(k) != described[k])
-        changed += sorted(f"base.{k}" for k in described["base"] if stored["base"].get(k) != described["base"][k] and k not in RESUMABLE_CHANGES)
+        changed += sorted(
+            f"base.{k}" for k in described["base"] if stored["base"].get(k) != described["base"][k] and k not in RESUMABLE_CHANGES
+        )
         if changed:
-            raise SweepError(f"--resume: the sweep in {results} was started with different settings ({', '.join(changed)}); rerun it with the same options")
+            raise SweepError(
+                f"--resume: the sweep in {results} was started with different settings ({', '.join(changed)}); rerun it with the same"
+                " options"
+            )
         if not spec.grid:
             check_same_storage(spec, stored.get("optuna_storage"))
             study_names(optuna_storage_url(spec, results))  # readable, before any Ray work starts
@@ -260,18 +277,24 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
     if resume:
         raise SweepError(f"--resume: no sweep to resume in {results}")
     planned = sweep_file(spec, results)
-    if not spec.grid and (spec.optuna_storage or (results / "optuna.db").exists()):  # a study of the same name would feed another sweep's trials to TPE
+    if not spec.grid and (
+        spec.optuna_storage or (results / "optuna.db").exists()
+    ):  # a study of the same name would feed another sweep's trials to TPE
         taken = set(study_names(optuna_storage_url(spec, results))) & set(planned["studies"].values())
         if taken:
-            raise SweepError(f"the Optuna storage {masked(optuna_storage_url(spec, results))} already holds the studies {', '.join(sorted(taken))}; "
-                             "choose another --results-dir name or delete them (optuna delete-study)")
+            raise SweepError(
+                f"the Optuna storage {masked(optuna_storage_url(spec, results))} already holds the studies {', '.join(sorted(taken))}; "
+                "choose another --results-dir name or delete them (optuna delete-study)"
+            )
     return planned
 
 
 def check_same_storage(spec: SweepSpec, stored: str | None) -> None:
     given = masked(spec.optuna_storage) if spec.optuna_storage else None
     if stored is not None and given is None:
-        raise SweepError(f"the Optuna studies of this sweep live in {stored}: pass --optuna-storage with that URL (or set {OPTUNA_STORAGE_ENV})")
+        raise SweepError(
+            f"the Optuna studies of this sweep live in {stored}: pass --optuna-storage with that URL (or set {OPTUNA_STORAGE_ENV})"
+        )
     if given != stored:
         where = stored or "the results directory's optuna.db"
         raise SweepError(f"--optuna-storage {given} is not where this sweep's Optuna studies live ({where}); rerun with the same storage")

@@ -158,10 +158,15 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
         tune.with_resources(trainable, resources),
         param_space={"results": str(results)},
         # the searcher ends the experiment: num_samples -1 is "as many as it proposes"
-        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, max_concurrent_trials=concurrency, trial_dirname_creator=trial_dirname,
-                                    reuse_actors=reuse),
+        tune_config=tune.TuneConfig(
+            search_alg=searcher, num_samples=-1, max_concurrent_trials=concurrency, trial_dirname_creator=trial_dirname, reuse_actors=reuse
+        ),
         run_config=tune.RunConfig(
-            name=name, storage_path=str(results / "tune"), verbose=0, callbacks=[recorder, *callbacks], stop=stopper,
+            name=name,
+            storage_path=str(results / "tune"),
+            verbose=0,
+            callbacks=[recorder, *callbacks],
+            stop=stopper,
             # a trial whose process died (a lost node, an OOM kill) restarts from its last
             # checkpoint, on whichever node has room
             failure_config=tune.FailureConfig(max_failures=retries),
@@ -271,7 +276,9 @@ def stage_stopper(stage: Stage, ledger: Ledger, ended: dict[int, dict]) -> AshaS
     holds of the trials that started: those that ended, and those an interrupted run left
     part-way."""
     reached = {i: ended[i]["epochs_completed"] if i in ended else math.inf for i in ledger.started(stage.name)}
-    history = {i: {row["epoch"]: row[OBJECTIVE] for row in ledger.epochs(stage.name, i) if row["epoch"] <= last} for i, last in reached.items()}
+    history = {
+        i: {row["epoch"]: row[OBJECTIVE] for row in ledger.epochs(stage.name, i) if row["epoch"] <= last} for i, last in reached.items()
+    }
     longest = max(p.get("epochs", stage.base.epochs) for p in stage.points) if stage.points else stage.base.epochs
     return AshaStopper(*(stage.asha or (None, 2)), epochs=longest, history=history)
 
@@ -382,7 +389,11 @@ class LedgerCallback(tune.Callback):
         now = time.monotonic()
         if now - self._last_line.get(trial.trial_id, now) >= self.epoch_every_s:
             self._last_line[trial.trial_id] = now
-            self.say(trial, f"epoch {result['epoch']}/{trial_config(trial.config).epochs}  val cov {result[CONSTRAINED]:.3f}  val size {result[OBJECTIVE]:.2f}")
+            self.say(
+                trial,
+                f"epoch {result['epoch']}/{trial_config(trial.config).epochs}  val cov {result[CONSTRAINED]:.3f}  val size"
+                f" {result[OBJECTIVE]:.2f}",
+            )
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         result = trial.last_result or {}
@@ -396,11 +407,15 @@ class LedgerCallback(tune.Callback):
         config = trial_config(trial.config)
         self.record(trial, status, None, result)
         seconds = duration_text(self.wall_seconds(trial))
-        ended = f"done in {seconds}" if status == "ok" else f"stopped by ASHA after {result.get('epoch', 0)}/{config.epochs} epochs, {seconds}"
+        ended = (
+            f"done in {seconds}" if status == "ok" else f"stopped by ASHA after {result.get('epoch', 0)}/{config.epochs} epochs, {seconds}"
+        )
         knobs = "  ".join(f"{name}={short(getattr(config, name))}" for name in stage.knobs)
         size, coverage = result.get(OBJECTIVE), result.get(CONSTRAINED)
         # a run without epochs (the base model, evaluated as it is) has no validation figures: say so, not "nan"
-        validated = f"val size {size:.3f}  val cov {coverage:.3f}" if size is not None and size == size else "no training epochs, nothing validated"
+        validated = (
+            f"val size {size:.3f}  val cov {coverage:.3f}" if size is not None and size == size else "no training epochs, nothing validated"
+        )
         self.say(trial, f"{ended}  {validated}  {knobs}",
                  self.log.trial_ended())
 
@@ -451,10 +466,20 @@ def tell_study(stage: Stage, index: int, record: dict) -> None:
     if stage.study is None:
         return
     metrics = record["metrics"]
-    attributes = {"tune_trial_id": record["trial_id"], "run_id": TrainConfig.from_dict(record["config"]).config_hash(), "status": record["status"],
-                  **{k: v for k, v in metrics.items() if k in (OBJECTIVE, CONSTRAINED) and v is not None}}
-    stage.study.tell(index, status=record["status"], value=metrics.get(OBJECTIVE), coverage=metrics.get(CONSTRAINED), floor=stage.coverage_floor,
-                     attributes=attributes)
+    attributes = {
+        "tune_trial_id": record["trial_id"],
+        "run_id": TrainConfig.from_dict(record["config"]).config_hash(),
+        "status": record["status"],
+        **{k: v for k, v in metrics.items() if k in (OBJECTIVE, CONSTRAINED) and v is not None},
+    }
+    stage.study.tell(
+        index,
+        status=record["status"],
+        value=metrics.get(OBJECTIVE),
+        coverage=metrics.get(CONSTRAINED),
+        floor=stage.coverage_floor,
+        attributes=attributes,
+    )
 
 
 def short(value) -> str:

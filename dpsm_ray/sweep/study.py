@@ -54,7 +54,9 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
                 write_checked_json(marker, every)  # the arms added now: a later resume must name them too
         elif resume:
             raise SweepError(f"--resume: no study to resume in {results}")
-        demand = run_demand(study.common.workers, study.common.cpus_per_worker, study.common.gpus_per_worker, own=dict(study.trial_resources))
+        demand = run_demand(
+            study.common.workers, study.common.cpus_per_worker, study.common.gpus_per_worker, own=dict(study.trial_resources)
+        )
         before_ray(results, demand, study.address, log)
         start_ray(demand, study.address, study.resource_timeout, False, log)
         if not marker.exists():
@@ -114,10 +116,16 @@ def fidelity_arms(published: bool = False) -> tuple[Arm, ...]:
     arms = [
         Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": "base", "epochs": 0}),
         Arm("ce", "CE fine-tuned", {"method": "ce"}),
-        Arm("dpsm_official", "DPSM as its official code trains it", {"method": "dpsm", **preset_values("official", "dpsm", schedule=False)}),
+        Arm(
+            "dpsm_official", "DPSM as its official code trains it", {"method": "dpsm", **preset_values("official", "dpsm", schedule=False)}
+        ),
         Arm("dpsm", "DPSM at this project's defaults", {"method": "dpsm"}),
         # the tex's Algorithm 1 as this project followed it before it trained as the official code does: CE on B1 only, T 0.1, lambda 0.5
-        Arm("dpsm_tex", "DPSM, CE on B1 only (the tex), T 0.1, lambda 0.5", {"method": "dpsm", "ce_batch": "half", "sigmoid_temperature": 0.1, "conformal_weight": 0.5}),
+        Arm(
+            "dpsm_tex",
+            "DPSM, CE on B1 only (the tex), T 0.1, lambda 0.5",
+            {"method": "dpsm", "ce_batch": "half", "sigmoid_temperature": 0.1, "conformal_weight": 0.5},
+        ),
         Arm("conftr", "ConfTr as the DPSM paper describes it", {"method": "conftr"}),
         Arm("cut", "CUT", {"method": "cut"}),
     ]
@@ -137,18 +145,33 @@ def decisive_arms() -> tuple[Arm, ...]:
     on = {"method": "dpsm", "ce_batch": "full", "sigmoid_temperature": 0.1}
     conftr = {"method": "conftr", "sigmoid_temperature": 0.1}
     def mechanism(weight: float, tag: str) -> list[Arm]:
-        return [Arm(f"dpsm_{tag}", f"DPSM, size term on: CE on the whole batch, T 0.1, lambda {weight:g}", {**on, "conformal_weight": weight}),
-                Arm(f"conftr_{tag}", f"ConfTr, T 0.1, lambda {weight:g}", {**conftr, "conformal_weight": weight}),
-                Arm(f"cut_{tag}", f"CUT, lambda {weight:g}", {"method": "cut", "conformal_weight": weight})]
+        return [
+            Arm(f"dpsm_{tag}", f"DPSM, size term on: CE on the whole batch, T 0.1, lambda {weight:g}", {**on, "conformal_weight": weight}),
+            Arm(f"conftr_{tag}", f"ConfTr, T 0.1, lambda {weight:g}", {**conftr, "conformal_weight": weight}),
+            Arm(f"cut_{tag}", f"CUT, lambda {weight:g}", {"method": "cut", "conformal_weight": weight}),
+        ]
 
-    arms = [Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": "base", "epochs": 0}), Arm("ce", "CE fine-tuned", {"method": "ce"})]
+    arms = [
+        Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": "base", "epochs": 0}),
+        Arm("ce", "CE fine-tuned", {"method": "ce"}),
+    ]
     arms += mechanism(0.5, "l05")
-    arms += [Arm("dpsm_l05_ceb1", "DPSM lambda 0.5 T 0.1, CE on B1 only (the tex's change alone)", {**on, "conformal_weight": 0.5, "ce_batch": "half"}),
-             Arm("dpsm_l05_t1", "DPSM lambda 0.5, T 1 (the tex's change alone)", {**on, "conformal_weight": 0.5, "sigmoid_temperature": 1.0}),
-             Arm("dpsm_l005", "DPSM T 0.1, lambda 0.05 (the tex's change alone)", {**on, "conformal_weight": 0.05})]
+    arms += [
+        Arm(
+            "dpsm_l05_ceb1",
+            "DPSM lambda 0.5 T 0.1, CE on B1 only (the tex's change alone)",
+            {**on, "conformal_weight": 0.5, "ce_batch": "half"},
+        ),
+        Arm("dpsm_l05_t1", "DPSM lambda 0.5, T 1 (the tex's change alone)", {**on, "conformal_weight": 0.5, "sigmoid_temperature": 1.0}),
+        Arm("dpsm_l005", "DPSM T 0.1, lambda 0.05 (the tex's change alone)", {**on, "conformal_weight": 0.05}),
+    ]
     for batch in (32, 512):
-        arms += [Arm(f"dpsm_l05_b{batch}", f"DPSM lambda 0.5 T 0.1, batch {batch}", {**on, "conformal_weight": 0.5, "batch_size": batch}),
-                 Arm(f"conftr_l05_b{batch}", f"ConfTr lambda 0.5 T 0.1, batch {batch}", {**conftr, "conformal_weight": 0.5, "batch_size": batch})]
+        arms += [
+            Arm(f"dpsm_l05_b{batch}", f"DPSM lambda 0.5 T 0.1, batch {batch}", {**on, "conformal_weight": 0.5, "batch_size": batch}),
+            Arm(
+                f"conftr_l05_b{batch}", f"ConfTr lambda 0.5 T 0.1, batch {batch}", {**conftr, "conformal_weight": 0.5, "batch_size": batch}
+            ),
+        ]
     # last: the criterion's budget rule cuts them first (docs/fidelity.md)
     return tuple(arms + mechanism(0.1, "l01"))
 
@@ -163,7 +186,21 @@ DECISIVE_ANALYSIS = {
 }
 METHOD_TITLES = {"ce": "CE fine-tuned", "conftr": "ConfTr", "cut": "CUT", "dpsm": "DPSM"}
 # the settings a sweep must share with the study for its picks to be the study's searched arms
-SHARED_WITH_THE_SWEEP = ("dataset", "alpha", "model", "init", "base_epochs", "base_lr", "base_batch_size", "base_milestones", "epochs", "batch_size", "milestones", "lr_decay", "lr_schedule")
+SHARED_WITH_THE_SWEEP = (
+    "dataset",
+    "alpha",
+    "model",
+    "init",
+    "base_epochs",
+    "base_lr",
+    "base_batch_size",
+    "base_milestones",
+    "epochs",
+    "batch_size",
+    "milestones",
+    "lr_decay",
+    "lr_schedule",
+)
 
 
 def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm, ...]:
@@ -184,8 +221,10 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
     ours = json.loads(json.dumps(common.to_dict(), default=list))
     for name in SHARED_WITH_THE_SWEEP:
         if stored["base"].get(name) != ours[name]:
-            raise SweepError(f"--searched-from {sweep_dir}: its sweep ran with {name}={stored['base'].get(name)!r}, the study with {ours[name]!r}; "
-                             "search with the study's settings")
+            raise SweepError(
+                f"--searched-from {sweep_dir}: its sweep ran with {name}={stored['base'].get(name)!r}, the study with {ours[name]!r}; "
+                "search with the study's settings"
+            )
     if not (sweep_dir / "trials.parquet").is_file():
         raise SweepError(f"--searched-from {sweep_dir}: the sweep has no finished search trials yet (no trials.parquet)")
     arms = []
@@ -193,7 +232,13 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
         if method in stored.get("methods", ()):
             overrides = best_overrides(SimpleNamespace(grid=False), sweep_dir, method, log)
             if overrides is not None:
-                arms.append(Arm(f"searched_{method}", f"{METHOD_TITLES[method]}, searched ({stored['trials']} Optuna trials)", {"method": method, **overrides}))
+                arms.append(
+                    Arm(
+                        f"searched_{method}",
+                        f"{METHOD_TITLES[method]}, searched ({stored['trials']} Optuna trials)",
+                        {"method": method, **overrides},
+                    )
+                )
     if not arms:
         raise SweepError(f"--searched-from {sweep_dir}: none of {', '.join(SEARCHED_METHODS)} has a search trial that finished")
     return tuple(arms)
@@ -201,8 +246,10 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
 
 def shortened(arms: tuple[Arm, ...], epochs: int, milestones: tuple[int, ...]) -> tuple[Arm, ...]:
     """The arms with every trained arm cut to ``epochs`` (smoke runs and CI)."""
-    return tuple(arm if arm.settings.get("epochs") == 0 else Arm(arm.name, arm.title, {**arm.settings, "epochs": epochs, "milestones": milestones})
-                 for arm in arms)
+    return tuple(
+        arm if arm.settings.get("epochs") == 0 else Arm(arm.name, arm.title, {**arm.settings, "epochs": epochs, "milestones": milestones})
+        for arm in arms
+    )
 
 
 def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, estimate=None) -> int:
@@ -232,10 +279,22 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     add("--quick", action="store_true", help="a smoke run at the dataset's small sizes (a training subset, 1-2 epochs, 2 seeds)")
     add("--concurrency", type=int, help="trials at once (default: the dataset's)")
     add("--address", help="a Ray cluster to run on (default: as the sweep scripts)")
-    add("--searched-from", metavar="SWEEP_DIR", help="add the searched arms: each method of this finished Optuna sweep (run with the study's dataset, "
-                                                    "alpha and schedule) at the configuration its search picked, re-trained with every seed")
-    add("--report-from", metavar="FOLDER", help="print the study's tables from its compact results (a study's compact/ folder, e.g. the copy under "
-                                                "docs/results/) and exit: nothing is trained")
+    add(
+        "--searched-from",
+        metavar="SWEEP_DIR",
+        help=(
+            "add the searched arms: each method of this finished Optuna sweep (run with the study's dataset, "
+            "alpha and schedule) at the configuration its search picked, re-trained with every seed"
+        ),
+    )
+    add(
+        "--report-from",
+        metavar="FOLDER",
+        help=(
+            "print the study's tables from its compact results (a study's compact/ folder, e.g. the copy under "
+            "docs/results/) and exit: nothing is trained"
+        ),
+    )
     args = parser.parse_args(argv)
     definition = datasets[args.dataset]
     common = {**definition["common"], **(definition["quick"]["common"] if args.quick else {})}
@@ -251,7 +310,9 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
             parser.error(f"--arms: unknown {', '.join(unknown)}; the arms are {', '.join(arm.name for arm in arms)}")
         arms = tuple(arm for arm in arms if arm.name in wanted)
     if args.searched_from:  # after the fixed arms, whatever --arms keeps
-        expected = TrainConfig.from_dict({**common, **({"epochs": definition["quick"]["epochs"], "milestones": definition["quick"]["milestones"]} if args.quick else {})})
+        expected = TrainConfig.from_dict(
+            {**common, **({"epochs": definition["quick"]["epochs"], "milestones": definition["quick"]["milestones"]} if args.quick else {})}
+        )
         try:
             searched = searched_arms(Path(args.searched_from), expected, log=lambda line: print(line, flush=True))
         except SweepError as error:
@@ -262,11 +323,18 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
         parser.error(f"--seeds must be an integer >= 2 (the intervals are over seeds); got {seeds}")
     try:
         config = TrainConfig.from_dict(common)
-        study = Study(name=f"{definition.get('prefix', 'fidelity')}-{args.dataset}", common=config, arms=arms, seeds=tuple(range(config.seed, config.seed + seeds)),
-                      concurrency=args.concurrency or definition.get("concurrency", 1),
-                      trial_resources=(("cpu", config.cpus_per_worker), *((("gpu", config.gpus_per_worker),) if config.gpus_per_worker else ())),
-                      address=args.address, comparisons=tuple(definition.get("comparisons", ())), batch_pairs=tuple(definition.get("batch_pairs", ())),
-                      mechanism=tuple(definition.get("mechanism", ())))
+        study = Study(
+            name=f"{definition.get('prefix', 'fidelity')}-{args.dataset}",
+            common=config,
+            arms=arms,
+            seeds=tuple(range(config.seed, config.seed + seeds)),
+            concurrency=args.concurrency or definition.get("concurrency", 1),
+            trial_resources=(("cpu", config.cpus_per_worker), *((("gpu", config.gpus_per_worker),) if config.gpus_per_worker else ())),
+            address=args.address,
+            comparisons=tuple(definition.get("comparisons", ())),
+            batch_pairs=tuple(definition.get("batch_pairs", ())),
+            mechanism=tuple(definition.get("mechanism", ())),
+        )
         for arm in study.arms:
             study.arm_config(arm)
     except ConfigError as error:

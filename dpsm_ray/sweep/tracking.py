@@ -78,8 +78,16 @@ class SweepMLflowCallback(LoggerCallback):
             return
         config = trial_config(trial.config)
         stage, index = trial.config["point"]["stage"], trial.config["point"]["index"]
-        tags = {**self.tags, "stage": stage, "trial_name": str(trial), "trial_index": str(index), "tune_trial_id": trial.trial_id, "method": config.method,
-                "seed": str(config.seed), "parquet_run_id": config.config_hash()}
+        tags = {
+            **self.tags,
+            "stage": stage,
+            "trial_name": str(trial),
+            "trial_index": str(index),
+            "tune_trial_id": trial.trial_id,
+            "method": config.method,
+            "seed": str(config.seed),
+            "parquet_run_id": config.config_hash(),
+        }
         run = self.mlflow.create_run(self.experiment_id, tags=tags, run_name=f"{stage} {index:04d} {config.method} seed {config.seed}")
         self.runs[trial] = run.info.run_id
         self.mlflow.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in config.to_dict().items()])
@@ -129,11 +137,18 @@ def log_predictors(tracking: str | None, results: Path, index: dict, log=print) 
         if experiment is None:
             return
         for entry in index["predictors"]:
-            runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.stage = 'final' and tags.parquet_run_id = '{entry['run_id']}'",
-                                      order_by=["attributes.start_time DESC"], max_results=1)
+            runs = client.search_runs(
+                [experiment.experiment_id],
+                filter_string=f"tags.stage = 'final' and tags.parquet_run_id = '{entry['run_id']}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
             if runs:
                 client.log_artifacts(runs[0].info.run_id, str(results / entry["directory"]), artifact_path="predictor")
     except Exception as error:  # MLflow's own errors, and the network's
-        log(f"warning: MLflow at {uri}: the predictors were not logged ({str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__})")
+        log(
+            f"warning: MLflow at {uri}: the predictors were not logged"
+            f" ({str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__})"
+        )
         return
     log(f"MLflow: the sweep's runs and predictors are in experiment {experiment.name!r} at {uri}")

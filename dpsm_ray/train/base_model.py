@@ -33,14 +33,23 @@ BASE_RECIPES = {
     # ConfTr's Fashion-MNIST baseline (Stutz et al. 2022, google-deepmind/conformal_training run.py
     # and experiments/run_fashion_mnist.py): 150 epochs of batch 100 from lr 0.05, divided by 10 at
     # epochs 60, 90 and 120, Nesterov momentum 0.9, weight decay 5e-4 * sum of squares (torch's 1e-3)
-    "mlp_bn": {"batch_size": 100, "epochs": 150, "lr": 0.05, "milestones": (60, 90, 120), "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
+    "mlp_bn": {
+        "batch_size": 100,
+        "epochs": 150,
+        "lr": 0.05,
+        "milestones": (60, 90, 120),
+        "momentum": 0.9,
+        "nesterov": True,
+        "weight_decay": 1e-3,
+    },
 }
 SMALL_RECIPE = {"batch_size": 64, "epochs": 30, "lr": 0.05, "milestones": ()}
 # Knobs that only matter when fine-tuning: reset so that, e.g., every alpha shares one base model.
 # Every method's options (the cards' fields) are among them: a CE run reads none of them, so they
 # leave its cache key as they are, but a reset base config cannot differ by one left over.
 FINE_TUNING_DEFAULTS = {
-    name: TrainConfig.__dataclass_fields__[name].default for name in ("alpha", *sorted(method_fields()), "val_splits", "eval_splits", "eval_scores")
+    name: TrainConfig.__dataclass_fields__[name].default
+    for name in ("alpha", *sorted(method_fields()), "val_splits", "eval_splits", "eval_scores")
 }
 
 

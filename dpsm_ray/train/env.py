@@ -38,7 +38,9 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
         raise CorruptFileError(path, "is not a checkpoint this service wrote: it holds Python objects, which are never unpickled "
                                      "(weights_only); delete it to train that run again") from None
     except (RuntimeError, EOFError, ValueError) as error:
-        raise CorruptFileError(path, f"cannot be read as a checkpoint ({str(error).splitlines()[0][:120]}); delete it to train that run again") from None
+        raise CorruptFileError(
+            path, f"cannot be read as a checkpoint ({str(error).splitlines()[0][:120]}); delete it to train that run again"
+        ) from None
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
@@ -89,7 +91,9 @@ class ProcessGroupEnv(LocalEnv):
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.collective.world_size == 1:
             return model
-        device_ids = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if self.device.type == "cuda" else None
+        device_ids = (
+            [self.device.index if self.device.index is not None else torch.cuda.current_device()] if self.device.type == "cuda" else None
+        )
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
     def report(self, row: dict, checkpoint: dict | None, epochs: list[dict] | None = None) -> None:

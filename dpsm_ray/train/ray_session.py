@@ -63,7 +63,9 @@ def ensure_ray(address: str | None = None, *, worker_output: bool = True) -> Ses
     try:
         ray.init(address=address, log_to_driver=worker_output)
     except ConnectionError as error:
-        raise ConnectionError(f"cannot reach the Ray cluster at {address} ({error}); check --address / RAY_ADDRESS, or `ray stop` a stale local cluster") from None
+        raise ConnectionError(
+            f"cannot reach the Ray cluster at {address} ({error}); check --address / RAY_ADDRESS, or `ray stop` a stale local cluster"
+        ) from None
     return current_session()
 
 
@@ -92,7 +94,9 @@ def start_embedded(num_cpus: int | None = None, *, worker_output: bool = True, *
     # resources.  So the dashboard gets its port here and Ray's processes inherit its address.
     port = free_local_port()
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
-    ray.init(address="local", num_cpus=num_cpus, log_to_driver=worker_output, dashboard_host="127.0.0.1", dashboard_port=port, **init_options)
+    ray.init(
+        address="local", num_cpus=num_cpus, log_to_driver=worker_output, dashboard_host="127.0.0.1", dashboard_port=port, **init_options
+    )
     _embedded_address = ray.get_runtime_context().gcs_address
     # a driver killed with SIGKILL takes Ray's services with it but not its node agents: a watchdog
     # ends them (dpsm_ray/reaper.py)
@@ -161,7 +165,11 @@ class Demand:
     def describe(self) -> str:
         if self.in_process:
             return f"--workers 0: each trial trains in its own process, holding {amounts(self.own)} (--cpus-per-worker, --gpus-per-worker)"
-        per = " and ".join(f"--{flag} {self.per_worker[k]:g}" for k, flag in (("CPU", "cpus-per-worker"), ("GPU", "gpus-per-worker")) if self.per_worker.get(k, 0) > 0)
+        per = " and ".join(
+            f"--{flag} {self.per_worker[k]:g}"
+            for k, flag in (("CPU", "cpus-per-worker"), ("GPU", "gpus-per-worker"))
+            if self.per_worker.get(k, 0) > 0
+        )
         own = f"{amounts(self.own)} for the trial's own process + " if self.own else ""
         return f"{own}--workers {self.workers} x {per}"
 
@@ -175,8 +183,14 @@ class Demand:
         advice = "lower --cpus-per-worker or --gpus-per-worker"
         if not self.in_process:
             room = [math.floor((have.get(k, 0.0) - self.own.get(k, 0.0)) / v + 1e-9) for k, v in self.per_worker.items() if v > 0]
-            advice = f"at most --workers {max(0, min(room))} fit with these per-worker values: lower --workers, --cpus-per-worker or --gpus-per-worker"
-        return f"a run needs {amounts({k: self.total(k) for k in shown})} at once ({self.describe()}), but {where} has {amounts({k: have.get(k, 0.0) for k in shown})}; {advice}"
+            advice = (
+                f"at most --workers {max(0, min(room))} fit with these per-worker values: lower --workers, --cpus-per-worker or"
+                " --gpus-per-worker"
+            )
+        return (
+            f"a run needs {amounts({k: self.total(k) for k in shown})} at once ({self.describe()}), but {where} has"
+            f" {amounts({k: have.get(k, 0.0) for k in shown})}; {advice}"
+        )
 
 
 
@@ -241,7 +255,10 @@ def wait_for(demand: Demand, timeout_s: float, log: Callable[[str], None]) -> No
     finally:
         remove_placement_group(group)
     if not ready:
-        raise InsufficientResources(demand.shortfall(cluster_capacity(), f"after {timeout_s:.0f}s the Ray cluster") + ", or raise --resource-timeout if nodes are still coming")
+        raise InsufficientResources(
+            demand.shortfall(cluster_capacity(), f"after {timeout_s:.0f}s the Ray cluster")
+            + ", or raise --resource-timeout if nodes are still coming"
+        )
 
 
 def amounts(resources: dict[str, float]) -> str:

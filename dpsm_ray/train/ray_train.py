@@ -67,9 +67,11 @@ def trial_device(name: str) -> torch.device:
     if not torch.cuda.is_available():
         import ray
 
-        raise GpuUnavailable(f"node {ray.util.get_node_ip_address()}: this trial holds GPU {','.join(gpus)} (CUDA_VISIBLE_DEVICES={visible!r}) but torch "
-                             "sees no CUDA device (driver, CUDA build of torch, or container GPU access); it stops rather than train on the CPU "
-                             "(--device cpu runs on the CPU on purpose)")
+        raise GpuUnavailable(
+            f"node {ray.util.get_node_ip_address()}: this trial holds GPU {','.join(gpus)} (CUDA_VISIBLE_DEVICES={visible!r}) but torch "
+            "sees no CUDA device (driver, CUDA build of torch, or container GPU access); it stops rather than train on the CPU "
+            "(--device cpu runs on the CPU on purpose)"
+        )
     if name.startswith("cuda:"):
         return torch.device(name)
     ids = visible.split(",") if visible else []
@@ -109,7 +111,11 @@ class RunDirReporting:
         if self.collective.rank == 0:
             if not result.epochs:  # a base model evaluated as it is (0 epochs): its weights, for read_result
                 save_checkpoint(self.run_dir / CHECKPOINT_FILE, {"epoch": -1, "model": result.model_state, "epochs": []})
-            payload = {field.name: getattr(result, field.name) for field in dataclasses.fields(result) if field.name not in ("config", "model_state", "epochs")}
+            payload = {
+                field.name: getattr(result, field.name)
+                for field in dataclasses.fields(result)
+                if field.name not in ("config", "model_state", "epochs")
+            }
             write_checked_json(self.run_dir / RESULT_FILE, payload)
         metrics = {"epoch": len(result.epochs), FINISHED: True, **self.extra}
         if result.epochs:
@@ -162,8 +168,15 @@ def trainer_for(config: TrainConfig, run_dir: str | os.PathLike, callbacks=(), e
     run_dir = Path(run_dir).resolve()
     return TorchTrainer(
         worker_fn,
-        train_loop_config={"config": config.to_dict(), "threads": max(1, int(config.cpus_per_worker)), "run_dir": str(run_dir), "extra": extra},
-        scaling_config=ray.train.ScalingConfig(num_workers=config.workers, use_gpu=config.gpus_per_worker > 0, resources_per_worker=resources),
+        train_loop_config={
+            "config": config.to_dict(),
+            "threads": max(1, int(config.cpus_per_worker)),
+            "run_dir": str(run_dir),
+            "extra": extra,
+        },
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=config.workers, use_gpu=config.gpus_per_worker > 0, resources_per_worker=resources
+        ),
         # nccl when the workers hold GPUs (Ray's default), gloo when they train on the CPU on purpose
         torch_config=TorchConfig(backend="gloo" if config.device == "cpu" else None),
         run_config=ray.train.RunConfig(

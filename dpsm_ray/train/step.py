@@ -92,7 +92,16 @@ def forward_objective(model, objective: Objective, x1, y1, x2, y2, precision: st
 
 
 class EagerStep:
-    def __init__(self, model: nn.Module, objective: Objective, optimizer: torch.optim.Optimizer, *, precision: str = "fp32", channels_last: bool = False) -> None:
+
+    def __init__(
+        self,
+        model: nn.Module,
+        objective: Objective,
+        optimizer: torch.optim.Optimizer,
+        *,
+        precision: str = "fp32",
+        channels_last: bool = False,
+    ) -> None:
         self.model, self.objective, self.optimizer = model, objective, optimizer
         self.precision, self.channels_last = precision, channels_last
 
@@ -144,7 +153,17 @@ class GraphStep:
     place afterwards.
     """
 
-    def __init__(self, model: nn.Module, objective: Objective, optimizer: torch.optim.Optimizer, example, *, precision: str = "fp32", channels_last: bool = False, capture: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        objective: Objective,
+        optimizer: torch.optim.Optimizer,
+        example,
+        *,
+        precision: str = "fp32",
+        channels_last: bool = False,
+        capture: bool = True,
+    ) -> None:
         if not isinstance(objective.collective, LocalCollective):
             raise ValueError("step: graph runs one worker; use the eager step with several workers")
         group = sgd_group(optimizer)
