@@ -21,7 +21,7 @@ def option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
 
 def test_every_place_that_offers_a_choice_offers_the_cards():
     from dpsm_ray.cli import build_parser
-    from dpsm_ray.conformal import evaluate
+    from dpsm_ray.conformal import Resplits, evaluate
     from dpsm_ray.sweep.cli import build_parser as sweep_parser
     from dpsm_ray.config import ConfigError, TrainConfig, field_help
 
@@ -48,7 +48,7 @@ def test_every_place_that_offers_a_choice_offers_the_cards():
         assert all(name in str(error.value) for name in names[listed]), error.value
     # evaluation: every score, in the cards' order
     probs = torch.softmax(torch.randn(40, 3, generator=torch.Generator().manual_seed(0)), dim=1)
-    rows = evaluate(probs, torch.arange(40) % 3, 0.2, scores=cards.score_functions(), splits=1, wsc_directions=1)
+    rows = evaluate(probs, torch.arange(40) % 3, 0.2, Resplits(cards.score_functions(), splits=1), wsc_directions=1)
     assert tuple(dict.fromkeys(row["score"] for row in rows)) == names["score"]
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dpsm_ray.cli import main
-from dpsm_ray.conformal import check_alpha, evaluate, example_uniforms
+from dpsm_ray.conformal import Resplits, check_alpha, evaluate, example_uniforms
 from dpsm_ray.cards import build_model, load_splits, score_functions
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import read_checked_json, sha256_file, write_checked_json
@@ -105,7 +105,8 @@ def test_sets_equal_the_evaluation_s_on_the_same_split(trained, digits):
     x = torch.cat([raw["cal"], raw["test"]])
     y, ids = torch.cat([data.cal.labels, data.test.labels]), torch.cat([data.cal.ids, data.test.ids])
     probs = predictor.predict_proba(x)
-    rows = evaluate(probs, y, 0.1, scores=score_functions(), splits=2, cal_fraction=len(data.cal) / len(x), seed=predictor.uniform_seed, example_ids=ids)
+    resplits = Resplits(score_functions(), splits=2, cal_fraction=len(data.cal) / len(x), seed=predictor.uniform_seed, example_ids=ids)
+    rows = evaluate(probs, y, 0.1, resplits)
     from dpsm_ray.conformal import resplit
 
     cal, test = resplit(len(x), 2, len(data.cal) / len(x), predictor.uniform_seed)

@@ -1,6 +1,6 @@
 """Conformal prediction: scores, the exact quantile, prediction sets and metrics.  Imports torch only."""
 
-from dpsm_ray.conformal.evaluate import CLASS_COLUMNS, EVAL_COLUMNS, evaluate, evaluate_classes, resplit
+from dpsm_ray.conformal.evaluate import CLASS_COLUMNS, EVAL_COLUMNS, Resplits, evaluate, evaluate_classes, resplit
 from dpsm_ray.conformal.metrics import (
     SSCV_BINS,
     accuracy,
@@ -35,6 +35,7 @@ from dpsm_ray.conformal.scores import aps_matrix, example_uniforms, hps_matrix, 
 __all__ = [
     "CLASS_COLUMNS",
     "EVAL_COLUMNS",
+    "Resplits",
     "SSCV_BINS",
     "accuracy",
     "aps_matrix",

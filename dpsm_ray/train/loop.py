@@ -26,7 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpsm_ray.conformal import empirical_quantile, evaluate, evaluate_classes, label_scores, pinball_loss, prediction_sets, set_size, soft_set_size
+from dpsm_ray.conformal import (
+    empirical_quantile,
+    Resplits,
+    evaluate,
+    evaluate_classes,
+    label_scores,
+    pinball_loss,
+    prediction_sets,
+    set_size,
+    soft_set_size,
+)
 from dpsm_ray.cards import build_model, load_splits, score_functions
 from dpsm_ray.data import DataSplits, Split, stratified_partition
 from dpsm_ray.methods import method_fields
@@ -70,7 +80,9 @@ class RunResult:
 
 
 def load_data(config: TrainConfig, device: torch.device) -> DataSplits:
-    data = load_splits(config.dataset, config.data_root, seed=config.data_seed(), download=config.download, data_workers=config.data_workers)
+    data = load_splits(
+        config.dataset, config.data_root, seed=config.data_seed(), download=config.download, data_workers=config.data_workers
+    )
     if config.train_subset is not None:
         if config.train_subset > len(data.train):
             raise ConfigError("train_subset", config.train_subset, f"must be at most the {len(data.train)} training examples found on disk")
@@ -94,7 +106,9 @@ def step_batches(half: torch.Tensor, epoch: int, seed: int, name: str, global_ba
     return [order[i * global_batch + rank * local : i * global_batch + (rank + 1) * local] for i in range(steps)]
 
 
-def split_batches(pool: torch.Tensor, epoch: int, seed: int, batch_size: int, rank: int, world: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def split_batches(
+    pool: torch.Tensor, epoch: int, seed: int, batch_size: int, rank: int, world: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """ConfTr's batch split: each global batch is a random ``batch_size`` block of ``pool``, its
     first half B1 (calibration) and its second half B2 (prediction); this worker's slice of each."""
     order = pool[torch.randperm(pool.numel(), generator=generator(seed, "batch", epoch))]
@@ -143,7 +157,9 @@ def predict(model: nn.Module, split: Split, positions: torch.Tensor, num_classes
     return env.collective.gather_uneven(local, sizes)
 
 
-def label_scores_of(model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env, precision: str = "fp32") -> torch.Tensor:
+def label_scores_of(
+    model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env, precision: str = "fp32"
+) -> torch.Tensor:
     """HPS scores of the true labels of ``split[positions]`` (eval mode, every worker's shard)."""
     logits = predict(model, split, positions, num_classes, env, precision)
     return label_scores(hps_scores(logits), split.labels[positions].to(logits.device))
@@ -182,12 +198,25 @@ def train(config: TrainConfig, env) -> RunResult:
     if channels_last:
         model = model.to(memory_format=torch.channels_last)  # only 4-d (conv) weights change
     model = env.prepare_model(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, nesterov=config.nesterov)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, nesterov=config.nesterov
+    )
     # the step is built from the first batch (a captured step needs its shapes)
-    make_step = functools.partial(build_step, model, objective, optimizer, kind=config.step, precision=config.precision, channels_last=channels_last, capturable=graph_ok)
+    make_step = functools.partial(
+        build_step,
+        model,
+        objective,
+        optimizer,
+        kind=config.step,
+        precision=config.precision,
+        channels_last=channels_last,
+        capturable=graph_ok,
+    )
     scheduler = lr_scheduler(optimizer, config)
     d1, d2 = halves(train_size, config.seed)
-    result = RunResult(config, split_sizes=data.sizes(), split_ids={n: getattr(data, n).ids.tolist() for n in ("train", "val", "cal", "test")})
+    result = RunResult(
+        config, split_sizes=data.sizes(), split_ids={n: getattr(data, n).ids.tolist() for n in ("train", "val", "cal", "test")}
+    )
 
     state = env.load_state()
     if state is not None:
@@ -231,7 +260,12 @@ def train(config: TrainConfig, env) -> RunResult:
             diagnosed = time.perf_counter()
             row.update(validation_metrics(model, data.val, data.num_classes, config, env))
         ended = time.perf_counter()
-        row.update(epoch_seconds=ended - started, train_seconds=trained - started, diagnostics_seconds=diagnosed - trained, validation_seconds=ended - diagnosed)
+        row.update(
+            epoch_seconds=ended - started,
+            train_seconds=trained - started,
+            diagnostics_seconds=diagnosed - trained,
+            validation_seconds=ended - diagnosed,
+        )
         result.epochs.append(row)
         last = epoch == config.epochs - 1
         checkpoint = None
@@ -289,13 +323,17 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
-def train_epoch(model, objective: Objective, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env, make_step, step=None) -> tuple[dict, object]:
+def train_epoch(
+    model, objective: Objective, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env, make_step, step=None
+) -> tuple[dict, object]:
     """One epoch of steps; returns its mean statistics and the step function (reused by the
     next epoch; ``make_step(first_batch)`` builds it when ``step`` is None)."""
     rank, world = env.collective.rank, env.collective.world_size
     global_half = config.batch_size // 2
     if global_half % world:  # config.workers is checked up front; this is the process group that really runs
-        raise ConfigError("batch_size", config.batch_size, f"must be divisible by 2 * {world} workers: each takes an equal slice of each half")
+        raise ConfigError(
+            "batch_size", config.batch_size, f"must be divisible by 2 * {world} workers: each takes an equal slice of each half"
+        )
     if objective.batch_split == "batch":
         batches1, batches2 = split_batches(torch.arange(len(train_split)), epoch, config.seed, config.batch_size, rank, world)
     else:
@@ -374,7 +412,21 @@ def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, con
         "q_dataset": float(q_dataset),
         "soft_size": float(soft_set_size(scores[d2.to(device)], q_dataset, config.sigmoid_temperature)),
         "q_dataset_train": float(q_train),
-        **{name: math.nan for name in ("q_error", "q_error_train", "upper_loss_q", "upper_loss_qn", "upper_gap", "lower_loss_q", "lower_loss_qn", "lower_gap", "train_soft_size_q", "train_set_size_q")},
+        **{
+            name: math.nan
+            for name in (
+                "q_error",
+                "q_error_train",
+                "upper_loss_q",
+                "upper_loss_qn",
+                "upper_gap",
+                "lower_loss_q",
+                "lower_loss_qn",
+                "lower_gap",
+                "train_soft_size_q",
+                "train_set_size_q",
+            )
+        },
     }
     if learned is None:
         return row
@@ -405,7 +457,9 @@ def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, con
     return row
 
 
-def learned_quantiles(objective: Objective, d1_scores: torch.Tensor, train_scores: torch.Tensor, config: TrainConfig) -> torch.Tensor | None:
+def learned_quantiles(
+    objective: Objective, d1_scores: torch.Tensor, train_scores: torch.Tensor, config: TrainConfig
+) -> torch.Tensor | None:
     """The quantile(s) a method trains with, at the current model (``Objective.training_quantiles``):
     DPSM's q; ConfTr's batch quantiles; None for CE, CUT and ConfTr as published (whose tau lives
     on the -log p scale, not on the HPS scores these diagnostics use)."""
@@ -416,17 +470,10 @@ def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig,
     """Split conformal inside the validation split (HPS), averaged over re-splits: what a sweep
     selects on.  The test data is never looked at."""
     logits = predict(model, val, torch.arange(len(val)), num_classes, env, config.precision)
-    rows = evaluate(
-        logits.double().softmax(dim=1).cpu(),
-        val.labels,
-        config.alpha,
-        scores=score_functions(("hps",)),
-        splits=config.val_splits,
-        cal_fraction=0.5,
-        seed=derive_seed(config.seed, "val"),
-        example_ids=val.ids,
-        wsc_directions=1,
+    resplits = Resplits(
+        score_functions(("hps",)), splits=config.val_splits, cal_fraction=0.5, seed=derive_seed(config.seed, "val"), example_ids=val.ids
     )
+    rows = evaluate(logits.double().softmax(dim=1).cpu(), val.labels, config.alpha, resplits, wsc_directions=1)
     return {
         "val_coverage": sum(r["coverage"] for r in rows) / len(rows),
         "val_set_size": sum(r["set_size"] for r in rows) / len(rows),
@@ -438,19 +485,24 @@ def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> tuple
     """The paper's protocol: pool cal and test, re-split at random ``eval_splits`` times keeping
     the calibration size, and evaluate every score: one row per score and re-split, and one per
     score, re-split and class (the class-conditional coverage of the paper's figures 5-6)."""
-    probs = torch.cat([predict(model, s, torch.arange(len(s)), data.num_classes, env, config.precision) for s in (data.cal, data.test)]).double().softmax(dim=1).cpu()
+    probs = (
+        torch.cat([predict(model, s, torch.arange(len(s)), data.num_classes, env, config.precision) for s in (data.cal, data.test)])
+        .double()
+        .softmax(dim=1)
+        .cpu()
+    )
     labels = torch.cat([data.cal.labels, data.test.labels])
-    protocol = dict(
-        scores=score_functions(config.eval_scores),
+    resplits = Resplits(
+        score_functions(config.eval_scores),
         splits=config.eval_splits,
         cal_fraction=len(data.cal) / (len(data.cal) + len(data.test)),
         seed=config.seed,
         example_ids=torch.cat([data.cal.ids, data.test.ids]).cpu(),
     )
-    classes = evaluate_classes(probs, labels, config.alpha, **protocol)
+    classes = evaluate_classes(probs, labels, config.alpha, resplits)
     for row in classes:
         row["class_name"] = data.class_names[row["label"]] if data.class_names else None
-    return evaluate(probs, labels, config.alpha, **protocol), classes
+    return evaluate(probs, labels, config.alpha, resplits), classes
 
 
 def progress_line(row: dict, config: TrainConfig, uses_quantile: bool) -> EpochLine:
@@ -461,4 +513,6 @@ def progress_line(row: dict, config: TrainConfig, uses_quantile: bool) -> EpochL
         f"[{config.method}] epoch {row['epoch']:>3}/{config.epochs}  upper {row['upper_loss']:.4f}"
         f"{quantile}  val cov {row['val_coverage']:.3f}  val size {row['val_set_size']:.2f}  ({row['epoch_seconds']:.1f}s)"
     )
-    return EpochLine(text, epoch=row["epoch"], epochs=config.epochs, seconds=row["epoch_seconds"], val_set_size=row["val_set_size"], method=config.method)
+    return EpochLine(
+        text, epoch=row["epoch"], epochs=config.epochs, seconds=row["epoch_seconds"], val_set_size=row["val_set_size"], method=config.method
+    )

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dpsm_ray.cards import score_functions, score_matrix, score_names
-from dpsm_ray.conformal import CLASS_COLUMNS, EVAL_COLUMNS, evaluate, evaluate_classes, example_uniforms, resplit
+from dpsm_ray.conformal import CLASS_COLUMNS, EVAL_COLUMNS, Resplits, evaluate, evaluate_classes, example_uniforms, resplit
 
 
 SCORES = score_functions()  # every score, by its card
@@ -33,7 +33,7 @@ def slow_split_metrics(probs, labels, alpha, cal_index, test_index, kind, u):
 
 def test_evaluate_matches_a_slow_loop_over_splits():
     probs, labels = calibrated_data(120, 6, seed=0)
-    rows = evaluate(probs, labels, 0.1, scores=SCORES, splits=4, cal_fraction=0.5, seed=9, wsc_directions=8)
+    rows = evaluate(probs, labels, 0.1, Resplits(SCORES, splits=4, cal_fraction=0.5, seed=9), wsc_directions=8)
     assert len(rows) == 3 * 4 and set(rows[0]) == set(EVAL_COLUMNS)
     cal, test = resplit(120, 4, 0.5, 9)
     u = example_uniforms(9, torch.arange(120))
@@ -47,8 +47,8 @@ def test_evaluate_matches_a_slow_loop_over_splits():
 
 def test_class_rows_match_a_slow_loop_and_add_up_to_the_marginal_rows():
     probs, labels = calibrated_data(120, 6, seed=0)
-    rows = evaluate_classes(probs, labels, 0.1, scores=SCORES, splits=4, cal_fraction=0.5, seed=9)
-    marginal = evaluate(probs, labels, 0.1, scores=SCORES, splits=4, cal_fraction=0.5, seed=9, wsc_directions=8)
+    rows = evaluate_classes(probs, labels, 0.1, Resplits(SCORES, splits=4, cal_fraction=0.5, seed=9))
+    marginal = evaluate(probs, labels, 0.1, Resplits(SCORES, splits=4, cal_fraction=0.5, seed=9), wsc_directions=8)
     assert len(rows) == 3 * 4 * 6 and set(rows[0]) == set(CLASS_COLUMNS)
     cal, test = resplit(120, 4, 0.5, 9)
     u = example_uniforms(9, torch.arange(120))
@@ -74,7 +74,7 @@ def test_mean_coverage_is_valid_and_not_conservative():
     # [1 - alpha, 1 - alpha + 1/(m + 1)] (no ties), up to the sampling error of the mean.
     probs, labels = calibrated_data(600, 10, seed=1)
     alpha, m, splits = 0.1, 200, 1500
-    rows = evaluate(probs, labels, alpha, scores=SCORES, splits=splits, cal_fraction=m / 600, seed=2, wsc_directions=2)
+    rows = evaluate(probs, labels, alpha, Resplits(SCORES, splits=splits, cal_fraction=m / 600, seed=2), wsc_directions=2)
     for kind in score_names():
         covs = torch.tensor([r["coverage"] for r in rows if r["score"] == kind])
         mean, standard_error = covs.mean().item(), covs.std().item() / splits**0.5
@@ -83,7 +83,7 @@ def test_mean_coverage_is_valid_and_not_conservative():
 
 def test_too_few_calibration_points_give_full_sets():
     probs, labels = calibrated_data(50, 4, seed=3)
-    rows = evaluate(probs, labels, 0.1, scores=SCORES, splits=3, cal_fraction=0.1, seed=0, wsc_directions=4)  # m = 5 < 1/alpha
+    rows = evaluate(probs, labels, 0.1, Resplits(SCORES, splits=3, cal_fraction=0.1, seed=0), wsc_directions=4)  # m = 5 < 1/alpha
     for row in rows:
         assert math.isinf(row["q"]) and row["coverage"] == 1.0 and row["set_size"] == 4.0
 
@@ -92,7 +92,7 @@ def test_a_class_absent_from_calibration_is_still_predicted_and_scored():
     probs, labels = calibrated_data(200, 5, seed=4)
     labels[labels == 4] = 3
     labels[0] = 4  # class 4 has a single example: absent from calibration in most re-splits
-    rows = evaluate(probs, labels, 0.1, scores=SCORES, splits=20, cal_fraction=0.5, seed=1, wsc_directions=4)
+    rows = evaluate(probs, labels, 0.1, Resplits(SCORES, splits=20, cal_fraction=0.5, seed=1), wsc_directions=4)
     cal, test = resplit(200, 20, 0.5, 1)
     absent = [s for s in range(20) if 0 in test[s].tolist()]
     assert absent, "the seed should put example 0 in some test part"
@@ -117,10 +117,14 @@ def test_a_class_absent_from_calibration_is_still_predicted_and_scored():
 def test_bad_arguments_are_named():
     probs, labels = calibrated_data(20, 3, seed=5)
     with pytest.raises(ValueError, match="alpha"):
-        evaluate(probs, labels, 1.0, scores=SCORES)
+        evaluate(probs, labels, 1.0, Resplits(SCORES))
     with pytest.raises(ValueError, match="score must be one of"):
-        evaluate(probs, labels, 0.1, scores=score_functions(("thr",)))
+        evaluate(probs, labels, 0.1, Resplits(score_functions(("thr",))))
     with pytest.raises(ValueError, match="cal_fraction"):
-        evaluate(probs, labels, 0.1, scores=SCORES, cal_fraction=1.0)
+        evaluate(probs, labels, 0.1, Resplits(SCORES, cal_fraction=1.0))
     with pytest.raises(ValueError, match="empty calibration or test"):
-        evaluate(probs, labels, 0.1, scores=SCORES, cal_fraction=0.01)
+        evaluate(probs, labels, 0.1, Resplits(SCORES, cal_fraction=0.01))
+    with pytest.raises(ValueError, match="scores must map each score's name to its function"):
+        Resplits(["hps"])
+    with pytest.raises(ValueError, match=r"probs must be \[n, K\] and labels \[n\]"):
+        evaluate_classes(probs, labels[:-1], 0.1, Resplits(SCORES))
