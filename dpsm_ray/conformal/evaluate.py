@@ -8,17 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from dpsm_ray.conformal.metrics import (
-    accuracy,
-    class_coverage,
-    class_counts,
-    class_set_size,
-    coverage,
-    covered,
-    covgap,
-    prediction_sets,
-    set_size,
-    sscv,
-    wsc,
+    accuracy, class_counts, class_coverage, class_set_size, coverage, covered, covgap, prediction_sets, set_size, sscv, wsc,
 )
 from dpsm_ray.conformal.quantile import check_alpha, conformal_quantile
 from dpsm_ray.conformal.scores import example_uniforms, label_scores

@@ -314,28 +314,10 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     figures = write_figures(results, evals, epochs, classes, run_context(results, trials, alpha))
     search_written, search_note = search_written()
     for figure in figures:
-        md += [
-            f"## {figure.title}",
-            "",
-            figure.caption,
-            "",
-            f"![{figure.title}](figures/{figure.name}.png)",
-            "",
-            f"PDF: `figures/{figure.name}.pdf`",
-            "",
-        ]
+        md += markdown_figure(figure, "##")
     md += ["## Search", "", search_note, ""]
     for figure in search_written:
-        md += [
-            f"### {figure.title}",
-            "",
-            figure.caption,
-            "",
-            f"![{figure.title}](figures/{figure.name}.png)",
-            "",
-            f"PDF: `figures/{figure.name}.pdf`",
-            "",
-        ]
+        md += markdown_figure(figure, "###")
     tex += [latex_figure(f) for f in [*figures, *search_written]]
     write_text(results / "report.md", "\n".join(md))
     write_text(results / "report.tex", latex_document(results.name, tex, search_note))
@@ -405,6 +387,12 @@ def write_drawn(results: Path, drawn) -> list[Figure]:
         save(fig, out, figure.name)
         written.append(figure)
     return written
+
+
+def markdown_figure(figure: Figure, heading: str) -> list[str]:
+    """A figure's lines in report.md: its title under ``heading``, its caption, the PNG and the PDF's path."""
+    image = f"![{figure.title}](figures/{figure.name}.png)"
+    return [f"{heading} {figure.title}", "", figure.caption, "", image, "", f"PDF: `figures/{figure.name}.pdf`", ""]
 
 
 def latex_figure(figure: Figure) -> str:
