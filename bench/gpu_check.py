@@ -14,10 +14,12 @@ step that fails is recorded and the next one runs:
 - ``throughput``: ``bench/throughput.py`` in full (its own JSON into throughput.json).
 - ``packed``: ``sweeps/cifar100.py`` for 2 epochs with ``--trials-per-gpu`` 1, 2 and 4 (one wave
   of trials each); the sweep's wall time and the images/s of all its trials together.
+- ``stacked``: ``bench/stacked.py`` (bf16 on the GPU): N = 1, 2, 4, 8 ResNet-110 trials as one
+  stacked model against the same trials stepped one after another; its JSON line from its log.
 
 Writes into ``--out`` (default ``$OUT``, the device tool's output folder, else bench/gpu_check):
 ``gpu_check.json`` (rewritten after every step, so a call cut short still brings back what ran),
-one ``<step>.log`` per step and ``throughput.json`` -- at most 7 files, under the tool's 8.  One
+one ``<step>.log`` per step and ``throughput.json`` -- at most 8 files, the tool's limit.  One
 device call runs at most 10 minutes: run the steps over several calls (bench/README.md), each
 adding to the same summary only when ``--out`` keeps it, else each call's own.
 """
@@ -36,7 +38,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("environment", "gpu_tests", "train", "throughput", "packed")
+STEPS = ("environment", "gpu_tests", "train", "throughput", "packed", "stacked")
 # sizes: the real runs on a GPU, and the CPU dry run (each step in well under a minute or two; one
 # packed sweep, P = 2: every P runs the same code, a sweep of its own)
 FULL = {"model": "resnet110", "epochs": 2, "batch": 128, "train_images": 50000, "test_images": 10000, "train_subset": None, "packs": (1, 2, 4)}
@@ -46,7 +48,7 @@ TRAIN_VARIANTS = {"eager_fp32": ["--step", "eager", "--precision", "fp32"],
                   "graph_bf16_channels_last": ["--step", "graph", "--precision", "bf16", "--channels-last"],
                   "graph_bf16_full_diagnostics": ["--step", "graph", "--precision", "bf16", "--channels-last", "--diagnostic-examples", "0"],
                   "auto": ["--step", "auto", "--precision", "auto"]}
-STEP_TIMEOUT_S = {"environment": 120, "gpu_tests": 900, "train": 900, "throughput": 1200, "packed": 1200}
+STEP_TIMEOUT_S = {"environment": 120, "gpu_tests": 900, "train": 900, "throughput": 1200, "packed": 1200, "stacked": 600}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -226,6 +228,18 @@ def packed(args, out: Path) -> dict:
     return {"sweeps": results, "ok": all(r["exit"] == 0 and r.get("trials_ok") == r.get("trials") for r in results.values())}
 
 
+def stacked(args, out: Path) -> dict:
+    """``bench/stacked.py``: stacked trials against separate ones; its record is the JSON line it printed."""
+    command = [sys.executable, str(ROOT / "bench" / "stacked.py"), "--device", args.device]
+    command += ["--quick"] if args.quick else ["--precision", "bf16"]
+    result = run_logged(command, out / "stacked.log", STEP_TIMEOUT_S["stacked"])
+    lines = [line for line in (out / "stacked.log").read_text().splitlines() if line.startswith('{"benchmark": "stacked"')]
+    if lines:
+        record = json.loads(lines[-1])
+        result.update(summary=record["summary"], rows=record["rows"])
+    return {**result, "ok": result["exit"] == 0 and bool(lines)}
+
+
 def write_summary(path: Path, summary: dict) -> None:
     from dpsm_ray.files import atomic_write
 
@@ -239,7 +253,7 @@ def main(argv=None) -> int:
     path = out / "gpu_check.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
     summary.update(benchmark="gpu_check", device=args.device, quick=args.quick, sizes={k: list(v) if isinstance(v, tuple) else v for k, v in args.sizes.items()})
-    steps = {"environment": environment, "gpu_tests": gpu_tests, "train": train, "throughput": throughput, "packed": packed}
+    steps = {"environment": environment, "gpu_tests": gpu_tests, "train": train, "throughput": throughput, "packed": packed, "stacked": stacked}
     for name in args.steps:
         started = time.perf_counter()
         print(f"[gpu_check] {name} ...", flush=True)
@@ -266,6 +280,8 @@ def table(summary: dict) -> str:
         elif name == "packed":
             figures = "  ".join(f"P={k.rsplit('_', 1)[-1]}: {v.get('images_per_s_aggregate')} images/s, {v.get('seconds')}s, {v.get('trials_ok')}/{v.get('trials')} ok"
                                 for k, v in step.get("sweeps", {}).items())
+        elif name == "stacked":
+            figures = "  ".join(f"N={k.rsplit('_', 1)[-1]}: {v:.2f}x" for k, v in step.get("summary", {}).items())
         elif name == "throughput":
             figures = "  ".join(f"{k} {v:.3g}" for k, v in step.get("summary", {}).items() if isinstance(v, (int, float)))
         elif name == "gpu_tests":

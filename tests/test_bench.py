@@ -107,8 +107,11 @@ def test_gpu_check_dry_runs_every_step_on_cpu(tmp_path):
                             capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "gpu_check.json").read_text())
-    assert json.loads(result.stdout.splitlines()[-7]) == summary  # the JSON line, then the table (a header and 5 rows)
-    assert all(summary[step]["ok"] for step in ("environment", "gpu_tests", "train", "throughput", "packed"))
+    assert json.loads(result.stdout.splitlines()[-8]) == summary  # the JSON line, then the table (a header and 6 rows)
+    assert all(summary[step]["ok"] for step in ("environment", "gpu_tests", "train", "throughput", "packed", "stacked"))
+    # its stacked step: `bench/stacked.py --device cpu --quick`, a ratio of images/s for each N
+    assert sorted(summary["stacked"]["summary"]) == [f"stacked_over_separate_{n}" for n in (1, 2, 4)]
+    assert all(row["images_per_second"] > 0 for row in summary["stacked"]["rows"])
     variants = summary["train"]["variants"]
     assert variants["graph_bf16_channels_last"] == variants["graph_bf16_full_diagnostics"] == {"skipped": "the captured graph needs CUDA"}
     # auto is eager fp32 on a CPU: the same losses as the plain run
@@ -166,3 +169,17 @@ def test_precision_benchmark_trains_each_seed_in_both_precisions_and_compares_by
 def test_precision_benchmark_rejects_bad_options_by_name():
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "precision.py"), "--quick", "--seeds", "3"], capture_output=True, text=True)
     assert result.returncode == 2 and "--seeds: at least two seeds" in result.stderr
+
+
+def test_stacked_benchmark_prints_a_record_and_a_table(tmp_path):
+    """bench/stacked.py --device cpu --quick: separate and stacked steps for each N, their ratio."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "stacked.py"), "--device", "cpu", "--quick", "--trials", "1,2", "--steps", "1",
+                             "--warmup", "0", "--json-out", str(tmp_path / "stacked.json")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads((tmp_path / "stacked.json").read_text())
+    assert [(row["path"], row["trials"]) for row in record["rows"]] == [("separate", 1), ("stacked", 1), ("separate", 2), ("stacked", 2)]
+    rates = {(row["path"], row["trials"]): row["images_per_second"] for row in record["rows"]}
+    assert record["summary"] == {f"stacked_over_separate_{n}": rates["stacked", n] / rates["separate", n] for n in (1, 2)}
+    table = result.stdout.splitlines()[-2:]
+    assert [line.split()[0] for line in table] == ["1", "2"] and all(line.endswith("x") for line in table)
