@@ -13,6 +13,9 @@ Pipelines, each timed over whole training steps (forward of B1 + B2, objective, 
   the eager fp32 step.
 - ``packed``: P processes, each running ``ours`` for one trial, sharing the device; the figure is
   their aggregate images/s.
+- ``compiled`` (only with ``--pipelines``): ``ours`` with the model ``torch.compile``d
+  (``--compile-mode``; ``reduce-overhead`` adds CUDA graphs) in the eager step, the objective and
+  optimizer as they are; its warmup steps include the compilation.
 
 Prints one JSON line (every measurement, the summary ratios, the machine) and then a table.
 A measurement that fails is recorded with its error and the benchmark goes on.
@@ -40,6 +43,7 @@ from dpsm_ray.train.step import EagerStep, GraphStep
 CLASSES = 100
 FULL = dict(models="resnet110,densenet100", methods=",".join(PAPER_METHODS), batches="64,128", packs="1,2,4,8", steps=50, warmup=10, images=50000)
 QUICK = dict(models="resnet20", methods=",".join(PAPER_METHODS), batches="32", packs="1,2", steps=3, warmup=1, images=256)
+PIPELINES = ("official", "ours", "compiled")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,7 +51,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto (cuda if there is one), cpu, cuda")
     parser.add_argument("--quick", action="store_true", help="small sizes (for CPU and CI): %s" % QUICK)
     for name in ("models", "methods", "batches", "packs"):
-        parser.add_argument(f"--{name}", help=f"comma-separated (default: {FULL[name]}; quick: {QUICK[name]})")
+        parser.add_argument(f"--{name}", help=f"comma-separated (default: {FULL[name]}; quick: {QUICK[name]}; --packs 0: none)")
+    parser.add_argument("--pipelines", default="official,ours", help=f"comma-separated, of {', '.join(PIPELINES)} (default: %(default)s)")
+    parser.add_argument("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+                        help="torch.compile's mode for the compiled pipeline (default: %(default)s)")
     parser.add_argument("--steps", type=int, help="timed steps per measurement")
     parser.add_argument("--warmup", type=int, help="untimed steps first (graph capture, cuDNN autotuning)")
     parser.add_argument("--images", type=int, help="images in the synthetic CIFAR-100-shaped dataset")
@@ -61,7 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.models = args.models.split(",")
     args.methods = args.methods.split(",")
     args.batches = [int(b) for b in args.batches.split(",")]
-    args.packs = [int(p) for p in args.packs.split(",")]
+    args.packs = [int(p) for p in args.packs.split(",") if int(p) > 0]
+    args.pipelines = [p.strip() for p in args.pipelines.split(",") if p.strip()]
+    if unknown := [p for p in args.pipelines if p not in PIPELINES]:
+        parser.error(f"--pipelines: unknown {', '.join(unknown)}; allowed: {', '.join(PIPELINES)}")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -175,9 +185,13 @@ def measure(pipeline: str, model_name: str, method: str, batch: int, args, data,
     device = torch.device(args.device)
     row = {"pipeline": pipeline, "model": model_name, "method": method, "batch": batch}
     settings = {"step": "eager", "precision": "fp32", "channels_last": False} if pipeline == "official" else fast_settings(device)
+    if pipeline == "compiled":
+        settings = {**settings, "step": "eager", "compile_mode": args.compile_mode}
     row.update(settings)
     try:
         model, objective, optimizer = make_trial(model_name, method, device, settings["channels_last"])
+        if pipeline == "compiled":
+            model = torch.compile(model, mode=args.compile_mode)
         kwargs = {"precision": settings["precision"], "channels_last": settings["channels_last"]}
         if settings["step"] == "graph":
             step_of = lambda example: GraphStep(model, objective, optimizer, example, **kwargs)  # noqa: E731
@@ -237,6 +251,10 @@ def summary(rows: list[dict], args) -> dict:
         ours, official = rate("ours", model, method, batch), rate("official", model, method, batch)
         if ours and official:
             out[f"speedup_{method}_{model}_b{batch}"] = ours / official
+    for method in args.methods:
+        ours, compiled = rate("ours", model, method, batch), rate("compiled", model, method, batch)
+        if ours and compiled:
+            out[f"compiled_over_ours_{method}_{model}_b{batch}"] = compiled / ours
     if rate("ours", model, "ce", batch) and rate("ours", model, "dpsm", batch):
         out[f"dpsm_step_cost_vs_ce_{model}_b{batch}"] = rate("ours", model, "ce", batch) / rate("ours", model, "dpsm", batch) - 1
     packed = [r for r in rows if r["pipeline"] == "packed" and "images_per_s" in r]
@@ -251,7 +269,8 @@ def table(rows: list[dict]) -> str:
     lines = [header, "-" * len(header)]
     for r in rows:
         result = f"{r['images_per_s']:>10.0f} {r['step_ms']:>9.1f}" if "step_ms" in r else (f"{r['images_per_s']:>10.0f} {'':>9}" if "images_per_s" in r else f"  failed: {r['error'][:60]}")
-        lines.append(f"{r['pipeline']:<9} {r['model']:<12} {r['method']:<7} {r['batch']:>5} {r.get('packs', 1):>5} {r['step']:<6} {r['precision']:<5} {result}")
+        step = "comp" if r["pipeline"] == "compiled" else r["step"]
+        lines.append(f"{r['pipeline']:<9} {r['model']:<12} {r['method']:<7} {r['batch']:>5} {r.get('packs', 1):>5} {step:<6} {r['precision']:<5} {result}")
     return "\n".join(lines)
 
 
@@ -263,7 +282,7 @@ def main(argv=None) -> int:
     for model_name in args.models:
         for batch in args.batches:
             for method in args.methods:
-                for pipeline in ("official", "ours"):
+                for pipeline in args.pipelines:
                     rows.append(measure(pipeline, model_name, method, batch, args, data))
                     print(f"[bench] {table(rows[-1:]).splitlines()[-1]}", file=sys.stderr, flush=True)
     pack_method = "dpsm" if "dpsm" in args.methods else args.methods[0]

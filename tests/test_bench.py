@@ -36,6 +36,21 @@ def test_throughput_benchmark_rejects_bad_options_by_name():
     assert result.returncode == 2 and "--methods: unknown foo" in result.stderr
 
 
+def test_throughput_benchmark_compiles_the_model_when_asked(tmp_path):
+    """--pipelines ours,compiled: the same step with the model torch.compile'd (inductor, here on the
+    CPU), its ratio to ours in the summary; no packed trials with --packs 0."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--device", "cpu", "--quick", "--pipelines", "ours,compiled",
+                             "--methods", "ce", "--packs", "0", "--steps", "1", "--warmup", "1", "--json-out", str(tmp_path / "t.json")],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert [(r["pipeline"], r.get("compile_mode")) for r in record["results"]] == [("ours", None), ("compiled", "default")]
+    rates = [r["images_per_s"] for r in record["results"]]
+    assert record["summary"]["compiled_over_ours_ce_resnet20_b32"] == rates[1] / rates[0]
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--quick", "--pipelines", "ours,jit"], capture_output=True, text=True)
+    assert result.returncode == 2 and "--pipelines: unknown jit; allowed: official, ours, compiled" in result.stderr
+
+
 def test_predict_throughput_benchmark_runs_quick_on_cpu_and_prints_json_and_a_table(tmp_path):
     out = tmp_path / "predict.json"
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "predict_throughput.py"), "--device", "cpu", "--quick", "--json-out", str(out)],
