@@ -56,9 +56,8 @@ def best_overrides(spec, results: Path, method: str, log) -> dict | None:
     config = json.loads(chosen.config_json)
     searched = spec.grid_axes(method) if spec.grid else dict.fromkeys(method_knobs(method))
     overrides = {name: (tuple(config[name]) if isinstance(config[name], list) else config[name]) for name in searched}
-    which = (
-        f"search trial {int(chosen.trial_index) + 1}" if chosen.trial_index == chosen.trial_index else f"trial {chosen.trial_id}"
-    )  # NaN: no index
+    indexed = chosen.trial_index == chosen.trial_index  # NaN: no index
+    which = f"search trial {int(chosen.trial_index) + 1}" if indexed else f"trial {chosen.trial_id}"
     log(f"best {method}: {which}  val size {chosen.val_set_size:.3f}  val cov {chosen.val_coverage:.3f}  "
         + "  ".join(f"{k}={f'{v:.4g}' if isinstance(v, float) else v}" for k, v in overrides.items()))
     return overrides

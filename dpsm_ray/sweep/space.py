@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import math
 
-from dpsm_ray.methods import (
-    DEFAULT_RANGES,
-    KNOB_ALIASES,
-    PAPER_GRID,
-    Range,
-    knob_name,
-    method_card,
-    paper_grid,
-)  # noqa: F401 -- the knobs live with the cards
+# the knobs live with the cards; the names not used here are handed on to this module's importers
+from dpsm_ray.methods import DEFAULT_RANGES, KNOB_ALIASES, PAPER_GRID, Range, knob_name, method_card, paper_grid  # noqa: F401
+
 
 def method_knobs(method: str) -> tuple[str, ...]:
     """What a search varies for ``method``: its card's knobs (dpsm_ray/methods.py)."""

@@ -67,16 +67,14 @@ class SweepSpec:
     preset: str | None = None  # each method's objective settings from a preset (dpsm_ray/train/presets.py), under the search
     # how the sweep runs, not what it computes: free to differ on --resume
     address: str | None = field(default=None, compare=False)
-    resource_timeout: float = field(
-        default=DEFAULT_RESOURCE_TIMEOUT_S, compare=False
-    )  # seconds a cluster may take to provide one trial's resources
+    # seconds a cluster may take to provide one trial's resources
+    resource_timeout: float = field(default=DEFAULT_RESOURCE_TIMEOUT_S, compare=False)
     trial_retries: int = field(default=2, compare=False)  # restarts of a trial from its last checkpoint after a crash (a lost node)
     worker_logs: bool = field(default=False, compare=False)  # forward trials' own output (epoch lines, Tune's) to this terminal
     process_per_trial: bool = field(default=False, compare=False)  # no reuse of a trial's process by the next trial of its Tune experiment
     optuna_storage: str | None = field(default=None, compare=False)  # SQLAlchemy URL; default: sqlite in the results directory
-    tracking: str | None = field(
-        default=None, compare=False
-    )  # "mlflow" or "mlflow=URI": each trial an MLflow run (dpsm_ray.sweep.tracking)
+    # "mlflow" or "mlflow=URI": each trial an MLflow run (dpsm_ray.sweep.tracking)
+    tracking: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("ranges", "grid_fixed", "grid_subsets"):  # an earlier release's knob names, warned
