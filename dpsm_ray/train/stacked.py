@@ -86,7 +86,7 @@ class StackedTrials:
 
     def unstack(self, models: Sequence[nn.Module]) -> None:
         """Copy each trial's parameters and buffers into ``models[i]`` (e.g. to evaluate or save it)."""
+        stacked = {**self.params, **self.buffers}
         with torch.no_grad():
             for i, model in enumerate(models):
-                state = {name: value[i] for name, value in {**self.params, **self.buffers}.items()}
-                model.load_state_dict(state)
+                model.load_state_dict({name: value[i] for name, value in stacked.items()})
