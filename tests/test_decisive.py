@@ -102,6 +102,13 @@ def test_the_tables_regenerate_from_the_compact_results(tmp_path):
     """The study's Parquet files -> compact/ -> fidelity.md; `sweeps/decisive.py --report-from
     compact/` prints the same tables (the command docs/fidelity.md's tables come from)."""
     evals, runs = tables()
+    # conftr_l05's seed 2 diverged (no model); ce's seed 0 failed once and was trained again
+    lost = lambda table: (table.stage == "conftr_l05") & (table.seed == 2)
+    evals, runs = evals[~lost(evals)], runs[~lost(runs)]
+    error = "dpsm_ray.train.loop.DivergedError: training loss is nan in epoch 1 (method conftr, lr 0.1)"
+    pd.DataFrame([{"stage": "conftr_l05", "seed": 2, "status": "failed", "error": error},
+                  {"stage": "ce", "seed": 0, "status": "failed", "error": "killed"},
+                  {"stage": "ce", "seed": 1, "status": "ok", "error": None}]).to_parquet(tmp_path / "trials.parquet")
     rows = []
     for run in runs.to_dict("records"):  # two epochs per run: the compact file keeps the last, and the mean error over both
         rows += [{**run, "epoch": 1, "q_error_train": 0.5}, {**run, "epoch": 2}]
@@ -109,10 +116,14 @@ def test_the_tables_regenerate_from_the_compact_results(tmp_path):
     pd.DataFrame(rows).drop(columns="q_error_train_all_epochs").to_parquet(tmp_path / "epochs.parquet")
     the_study = study(common=TrainConfig(dataset="fashion_mnist", alpha=0.01, eval_splits=10))
     analysis = analyse(the_study, tmp_path)
-    compact_evals, compact_runs, arms = read_compact(tmp_path / "compact")
+    compact_evals, compact_runs, arms, failed = read_compact(tmp_path / "compact")
     assert arms == the_study.arms
+    assert failed.seed.tolist() == [0, 2] and analysis["failed"] == [{"arm": "conftr_l05", "seed": 2, "error": error}]
+    report = (tmp_path / "fidelity.md").read_text()
+    assert "(`conftr_l05`) | 2 of 3 |" in report and "(`ce`) | 3 |" in report
+    assert f"ended without a model (in no table or comparison): `conftr_l05` seed 2: {error}." in report
     assert len(compact_evals) == len(evals) and list(compact_runs.columns)[-1] == "q_error_train_all_epochs"
-    assert compact_runs.q_error_train_all_epochs.tolist() == pytest.approx([(0.5 + e) / 2 for e in runs.q_error_train])
+    assert compact_runs.q_error_train_all_epochs.tolist() == pytest.approx([(0.5 + e) / 2 for e in runs.sort_values(["stage", "seed"]).q_error_train])
     assert json.loads((tmp_path / "fidelity.json").read_text())["verdicts"]["claim"]["verdict"] == analysis["verdicts"]["claim"]["verdict"]
     printed = subprocess.run([sys.executable, str(ROOT / "sweeps" / "decisive.py"), "--dataset", "fashion_mnist", "--report-from", str(tmp_path / "compact")],
                              capture_output=True, text=True, timeout=120)

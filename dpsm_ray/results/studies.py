@@ -67,12 +67,14 @@ class Study:
 # quotes them): every model's evaluation rows, and one row per model of its quantile diagnostics.
 COMPACT_EVALS = ("stage", "seed", "score", "split", "set_size", "coverage", "covgap", "accuracy")
 COMPACT_RUNS = ("stage", "seed", "q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size", "q_error_train_all_epochs")
+COMPACT_FAILED = ("stage", "seed", "error")  # the trials that ended without a model (a diverged loss, a crash)
 
 
 def write_compact(study: Study, results: Path) -> Path:
-    """``results/compact/``: ``evals.csv`` and ``runs.csv`` from the study's Parquet files and
-    ``arms.json`` (each arm's name, title and settings, in order) -- what ``analyse_tables`` reads,
-    so the tables regenerate from a committed copy exactly as from the whole directory."""
+    """``results/compact/``: ``evals.csv`` and ``runs.csv`` from the study's Parquet files,
+    ``failed.csv`` (each trial that ended without a model, with its error) and ``arms.json`` (each
+    arm's name, title and settings, in order) -- what ``analyse_tables`` reads, so the tables
+    regenerate from a committed copy exactly as from the whole directory."""
     import pandas as pd
 
     from dpsm_ray.files import write_json, write_text
@@ -82,9 +84,13 @@ def write_compact(study: Study, results: Path) -> Path:
     ordered = epochs.sort_values(["stage", "seed", "epoch"])
     runs = ordered.groupby(["stage", "seed"]).tail(1).set_index(["stage", "seed"])
     runs = runs.assign(q_error_train_all_epochs=ordered.groupby(["stage", "seed"]).q_error_train.mean()).reset_index()[list(COMPACT_RUNS)]
+    failed = pd.DataFrame(columns=list(COMPACT_FAILED))
+    if (results / "trials.parquet").is_file():
+        trials = pd.read_parquet(results / "trials.parquet")
+        failed = trials[trials.status == "failed"][list(COMPACT_FAILED)].sort_values(["stage", "seed"])
     folder = results / "compact"
     folder.mkdir(exist_ok=True)
-    for name, table in (("evals", evals), ("runs", runs)):
+    for name, table in (("evals", evals), ("runs", runs), ("failed", failed)):
         write_text(folder / f"{name}.csv", table.to_csv(index=False, float_format="%.17g"))
     write_json(
         folder / "arms.json",
@@ -94,31 +100,33 @@ def write_compact(study: Study, results: Path) -> Path:
 
 
 def read_compact(folder: Path):
-    """The evaluation rows, the per-model rows and the arms of a study's compact results."""
+    """The evaluation rows, the per-model rows, the arms and the failed trials of a study's compact
+    results (a folder written before ``failed.csv`` existed had none)."""
     import pandas as pd
 
     missing = [name for name in ("evals.csv", "runs.csv", "arms.json") if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} holds no study results ({', '.join(missing)} missing): pass a study's compact/ folder")
     arms = tuple(Arm(arm["name"], arm["title"], arm["settings"]) for arm in json.loads((folder / "arms.json").read_text()))
-    return pd.read_csv(folder / "evals.csv"), pd.read_csv(folder / "runs.csv"), arms
+    failed = pd.read_csv(folder / "failed.csv") if (folder / "failed.csv").is_file() else pd.DataFrame(columns=list(COMPACT_FAILED))
+    return pd.read_csv(folder / "evals.csv"), pd.read_csv(folder / "runs.csv"), arms, failed
 
 
 def analyse(study: Study, results: Path) -> dict:
     """Write the compact results, and ``fidelity.json`` / ``fidelity.md`` from them."""
     from dpsm_ray.files import write_json, write_text
 
-    evals, runs, _ = read_compact(write_compact(study, results))
-    analysis = analyse_tables(study, evals, runs)
+    evals, runs, _, failed = read_compact(write_compact(study, results))
+    analysis = analyse_tables(study, evals, runs, failed)
     write_json(results / "fidelity.json", analysis)
     write_text(results / "fidelity.md", markdown_report(analysis) + "\n")
     return analysis
 
 
-def analyse_tables(study: Study, evals, runs) -> dict:
-    """The tables of ``fidelity.md``: each arm's metrics, its per-seed changes against CE and the
-    base model and in the study's own comparisons, the batch-size gaps, and the quantile
-    diagnostics of the arms that learn one."""
+def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
+    """The tables of ``fidelity.md``: each arm's metrics (and its trials that ended without a model,
+    from ``failed``), its per-seed changes against CE and the base model and in the study's own
+    comparisons, the batch-size gaps, and the quantile diagnostics of the arms that learn one."""
     present = [arm for arm in study.arms if arm.name in set(evals.stage)]
     scores = [s for s in score_names() if s in set(evals.score)]
     table = []
@@ -146,6 +154,11 @@ def analyse_tables(study: Study, evals, runs) -> dict:
             **{c: float(part[c].mean()) for c in ("q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size")},
             "q_error_train_all_epochs": float(part.q_error_train_all_epochs.mean()),
         })
+    modelled = set(zip(evals.stage, evals.seed))  # a trial that failed once and was trained again has its model
+    failures = [] if failed is None else [
+        {"arm": str(row.stage), "seed": int(row.seed), "error": str(row.error)}
+        for row in failed.itertuples() if (row.stage, row.seed) not in modelled
+    ]
     analysis = {
         "study": study.name,
         "dataset": study.common.dataset,
@@ -156,6 +169,7 @@ def analyse_tables(study: Study, evals, runs) -> dict:
         "comparisons": comparisons,
         "diagnostics": diagnostics,
         "batch": batch_gaps(study, evals, runs, scores),
+        "failed": failures,
     }
     analysis["verdicts"] = verdicts(study, analysis, evals)
     return analysis
@@ -251,11 +265,21 @@ def markdown_report(analysis: dict) -> str:
     scores = [s for s in score_names() if analysis["table"] and s in analysis["table"][0]]
     lines = [f"**{analysis['dataset']}, alpha {analysis['alpha']:g}**: {len(analysis['seeds'])} training seeds x {analysis['eval_splits']} "
              "calibration/test re-splits; set size mean ± std over seeds and re-splits.", ""]
-    rows = [["arm", *[f"{s.upper()} size" for s in scores], *[f"{s.upper()} coverage" for s in scores], "accuracy"]]
+    rows = [["arm", "models", *[f"{s.upper()} size" for s in scores], *[f"{s.upper()} coverage" for s in scores], "accuracy"]]
+    seeds = len(analysis["seeds"])  # every seed some arm has a model of
     for row in analysis["table"]:
-        rows.append([f"{row['title']} (`{row['arm']}`)", *[f"{fmt(row[s]['set_size'])} ± {fmt(row[s]['set_size_std'])}" for s in scores],
-                     *[fmt(row[s]["coverage"], 3) for s in scores], fmt(row["accuracy"], 3)])
+        models = str(row["models"]) if row["models"] == seeds else f"{row['models']} of {seeds}"
+        sizes = [f"{fmt(row[s]['set_size'])} ± {fmt(row[s]['set_size_std'])}" for s in scores]
+        coverages = [fmt(row[s]["coverage"], 3) for s in scores]
+        rows.append([f"{row['title']} (`{row['arm']}`)", models, *sizes, *coverages, fmt(row["accuracy"], 3)])
     lines += [markdown(rows), ""]
+    if analysis["failed"]:
+        grouped: dict[tuple[str, str], list[int]] = {}
+        for failure in analysis["failed"]:
+            grouped.setdefault((failure["arm"], failure["error"]), []).append(failure["seed"])
+        said = [f"`{arm}` seed{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}: {error}"
+                for (arm, error), lost in grouped.items()]
+        lines += [f"Trials that ended without a model (in no table or comparison): {'; '.join(said)}.", ""]
     detectable = [f"{s.upper()} detectable" for s in scores]
     for against in REFERENCES:
         part = [c for c in analysis["comparisons"] if c["against"] == against and not c.get("own")]

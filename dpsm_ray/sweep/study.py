@@ -341,8 +341,8 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
         parser.exit(2, f"{prog}: error: {error}\n")
     if args.report_from:
         try:
-            evals, runs, arms = read_compact(Path(args.report_from))
-            print(markdown_report(analyse_tables(dataclasses.replace(study, arms=arms), evals, runs)))
+            evals, runs, arms, failed = read_compact(Path(args.report_from))
+            print(markdown_report(analyse_tables(dataclasses.replace(study, arms=arms), evals, runs, failed)))
         except FileNotFoundError as error:
             parser.exit(2, f"{prog}: error: {error}\n")
         return 0
