@@ -98,6 +98,16 @@ def test_a_contradicted_claim():
     assert analyse_tables(study(), evals, runs)["verdicts"]["claim"]["verdict"] == "contradicted"
 
 
+def test_a_comparison_over_fewer_than_two_seeds_prints_no_interval():
+    from dpsm_ray.results.stats import summary
+    from dpsm_ray.results.studies import detectable_text, interval_text
+
+    # two seeds: mean 2, sd sqrt(2), half width t(0.975, 1) x sqrt(2) / sqrt(2) = 12.706
+    assert interval_text(summary([1.0, 3.0])) == "+2.0% [-10.7, 14.7] (n.s.)"
+    assert interval_text(summary([41.25])) == "+41.2% (1 seed: no interval)" and detectable_text(summary([41.25])) == "n/a"
+    assert interval_text(summary([])) == "n/a (no seed)"
+
+
 def test_the_tables_regenerate_from_the_compact_results(tmp_path):
     """The study's Parquet files -> compact/ -> fidelity.md; `sweeps/decisive.py --report-from
     compact/` prints the same tables (the command docs/fidelity.md's tables come from)."""

@@ -251,12 +251,14 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def interval_text(change: dict) -> str:
+    if change["seeds"] < 2:  # one paired seed (the other arm's failed): a number, no interval
+        return "n/a (no seed)" if change["seeds"] == 0 else f"{change['mean']:+.1f}% (1 seed: no interval)"
     marker = "" if change["significant"] else " (n.s.)"
     return f"{change['mean']:+.1f}% [{fmt(change['low'], 1)}, {fmt(change['high'], 1)}]{marker}"
 
 
 def detectable_text(change: dict) -> str:
-    return f"±{fmt(change['detectable'], 1)}%"
+    return "n/a" if change["seeds"] < 2 else f"±{fmt(change['detectable'], 1)}%"
 
 
 def markdown_report(analysis: dict) -> str:
