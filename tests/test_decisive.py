@@ -141,6 +141,13 @@ def test_the_tables_regenerate_from_the_compact_results(tmp_path):
     assert printed.stdout == (tmp_path / "fidelity.md").read_text()
 
 
+def test_report_now_without_a_study_is_a_one_line_error(tmp_path):
+    printed = subprocess.run([sys.executable, str(ROOT / "sweeps" / "decisive.py"), "--dataset", "fashion_mnist", "--out", str(tmp_path / "none"),
+                              "--report-now"], capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 2 and printed.stderr.strip().endswith(f"--report-now: no study in {tmp_path / 'none'} (no study.json)")
+    assert not (tmp_path / "none").exists()
+
+
 def test_every_decisive_arm_is_a_valid_configuration_on_both_datasets():
     sys.path.insert(0, str(ROOT / "sweeps"))
     try:

@@ -77,3 +77,7 @@ def test_the_cifar100_fidelity_study_dry_runs_on_a_generated_copy(ray_session, t
     assert printed.returncode == 0 and printed.stdout == (out / "fidelity.md").read_text(), printed.stderr[-2000:]
     again = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and " done in " not in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
+    # the tables of what the directory holds, nothing trained: here every arm, as the study's own
+    (out / "fidelity.md").unlink()
+    now = subprocess.run([*command, "--report-now"], capture_output=True, text=True, timeout=300)
+    assert now.returncode == 0 and now.stdout == (out / "fidelity.md").read_text() == printed.stdout, now.stderr[-2000:]

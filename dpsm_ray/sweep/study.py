@@ -81,6 +81,25 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
         return analyse(study, results)
 
 
+def report_study(study: Study, results_dir: str | os.PathLike, log=print) -> dict:
+    """The analysis of the trials ``results_dir`` holds now -- its Parquet files, ``compact/`` and
+    ``fidelity.md`` written from its ledger -- with nothing trained and no Ray started: a study
+    stopped part way is reported as far as it got (each arm's model count says how far).
+    SweepError if there is no such study there, or a driver holds it."""
+    from dpsm_ray.files import read_checked_json
+    from dpsm_ray.sweep.protocol import holding
+    from dpsm_ray.sweep.spec import SweepError
+
+    results = Path(results_dir).resolve()
+    if not (results / STUDY_FILE).is_file():
+        raise SweepError(f"no study in {results} (no {STUDY_FILE})")
+    with holding(results, study.common, log):
+        if not continues(read_checked_json(results / STUDY_FILE), json.loads(json.dumps(study.describe(), default=list))):
+            raise SweepError(f"the study in {results} was started with other settings; name the options it was run with")
+        write_study_results(study, results)
+        return analyse(study, results)
+
+
 def continues(stored: dict, described: dict) -> bool:
     """Whether ``described`` continues the study ``stored`` describes: the same settings and seeds,
     and every arm both name unchanged; arms may be added (the searched arms, once their sweep is
@@ -295,6 +314,14 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
             "docs/results/) and exit: nothing is trained"
         ),
     )
+    add(
+        "--report-now",
+        action="store_true",
+        help=(
+            "write and print the tables of the trials --out holds now (its compact/ and fidelity.md) and exit: "
+            "nothing is trained; for a study stopped part way (name the arms and --searched-from it ran with)"
+        ),
+    )
     args = parser.parse_args(argv)
     definition = datasets[args.dataset]
     common = {**definition["common"], **(definition["quick"]["common"] if args.quick else {})}
@@ -347,6 +374,12 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
             parser.exit(2, f"{prog}: error: {error}\n")
         return 0
     out = Path(args.out or f"results/{definition.get('prefix', 'fidelity')}-{args.dataset}{'-quick' if args.quick else ''}")
+    if args.report_now:
+        try:
+            print(markdown_report(report_study(study, out, log=lambda line: print(line, flush=True))))
+        except SweepError as error:
+            parser.exit(2, f"{prog}: error: --report-now: {error}\n")
+        return 0
     if estimate is not None:
         print(estimate(study), flush=True)
     started = time.perf_counter()
