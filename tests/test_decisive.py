@@ -148,6 +148,13 @@ def test_report_now_without_a_study_is_a_one_line_error(tmp_path):
     assert not (tmp_path / "none").exists()
 
 
+def test_arms_naming_a_searched_arm_without_its_sweep_says_what_it_needs(tmp_path):
+    printed = subprocess.run([sys.executable, str(ROOT / "sweeps" / "decisive.py"), "--dataset", "fashion_mnist", "--out", str(tmp_path / "s"),
+                              "--arms", "ce,searched_dpsm"], capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 2 and "--arms: unknown searched_dpsm; the arms are base, ce, " in printed.stderr
+    assert printed.stderr.strip().endswith("cut_l01 (the searched arms need --searched-from)") and not (tmp_path / "s").exists()
+
+
 def test_every_decisive_arm_is_a_valid_configuration_on_both_datasets():
     sys.path.insert(0, str(ROOT / "sweeps"))
     try:

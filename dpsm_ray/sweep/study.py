@@ -294,7 +294,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     add("--out", help="the study's directory (default: results/fidelity-DATASET[-quick])")
     add("--resume", action="store_true", help="continue an interrupted study in --out")
     add("--seeds", type=int, help="training seeds per arm (default: the dataset's)")
-    add("--arms", help="a comma-separated subset of the arms (default: all)")
+    add("--arms", help="a comma-separated subset of the arms, the searched ones too with --searched-from (default: all)")
     add("--quick", action="store_true", help="a smoke run at the dataset's small sizes (a training subset, 1-2 epochs, 2 seeds)")
     add("--concurrency", type=int, help="trials at once (default: the dataset's)")
     add("--address", help="a Ray cluster to run on (default: as the sweep scripts)")
@@ -330,13 +330,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     arms = definition["arms"]
     if args.quick:
         arms = shortened(arms, definition["quick"]["epochs"], definition["quick"]["milestones"])
-    if args.arms:
-        wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
-        unknown = [a for a in wanted if a not in {arm.name for arm in arms}]
-        if unknown:
-            parser.error(f"--arms: unknown {', '.join(unknown)}; the arms are {', '.join(arm.name for arm in arms)}")
-        arms = tuple(arm for arm in arms if arm.name in wanted)
-    if args.searched_from:  # after the fixed arms, whatever --arms keeps
+    if args.searched_from:  # after the fixed arms
         expected = TrainConfig.from_dict(
             {**common, **({"epochs": definition["quick"]["epochs"], "milestones": definition["quick"]["milestones"]} if args.quick else {})}
         )
@@ -345,6 +339,13 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
         except SweepError as error:
             parser.exit(2, f"{prog}: error: {error}\n")
         arms = (*arms, *(shortened(searched, definition["quick"]["epochs"], definition["quick"]["milestones"]) if args.quick else searched))
+    if args.arms:  # a subset, in the study's order (its tables keep one order however it was run)
+        wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
+        unknown = [a for a in wanted if a not in {arm.name for arm in arms}]
+        if unknown:
+            searched_hint = "" if args.searched_from else " (the searched arms need --searched-from)"
+            parser.error(f"--arms: unknown {', '.join(unknown)}; the arms are {', '.join(arm.name for arm in arms)}{searched_hint}")
+        arms = tuple(arm for arm in arms if arm.name in wanted)
     seeds = args.seeds or (definition["quick"]["seeds"] if args.quick else definition["seeds"])
     if seeds < 2:
         parser.error(f"--seeds must be an integer >= 2 (the intervals are over seeds); got {seeds}")
