@@ -343,7 +343,8 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
         wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
         unknown = [a for a in wanted if a not in {arm.name for arm in arms}]
         if unknown:
-            searched_hint = "" if args.searched_from else " (the searched arms need --searched-from)"
+            searched = not args.searched_from and any(name.startswith("searched_") for name in unknown)
+            searched_hint = " (the searched arms need --searched-from)" if searched else ""
             parser.error(f"--arms: unknown {', '.join(unknown)}; the arms are {', '.join(arm.name for arm in arms)}{searched_hint}")
         arms = tuple(arm for arm in arms if arm.name in wanted)
     seeds = args.seeds or (definition["quick"]["seeds"] if args.quick else definition["seeds"])
