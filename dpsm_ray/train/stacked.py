@@ -22,6 +22,15 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 
+def _normalise_in_fp32(module: nn.Module, args: tuple) -> tuple | None:
+    """BatchNorm's input in fp32 under autocast: without it the stacked ResNet-110 step of
+    bench/stacked.py failed under bf16 autocast on an H100 ("Expected running_mean to have type
+    BFloat16 but got Float", torch 2.11: vmap's batch-norm rule meets bf16 input beside the fp32
+    running statistics); cuDNN normalises in fp32 inside anyway."""
+    (x,) = args
+    return (x.float(),) if x.dtype in (torch.bfloat16, torch.float16) else None
+
+
 class StackedTrials:
     """``models`` (one architecture, N instances) as one model with stacked parameters and buffers,
     trained with SGD (``torch.optim.SGD``'s update: weight decay added to the gradient, momentum
@@ -43,6 +52,9 @@ class StackedTrials:
         self.params, self.buffers = stack_module_state(list(models))
         self.params = {name: p.detach().requires_grad_() for name, p in self.params.items()}
         self.template = copy.deepcopy(models[0]).to("meta")  # the architecture, holding no memory
+        for module in self.template.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.register_forward_pre_hook(_normalise_in_fp32)
         device = next(iter(self.params.values())).device
         self.lrs, self.momenta, self.weight_decays = (
             torch.tensor(v, dtype=torch.float32, device=device) for v in (lrs, momenta, weight_decays)
