@@ -6,9 +6,12 @@
 For each N: ``separate``, the N trials' eager steps one after another in one process (what one
 process holding N trials would do; packed processes time-slice the same kernels), and ``stacked``,
 one vmapped step of all N (``dpsm_ray.train.stacked.StackedTrials``: every kernel N times larger,
-N times fewer).  Both train with CE and SGD on random data of the model's shape; fp32, or bf16
-autocast with ``--precision bf16``.  Prints one JSON line, then a table; a measurement that fails
-(e.g. out of memory) is recorded with its error and the benchmark goes on.
+N times fewer).  On CUDA each is also measured captured in one CUDA graph and replayed
+(``separate_graph``: the N trials' steps in one graph, as the service's captured step runs each;
+``stacked_graph``): the eager paths are bound by the host's kernel launches, which capture removes.
+Both train with CE and SGD on random data of the model's shape; fp32, or bf16 autocast with
+``--precision bf16``.  Prints one JSON line, then a table; a measurement that fails (e.g. out of
+memory) is recorded with its error and the benchmark goes on.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dpsm_ray.cards import build_model
 from dpsm_ray.train.stacked import StackedTrials
 
 FULL = dict(model="resnet110", classes=100, shape=(3, 32, 32), batch=128, trials="1,2,4,8", steps=20, warmup=5)
+PATHS = ("separate", "stacked", "separate_graph", "stacked_graph")  # the captured two on CUDA only
 QUICK = dict(model="lenet", classes=141, shape=(1, 32, 32), batch=64, trials="1,2,4", steps=5, warmup=2)
 
 
@@ -68,6 +72,21 @@ def models(args, count: int, device: torch.device) -> list[torch.nn.Module]:
     return built
 
 
+def captured(run_step, warmup: int):
+    """``run_step`` captured in one CUDA graph after ``warmup`` eager steps on a side stream (at
+    least one: SGD's momentum buffers exist before capture); returns the graph's replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(1, warmup)):
+            run_step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_step()
+    return graph.replay
+
+
 def timed(run_step, steps: int, warmup: int, device: torch.device) -> float:
     for _ in range(warmup):
         run_step()
@@ -86,7 +105,7 @@ def measure(args, path: str, count: int, device: torch.device) -> dict:
     x = torch.randn(count, args.batch, *args.shape, device=device)
     y = torch.randint(0, args.classes, (count, args.batch), device=device)
     trials = models(args, count, device)
-    if path == "separate":
+    if path.startswith("separate"):
         optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4) for m in trials]
 
         def run_step():
@@ -104,6 +123,8 @@ def measure(args, path: str, count: int, device: torch.device) -> dict:
             with autocast:
                 stacked.step(x, y, losses)
 
+    if path.endswith("_graph"):
+        run_step = captured(run_step, args.warmup)
     seconds = timed(run_step, args.steps, args.warmup, device)
     return {
         "path": path,
@@ -117,8 +138,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     rows = []
+    paths = PATHS if device.type == "cuda" else PATHS[:2]
     for count in args.trials:
-        for path in ("separate", "stacked"):
+        for path in paths:
             try:
                 rows.append(measure(args, path, count, device))
             except Exception as error:  # noqa: BLE001 -- recorded, the benchmark goes on
@@ -130,8 +152,10 @@ def main(argv=None) -> int:
     summary = {}
     for count in args.trials:
         pair = {row["path"]: row for row in rows if row["trials"] == count and "error" not in row}
-        if len(pair) == 2:
-            summary[f"stacked_over_separate_{count}"] = pair["stacked"]["images_per_second"] / pair["separate"]["images_per_second"]
+        for suffix in ("", "_graph"):
+            if f"stacked{suffix}" in pair and f"separate{suffix}" in pair:
+                ratio = pair[f"stacked{suffix}"]["images_per_second"] / pair[f"separate{suffix}"]["images_per_second"]
+                summary[f"stacked_over_separate{suffix}_{count}"] = ratio
     record = {"benchmark": "stacked", "model": args.model, "batch": args.batch, "precision": args.precision, "shape": list(args.shape),
               "classes": args.classes, "steps": args.steps, "machine": machine, "rows": rows, "summary": summary}
     line = json.dumps(record)
@@ -140,12 +164,15 @@ def main(argv=None) -> int:
         with open(args.json_out, "w") as handle:
             handle.write(line + "\n")
     print(f"\n{args.model}, batch {args.batch} per trial, {args.precision}, on {machine['device']}")
-    print(f"{'N':>3}  {'separate img/s':>15}  {'stacked img/s':>14}  {'stacked / separate':>18}")
-    for count in args.trials:
-        cells = {row["path"]: row for row in rows if row["trials"] == count}
-        text = [f"{cells[p]['images_per_second']:.0f}" if "images_per_second" in cells[p] else "error" for p in ("separate", "stacked")]
-        ratio = summary.get(f"stacked_over_separate_{count}")
-        print(f"{count:>3}  {text[0]:>15}  {text[1]:>14}  {f'{ratio:.2f}x' if ratio else '-':>18}")
+    for suffix, words in (("", "eager"), ("_graph", "captured")):
+        if not any(row["path"] == f"stacked{suffix}" for row in rows):
+            continue
+        print(f"{'N':>3}  {'separate img/s':>15}  {'stacked img/s':>14}  {'stacked / separate':>18}  ({words})")
+        for count in args.trials:
+            cells = {row["path"]: row for row in rows if row["trials"] == count}
+            text = [f"{cells[p]['images_per_second']:.0f}" if "images_per_second" in cells[p] else "error" for p in (f"separate{suffix}", f"stacked{suffix}")]
+            ratio = summary.get(f"stacked_over_separate{suffix}_{count}")
+            print(f"{count:>3}  {text[0]:>15}  {text[1]:>14}  {f'{ratio:.2f}x' if ratio else '-':>18}")
     return 0
 
 
