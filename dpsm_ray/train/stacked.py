@@ -28,7 +28,8 @@ def _normalise_in_fp32(module: nn.Module, args: tuple) -> tuple | None:
     BFloat16 but got Float", torch 2.11: vmap's batch-norm rule meets bf16 input beside the fp32
     running statistics); cuDNN normalises in fp32 inside anyway."""
     (x,) = args
-    return (x.float(),) if x.dtype in (torch.bfloat16, torch.float16) else None
+    autocast = torch.is_autocast_enabled(x.device.type)
+    return (x.float(),) if autocast and x.dtype in (torch.bfloat16, torch.float16) else None
 
 
 class StackedTrials:
