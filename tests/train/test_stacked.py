@@ -1,6 +1,9 @@
 """Stacked trials (dpsm_ray/train/stacked.py) train exactly as the same trials trained one by one
 with torch.optim.SGD: the CPU twin of the GPU measurement in bench/stacked.py."""
 
+import contextlib
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,24 @@ def build(kind: str, seed: int):
     return LeNet((1, 16, 16), 7) if kind == "lenet" else MLP((1, 16, 16), 7, width=32, batch_norm=True)
 
 
+def sgd(models, settings: dict) -> list[torch.optim.SGD]:
+    """torch.optim.SGD for each model, at the trial's lr, momentum and weight decay in ``settings``."""
+    return [torch.optim.SGD(m.parameters(), lr=lr, momentum=mo, weight_decay=wd) for m, lr, mo, wd in zip(models, *settings.values())]
+
+
+def step_each(models, optimizers, x, y, losses, precision=contextlib.nullcontext) -> list[float]:
+    """One SGD step of each model alone on its batch ``x[i]``, ``y[i]``; their losses."""
+    values = []
+    for i, (model, optimizer) in enumerate(zip(models, optimizers)):
+        optimizer.zero_grad()
+        with precision():
+            loss = losses[i](model(x[i]), y[i])
+        loss.backward()
+        optimizer.step()
+        values.append(loss.item())
+    return values
+
+
 def smoothed(weight: float):
     return lambda logits, labels: F.cross_entropy(logits, labels, label_smoothing=weight)
 
@@ -29,19 +50,12 @@ def test_stacked_trials_train_as_separate_models_with_sgd(kind):
     separate = [build(kind, seed) for seed in range(3)]
     stacked_models = [build(kind, seed) for seed in range(3)]
     losses = [smoothed(w) for w in (0.0, 0.1, 0.3)]
-    optimizers = [torch.optim.SGD(m.parameters(), lr=lr, momentum=mo, weight_decay=wd)
-                  for m, lr, mo, wd in zip(separate, *SETTINGS.values())]
+    optimizers = sgd(separate, SETTINGS)
     stacked = StackedTrials(stacked_models, **SETTINGS)
     generator = torch.Generator().manual_seed(0)
     for _ in range(5):
         x, y = torch.randn(3, 12, 1, 16, 16, generator=generator), torch.randint(0, 7, (3, 12), generator=generator)
-        expected = []
-        for i, (model, optimizer) in enumerate(zip(separate, optimizers)):
-            optimizer.zero_grad()
-            loss = losses[i](model(x[i]), y[i])
-            loss.backward()
-            optimizer.step()
-            expected.append(loss.item())
+        expected = step_each(separate, optimizers, x, y, losses)
         assert stacked.step(x, y, losses).tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
     stacked.unstack(stacked_models)
     for mine, theirs in zip(stacked_models, separate):
@@ -82,23 +96,17 @@ def test_stacked_trials_train_under_bf16_autocast_as_separate_models(device):
     precision; the running statistics stay fp32.  (The stacked step normalises in fp32 since
     bench/stacked.py's ResNet-110 at batch 128 failed on an H100 without it; this smaller case passed
     there with and without it: bench/results/h100-2026-11-26/gpu_test_stacked.log.)"""
+    settings = {name: values[:2] for name, values in SETTINGS.items()}
     separate = [resnet20(seed).to(device) for seed in range(2)]
-    stacked = StackedTrials([resnet20(seed).to(device) for seed in range(2)], (0.1, 0.05), (0.9, 0.0), (1e-4, 0.0))
-    optimizers = [torch.optim.SGD(m.parameters(), lr=lr, momentum=mo, weight_decay=wd) for m, lr, mo, wd in
-                  zip(separate, (0.1, 0.05), (0.9, 0.0), (1e-4, 0.0))]
+    stacked = StackedTrials([resnet20(seed).to(device) for seed in range(2)], **settings)
+    optimizers = sgd(separate, settings)
+    bf16 = functools.partial(torch.autocast, device, dtype=torch.bfloat16)
     generator = torch.Generator().manual_seed(0)
     for _ in range(3):
         x = torch.randn(2, 16, 3, 16, 16, generator=generator).to(device)
         y = torch.randint(0, 7, (2, 16), generator=generator).to(device)
-        expected = []
-        for i, (model, optimizer) in enumerate(zip(separate, optimizers)):
-            optimizer.zero_grad()
-            with torch.autocast(device, dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x[i]), y[i])
-            loss.backward()
-            optimizer.step()
-            expected.append(loss.item())
-        with torch.autocast(device, dtype=torch.bfloat16):
+        expected = step_each(separate, optimizers, x, y, [F.cross_entropy] * 2, bf16)
+        with bf16():
             values = stacked.step(x, y, [F.cross_entropy] * 2)
         assert values.tolist() == pytest.approx(expected, rel=2e-2)
     # the running statistics stay fp32 and per trial
