@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -91,10 +92,10 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     )
     add(
         "--results-dir",
-        default=f"results/{name}",
         help=(
-            "directory of this sweep's Parquet files, report and Tune state (default: %(default)s); on a multi-node cluster it must be on"
-            " shared storage"
+            f"directory of this sweep's Parquet files, report and Tune state (default: results/{name} for the script's own dataset and "
+            f"methods; another dataset's name, then any other --methods, otherwise: e.g. results/fonts, results/table-cancer-ce-dpsm); "
+            "on a multi-node cluster it must be on shared storage"
         ),
     )
     add("--trials", type=int, default=defaults["trials"], help="Optuna trials per method (default: %(default)s)")
@@ -306,6 +307,8 @@ def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, de
     from dpsm_ray.sweep.spec import ResultsDirUnusable, SweepFinished
     from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
 
+    if args.results_dir is None:
+        args.results_dir = default_results_dir(name, spec.base.dataset, spec.methods, defaults)
     started = time.perf_counter()
     with leaving_ray_as_it_was():
         try:
@@ -331,6 +334,23 @@ def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, de
                            "free some space and rerun with --resume to continue\n")
     print(f"sweep finished in {time.perf_counter() - started:.0f}s; results in {results}", file=sys.stdout)
     return 0
+
+
+def default_results_dir(name: str, dataset: str, methods: tuple[str, ...], defaults: dict) -> str:
+    """``results/NAME`` for the script's own dataset and methods; another dataset gives its own
+    name (``results/fonts``, ``results/table-cancer``, ``results/folder-birds``), other methods
+    their names after it (``results/digits-ce-dpsm``): the README's own-data lines never land in
+    the quick start's directory.  (A directory holding other settings is refused anyway.)"""
+    from dpsm_ray.own_data import split_path_spec
+
+    stem = name
+    if dataset != defaults["config"]["dataset"]:
+        family, path, _ = split_path_spec(dataset)
+        stem = f"{family}-{Path(path).stem}" if family in ("folder", "table") else dataset.replace(":", "-").replace(",", "-").replace("=", "")
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)
+    if tuple(methods) != tuple(defaults.get("methods", PAPER_METHODS)):
+        stem += "-" + "-".join(methods)
+    return f"results/{stem}"
 
 
 def show_finished(results: Path, why: str, prog: str) -> int:

@@ -247,26 +247,28 @@ def sweep_file(spec: SweepSpec, results: Path) -> dict:
 
 
 def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
-    """One sweep per results directory: a new sweep needs one without a sweep, a resumed sweep
-    the same settings and the same Optuna storage.  Returns the sweep's ``sweep.json`` content
-    (to be written, for a new sweep)."""
+    """One sweep per results directory, answering only for its own settings: a new sweep needs a
+    directory without a sweep; the same command again finds its finished sweep (``SweepFinished``:
+    its report is shown) or its unfinished one (``--resume`` continues it); a directory holding a
+    sweep with other settings is refused (``ResultsDirUnusable``, naming each setting that
+    differs), finished or not, resumed or not.  A resumed sweep needs the same Optuna storage too.
+    Returns the sweep's ``sweep.json`` content (to be written, for a new sweep)."""
     if (results / SWEEP_FILE).exists():
+        stored = read_sweep_file(results)
+        differences = settings_differences(stored, spec.describe())
+        finished = (results / FINISHED_FILE).exists()
+        if differences:
+            state = "finished" if finished else "unfinished"
+            raise ResultsDirUnusable(
+                f"{results} holds a{'n' * (state == 'unfinished')} {state} sweep with different settings ({'; '.join(differences)}); "
+                f"give a new --results-dir for this one, or the options that sweep ran with to {'show' if finished else 'resume'} it "
+                f"(--config {results / SWEEP_FILE} --results-dir {results}{' --resume' * (not finished)})"
+            )
         if not resume:
-            if (results / FINISHED_FILE).exists():
+            if finished:
                 raise SweepFinished(f"{results} holds a finished sweep; choose another --results-dir to run one again")
             raise SweepError(
                 f"{results} already holds a sweep that has not finished; pass --resume to continue it, or choose another --results-dir"
-            )
-        stored = read_sweep_file(results)
-        described = spec.describe()
-        changed = sorted(k for k in described if k != "base" and stored.get(k) != described[k])
-        changed += sorted(
-            f"base.{k}" for k in described["base"] if stored["base"].get(k) != described["base"][k] and k not in RESUMABLE_CHANGES
-        )
-        if changed:
-            raise SweepError(
-                f"--resume: the sweep in {results} was started with different settings ({', '.join(changed)}); rerun it with the same"
-                " options"
             )
         if not spec.grid:
             check_same_storage(spec, stored.get("optuna_storage"))
@@ -285,6 +287,23 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
                 "choose another --results-dir name or delete them (optuna delete-study)"
             )
     return planned
+
+
+# the option behind each of sweep.json's settings whose option is not named after it
+SETTING_OPTIONS = {"ranges": "--range", "grid_fixed": "--fix", "grid_subsets": "--subset", "trial_resources": "--cpus-per-worker/--gpus-per-worker"}
+
+
+def settings_differences(stored: dict, described: dict) -> list[str]:
+    """Each setting of a stored ``sweep.json`` that ``described`` (``SweepSpec.describe()``) changes,
+    as ``--option: VALUE there, VALUE here`` (the settings a resumed sweep may change left out)."""
+    def shown(value) -> str:
+        text = json.dumps(value) if isinstance(value, (list, dict)) else repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+
+    pairs = [(k, stored.get(k), described[k]) for k in sorted(described) if k != "base"]
+    pairs += [(k, stored.get("base", {}).get(k), v) for k, v in sorted(described["base"].items()) if k not in RESUMABLE_CHANGES]
+    return [f"{SETTING_OPTIONS.get(k, '--' + k.replace('_', '-'))}: {shown(there)} there, {shown(here)} here"
+            for k, there, here in pairs if there != here]
 
 
 def check_same_storage(spec: SweepSpec, stored: str | None) -> None:

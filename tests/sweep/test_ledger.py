@@ -123,7 +123,7 @@ def test_a_sweep_json_of_an_earlier_release_resumes_and_reports_with_its_knobs_r
     assert check_results_dir(now, results, resume=True)["ranges"][1][0] == "quantile_lr"
     assert read_sweep(results)["ranges"][0][0] == "conformal_weight"
     assert searched_fields(read_sweep(results), "dpsm") == ["conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"]
-    with pytest.raises(SweepError, match=r"different settings \(ranges\)"):  # renamed, and still compared
+    with pytest.raises(SweepError, match=r"different settings \(--range: .*4\.0.* there, .*5\.0.* here\)"):  # renamed, and still compared
         check_results_dir(spec(methods=("dpsm",), ranges=(("conformal_weight", Range(0.1, 5.0)), ("quantile_lr", Range(0.001, 0.1)))), results, resume=True)
 
 def digits_spec(results: Path) -> SweepSpec:
@@ -193,3 +193,43 @@ def test_the_results_directory_s_file_names_are_spelled_in_one_module():
             if token.type == tokenize.STRING and token.string.strip("'\"") in names:
                 spelled.append(f"{path.relative_to(package)}:{token.start[0]} {token.string}")
     assert spelled == []
+
+
+# --- a results directory answers only for its own settings ------------------------------------------------------------------------
+
+def test_a_results_directory_with_other_settings_is_refused_naming_each_difference(tmp_path):
+    from dpsm_ray.sweep.spec import ResultsDirUnusable, SweepFinished
+
+    results = tmp_path / "r"
+    results.mkdir()
+    (results / "sweep.json").write_text(json.dumps(sweep_file(spec(), results)))
+    other = spec(trials=3, base=TrainConfig(dataset="synthetic", epochs=5))
+    for resume in (False, True):  # unfinished: neither a new sweep nor --resume may take it
+        with pytest.raises(ResultsDirUnusable) as error:
+            check_results_dir(other, results, resume=resume)
+        message = str(error.value)
+        assert f"{results} holds an unfinished sweep with different settings" in message
+        assert "--trials: 2 there, 3 here" in message and "--dataset: 'digits' there, 'synthetic' here" in message
+        assert "--epochs: 2 there, 5 here" in message and message.count(" there, ") == 3
+        assert f"give a new --results-dir for this one, or the options that sweep ran with to resume it (--config {results / 'sweep.json'}" in message
+    (results / "finished.json").write_text("{}")
+    with pytest.raises(ResultsDirUnusable, match=f"{results} holds a finished sweep with different settings .*to show it"):
+        check_results_dir(other, results, resume=False)
+    with pytest.raises(SweepFinished):  # the same settings: the finished sweep answers (its report is shown, exit 0)
+        check_results_dir(spec(), results, resume=False)
+    # how the sweep runs, not what it computes, may differ
+    assert check_results_dir(spec(concurrency=1, worker_logs=True, trial_retries=5), results, resume=True)
+
+
+def test_the_default_results_directory_follows_the_dataset_and_the_methods():
+    from dpsm_ray.sweep.cli import default_results_dir
+
+    defaults = {"config": {"dataset": "digits"}}
+    def named(dataset, methods=("ce", "conftr", "cut", "dpsm")):
+        return default_results_dir("digits", dataset, methods, defaults)
+
+    assert named("digits") == "results/digits"
+    assert named("digits", ("ce", "dpsm")) == "results/digits-ce-dpsm"
+    assert named("synthetic:classes=3,dim=4") == "results/synthetic-classes3-dim4"
+    assert named("table:/data/breast cancer.csv:label=diagnosis") == "results/table-breast_cancer"
+    assert named("folder:/data/birds:size=64", ("dpsm",)) == "results/folder-birds-dpsm"

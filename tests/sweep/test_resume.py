@@ -75,6 +75,32 @@ def test_the_same_command_run_again_shows_the_finished_sweep_and_exits_0(uninter
     assert (uninterrupted_sweep / "trials.parquet").read_bytes() == before
 
 
+def test_after_a_finished_sweep_other_options_are_refused_and_another_dataset_runs_its_own_sweep(uninterrupted_sweep, tmp_path):
+    """The quick start, then the README's own-data line without --results-dir: the default
+    directory follows the dataset, so the table's sweep runs (it does not answer with the digits
+    table); the quick start's command with another option is refused in one line, exit 2, before
+    Ray starts, naming the setting and the ways out."""
+    import shutil
+
+    from sklearn.datasets import load_breast_cancer
+
+    shutil.copytree(uninterrupted_sweep, tmp_path / "results" / "digits-ce-dpsm")  # TINY_SWEEP's methods name its default directory
+    script = str(ROOT / "sweeps" / "digits.py")
+    other = subprocess.run([sys.executable, script, *TINY_SWEEP, "--trials", "3"], cwd=tmp_path, capture_output=True, text=True,
+                           env=sweep_env(), timeout=120)
+    assert other.returncode == 2 and other.stdout == "", other.stdout + other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1 and "--trials: 2 there, 3 here" in other.stderr and "new --results-dir" in other.stderr
+    frame = load_breast_cancer(as_frame=True).frame.rename(columns={"target": "diagnosis"})
+    frame.to_csv(tmp_path / "breast_cancer.csv", index=False)
+    small = [*TINY_SWEEP[:2], "--trials", "1", "--final-seeds", "1", "--base-epochs", "1", "--epochs", "1", "--workers", "0"]
+    own = subprocess.run([sys.executable, script, "--dataset", "table:breast_cancer.csv:label=diagnosis", *small], cwd=tmp_path,
+                         capture_output=True, text=True, env=sweep_env(), timeout=600)
+    assert own.returncode == 0, own.stdout + own.stderr
+    assert "holds a finished sweep" not in own.stdout and " done in " in own.stdout
+    table = pd.read_parquet(tmp_path / "results" / "table-breast_cancer-ce-dpsm" / "trials.parquet")
+    assert set(table.dataset) == {f"table:{tmp_path / 'breast_cancer.csv'}:label=diagnosis"}
+
+
 def test_each_trial_records_where_its_time_went_and_an_experiment_s_trials_share_one_process(uninterrupted_sweep, tmp_path):
     """Issue 26: the trial's own timestamps and seconds per part in its record, the driver's in
     finished.json; the in-process trials of the sweep's one Tune experiment -- every method's

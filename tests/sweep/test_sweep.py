@@ -190,7 +190,7 @@ def test_rerun_needs_resume_and_a_resumed_finished_sweep_adds_nothing(finished_s
     (results / "finished.json").unlink()  # as if the driver had been killed just before its last write
     with pytest.raises(SweepError, match="already holds a sweep that has not finished; pass --resume"):
         run_sweep(spec, results, log=lambda line: None)
-    with pytest.raises(SweepError, match="different settings .*trials"):
+    with pytest.raises(SweepError, match="different settings .*--trials: 2 there, 3 here"):
         run_sweep(SweepSpec(**{**spec.__dict__, "trials": 3}), results, resume=True, log=lambda line: None)
     run_sweep(spec, results, resume=True, log=lambda line: None)
     for name, frame in before.items():
