@@ -231,11 +231,13 @@ TRUST_CODE_HELP = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpsm-ray", description="Conformal classifier training (DPSM, ConfTr, CUT, CE) on Ray.")
+    parser = argparse.ArgumentParser(prog="dpsm-ray", description="Conformal classifier training (DPSM, ConfTr, CUT, CE) on Ray.",
+                                     allow_abbrev=False)
     parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
+        allow_abbrev=False,
         help="train and evaluate one model",
         description="Train one model with the chosen objective, print a progress line per epoch and a final table.",
     )
@@ -253,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=cmd_train, parser=train)
     report = commands.add_parser(
         "report",
+        allow_abbrev=False,
         help="print the paper-style tables of a sweep or run and write report.md, report.tex and figures",
         description="Read DIR's Parquet files (a sweep's --results-dir or a run's --out); print the set-size table (mean ± std per "
         "method and score; DPSM against the best baseline and the CE base model as a per-seed paired change with a 95% interval) "
@@ -265,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser(
         "export",
+        allow_abbrev=False,
         help="copy a sweep's final model of a method out as a conformal predictor",
         description="Copy the predictor of METHOD out of a sweep's RESULTS/predictors/ into OUT (docs/predictor.md): by default the final "
         "model chosen on validation data alone (the smallest validation set size among the method's seeds whose validation coverage "
@@ -316,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve",
+        allow_abbrev=False,
         help="serve a predictor over HTTP on Ray Serve",
         description="Serve PREDICTOR on Ray Serve: POST /predict with {\"inputs\": [...]} returns each input's prediction set; GET /health "
         "describes the predictor. Bad requests get a 4xx status and {\"error\": ...}. Runs until Ctrl-C (or SIGTERM), then stops every "
@@ -363,8 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dpsm_ray.sweep.options import parse_strictly
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_strictly(parser, argv)
     skip_final_collection()
     try:
         return args.handler(args, args.parser)

@@ -116,3 +116,19 @@ def test_version_names_the_package_and_python():
     for command, name in ((["-m", "dpsm_ray.cli"], "dpsm-ray"), ([str(script)], "dpsm_ray")):
         result = subprocess.run([sys.executable, *command, "--version"], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0 and result.stdout.strip() == f"{name} {__version__} (Python {sys.version.split()[0]})", result
+
+
+@pytest.mark.parametrize("command,argv,message", [
+    ("dpsm-ray", ["train", "--epoch", "1"], "dpsm-ray train: error: unrecognized arguments: --epoch 1; did you mean --epochs?"),
+    ("dpsm-ray", ["predict", "p", "--input", "x.npy", "--out", "o.parquet", "--scor", "aps"], "dpsm-ray predict: error: unrecognized arguments: --scor aps; did you mean --score?"),
+    ("dpsm-ray", ["train", "--zzz", "1"], "dpsm-ray train: error: unrecognized arguments: --zzz 1; dpsm-ray train --help lists its options"),
+    ("digits", ["--trial", "3"], "sweeps/digits.py: error: unrecognized arguments: --trial 3; did you mean --trials?"),
+])
+def test_an_abbreviated_or_unknown_option_is_refused_in_one_line_with_the_nearest_one(command, argv, message, capsys):
+    """argparse would take ``--epoch 1`` for ``--epochs 1`` (abbreviations) and print the top-level usage for an unknown one."""
+    from dpsm_ray.sweep.cli import main as sweep_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv) if command == "dpsm-ray" else sweep_main("digits", "digits", {"trials": 4, "final_seeds": 2, "config": {"dataset": "digits"}}, argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err == [message]

@@ -79,7 +79,7 @@ def parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
 
 
 def build_parser(name: str, description: str, defaults: dict) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"sweeps/{name}.py", description=description)
+    parser = argparse.ArgumentParser(prog=f"sweeps/{name}.py", description=description, allow_abbrev=False)
     add = parser.add_argument
     add("--version", action="version", version=version_line("dpsm_ray"))
     add(

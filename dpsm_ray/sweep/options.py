@@ -123,12 +123,28 @@ def nearest(key: str, valid) -> str:
     return (difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.0) or ["?"])[0]
 
 
+def parse_strictly(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, where an unknown option is one line, exit 2, naming it and the
+    nearest option of the command it was given to (a subcommand's, where ``parser`` has them and
+    the namespace names its parser as ``parser``).  Build parsers with ``allow_abbrev=False``, so
+    that ``--epoch 1`` is unknown rather than taken as ``--epochs``."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = getattr(args, "parser", None) or parser
+        flag = next((word for word in unknown if word.startswith("-")), unknown[0]).split("=", 1)[0]
+        options = [name for name in command._option_string_actions if name.startswith("--")]
+        close = difflib.get_close_matches(flag, options, n=1, cutoff=0.7)
+        hint = f"did you mean {close[0]}?" if close else f"{command.prog} --help lists its options"
+        command.exit(2, f"{command.prog}: error: unrecognized arguments: {' '.join(unknown)}; {hint}\n")
+    return args
+
+
 def parse_with_config(parser: argparse.ArgumentParser, name: str, config_options, argv: list[str] | None) -> argparse.Namespace:
     """Parse ``argv``; with ``--config FILE``, the file's values become the parser's defaults and
     the command line overrides them.  Exits 2 with one line on a bad file or an unknown key (named
     with the nearest valid one).  ``config_options``: the TrainConfig fields the script takes as
     options; the file's ``base`` may set any other TrainConfig field (``base_fields``)."""
-    args = parser.parse_args(argv)
+    args = parse_strictly(parser, argv)
     if getattr(args, "config", None) is None:
         return args
     try:
@@ -136,7 +152,7 @@ def parse_with_config(parser: argparse.ArgumentParser, name: str, config_options
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     parser.set_defaults(**defaults)
-    return parser.parse_args(argv)
+    return parse_strictly(parser, argv)
 
 
 def config_defaults(parser: argparse.ArgumentParser, name: str, config_options, data: dict, path) -> dict:

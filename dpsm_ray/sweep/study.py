@@ -283,11 +283,12 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     import sys
     import time
 
+    from dpsm_ray.sweep.options import parse_strictly
     from dpsm_ray.sweep.spec import ResultsDirUnusable, SweepError
     from dpsm_ray.config import ConfigError
     from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
 
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     add = parser.add_argument
     add("--dataset", choices=list(datasets), default=next(iter(datasets)), help="(default: %(default)s)")
     add("--data-root", help="where the dataset's files are (the dataset's default otherwise)")
@@ -322,7 +323,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
             "nothing is trained; for a study stopped part way (name the arms and --searched-from it ran with)"
         ),
     )
-    args = parser.parse_args(argv)
+    args = parse_strictly(parser, argv)
     definition = datasets[args.dataset]
     common = {**definition["common"], **(definition["quick"]["common"] if args.quick else {})}
     if args.data_root:
