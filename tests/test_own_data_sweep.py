@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from dpsm_ray import Predictor
-from dpsm_ray.own_data import folder_files, parse_folder
+from dpsm_ray.own_data import folder_files, parse_folder, readings_record
 from dpsm_ray.cli import main as dpsm_ray
 from dpsm_ray.data.folder import cache_path
 from dpsm_ray.sweep.cli import main as sweep_script
@@ -45,7 +45,7 @@ def run_script(argv: list[str]) -> None:
 @pytest.mark.skipif(not (FASHION / "t10k-images-idx3-ubyte.gz").is_file(), reason="Debian's dataset-fashion-mnist is not installed")
 def test_an_image_folder_sweeps_and_its_predictor_reads_new_images_as_python_does(ray_session, tmp_path):
     # the decoded images are cached where the driver and its trials both look ($DPSM_RAY_CACHE as
-    # the Ray workers inherited it); the test's cache file is removed at the end
+    # the Ray workers inherited it); the test's cache files are removed at the end
     images, labels = read_idx(FASHION / "t10k-images-idx3-ubyte.gz"), read_idx(FASHION / "t10k-labels-idx1-ubyte.gz")
     for i in range(2000):
         (tmp_path / "fm" / NAMES[labels[i]]).mkdir(parents=True, exist_ok=True)
@@ -57,9 +57,11 @@ def test_an_image_folder_sweeps_and_its_predictor_reads_new_images_as_python_doe
     results, spec = tmp_path / "sweep", f"folder:{tmp_path / 'fm'}:size=28"
     try:
         run_script(["--dataset", spec, "--model", "cnn", *SMALL, "--results-dir", str(results)])
-    finally:
+    finally:  # the decoded images and the listing's verdicts
         path, options = parse_folder(spec)
-        cache_path(path, options, folder_files(path, 0)[1]).unlink(missing_ok=True)
+        files = folder_files(path, 0)[1]
+        cache_path(path, options, files).unlink(missing_ok=True)
+        readings_record(Path(path), [Path(path) / rel for entries in files.values() for _, rel in entries]).unlink(missing_ok=True)
     classes = pd.read_parquet(results / "classes.parquet")
     assert dict(zip(classes.label, classes.class_name)) == dict(enumerate(sorted(NAMES)))  # ImageFolder's order: the names sorted
 

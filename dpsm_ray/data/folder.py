@@ -1,12 +1,13 @@
 """A researcher's own images: ``folder:PATH``, an image folder tree as torchvision's ImageFolder
 reads it (``PATH/CLASS/IMAGE``, or already split: ``PATH/{train,val,cal,test}/CLASS/IMAGE``).
 
-The files are listed without opening them (``dpsm_ray.own_data.folder_files``: the split sizes, known before
-anything runs), then decoded once -- each converted to one mode (greyscale when every image is, else
-RGB, or as the option ``channels`` says), its shorter side resized to ``size`` and the centre
-``size`` x ``size`` cropped, exactly as a predictor reads an image (``preprocessing.read_pixels``)
--- and cached as uint8 arrays (``$DPSM_RAY_CACHE/folders``, keyed by every file's path, size and
-modification time and the options), so a sweep's trials load the cache instead of decoding again.
+The files are listed and each checked (``dpsm_ray.own_data.folder_files``: the split sizes, and
+every unreadable or truncated file, known before anything runs), then decoded once -- each
+converted to one mode (greyscale when every image is, else RGB, or as the option ``channels``
+says), its shorter side resized to ``size`` and the centre ``size`` x ``size`` cropped, exactly
+as a predictor reads an image (``preprocessing.read_pixels``) -- and cached as uint8 arrays
+(``$DPSM_RAY_CACHE/folders``, keyed by every file's path, size and modification time and the
+options), so a sweep's trials load the cache instead of decoding again.
 The inputs are standardised per channel by the training split's pixel statistics, saved in the
 input spec (and so in every predictor).  Without its own split, the data is split stratified at
 random by the run's data seed (fractions ``val``, ``cal``, ``test``; train is the rest).
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsm_ray.own_data import PRESPLIT, file_fingerprint, folder_files, folder_sizes, parse_folder
-from dpsm_ray.files import atomic_write, cache_home
+from dpsm_ray.files import CorruptFileError, atomic_write, cache_home
 
 CACHE_VERSION = 1
 GREYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "F")
@@ -65,7 +66,7 @@ def decoded(spec: str, log=None) -> dict[str, np.ndarray]:
         f"folder:{path}: decoding {len(entries)} images of {len(classes)} classes once (cached in {cache.parent}): modes"
         f" {', '.join(sorted(modes))}, {pixels} pixels -> each converted to {mode}, its shorter side resized to {size} and the centre"
         f" {size}x{size} cropped"
-        + (f"; {skipped} files that are not readable images left out" if skipped else "")
+        + (f"; {left_out(skipped)} left out (skip=1)" if skipped else "")
     )
     images = np.stack([pixels_of(root / rel, path, mode, size) for _, _, rel in entries])
     arrays = {
@@ -78,15 +79,23 @@ def decoded(spec: str, log=None) -> dict[str, np.ndarray]:
     return arrays
 
 
+def left_out(files: tuple[str, ...]) -> str:
+    """``1 file that is not a readable image (PATH)`` or ``N files that are not readable images (the first: PATH)``."""
+    if len(files) == 1:
+        return f"1 file that is not a readable image ({files[0]})"
+    return f"{len(files)} files that are not readable images (the first: {files[0]})"
+
+
 def pixels_of(file: Path, path: str, mode: str, size: int) -> np.ndarray:
-    """``read_pixels``, with an image whose header reads but whose pixels do not (a truncated file) named."""
+    """``read_pixels``, with an image that no longer decodes (changed since it was listed and
+    checked) named."""
     from dpsm_ray.data.preprocessing import read_pixels
 
     try:
         return read_pixels(file, mode, size, (size, size))
-    except (OSError, SyntaxError, ValueError) as error:
-        raise ValueError(
-            f"dataset folder:{path}: {file} cannot be decoded ({type(error).__name__}: {str(error)[:120]}); remove or replace it"
+    except (OSError, SyntaxError, ValueError, EOFError) as error:
+        raise CorruptFileError(
+            file, f"in dataset folder:{path} cannot be decoded ({type(error).__name__}: {str(error)[:120]}); remove or replace it"
         ) from None
 
 

@@ -2,15 +2,23 @@
 a label column): the splits, the class names, the decoding cache, the preprocessing a predictor
 repeats, and one clear line for every layout or file it cannot use."""
 
+import os
+import runpy
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from PIL import Image
 
-from dpsm_ray.cards import check_data_present, load_splits, split_sizes
+from dpsm_ray.cards import build_model, check_data_present, load_splits, split_sizes
+from dpsm_ray.cli import main as dpsm_ray
 from dpsm_ray.own_data import folder_files
 from dpsm_ray.data.preprocessing import read_pixels
+from dpsm_ray.sweep.cli import main as sweep_script
+
+DIGITS = runpy.run_path(str(Path(__file__).parents[2] / "sweeps" / "digits.py"))["DEFAULTS"]
 
 
 @pytest.fixture(autouse=True)
@@ -138,6 +146,10 @@ def test_an_unusable_table_is_named_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="3 examples are too few to split"):
         pd.DataFrame({"x": [1.0, 2, 3], "label": [0, 1, 0]}).to_parquet(tmp_path / "small.parquet")
         split_sizes(f"table:{tmp_path / 'small.parquet'}")
+    assert "the table has no rows; it needs one row per example" in error(pd.DataFrame({"x": np.zeros(0), "label": np.zeros(0, int)}))
+    np.savez(tmp_path / "empty.npz", embeddings=np.zeros((0, 3)), label=np.zeros(0, int))
+    with pytest.raises(ValueError, match="the table has no rows"):
+        split_sizes(f"table:{tmp_path / 'empty.npz'}")
     with pytest.raises(FileNotFoundError, match="no such file"):
         split_sizes(f"table:{tmp_path / 'absent.csv'}")
     with pytest.raises(ValueError, match=r"give a \.parquet, \.csv, \.npz file"):
@@ -162,3 +174,102 @@ def test_data_that_changes_under_the_same_name_gets_a_new_base_model_and_a_new_d
     assert cache_entry(config) != entry
     assert cache_path(str(tmp_path / "pics"), {"size": 32, "channels": 0}, folder_files(str(tmp_path / "pics"), 0)[1]) != decoded_at
     assert "-" not in cache_entry(TrainConfig(dataset="digits", init="base")).name.rpartition("seed0-")[2]  # built-in data: the config alone
+
+
+def truncate(file: Path) -> None:
+    """Cut the second half of ``file``'s bytes, as an interrupted copy does: its header still reads."""
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+
+
+def one_line(capsys, command) -> str:
+    """``command``'s exit, which must be status 2 with one line on stderr: that line."""
+    with pytest.raises(SystemExit) as ended:
+        command()
+    said = capsys.readouterr().err
+    assert ended.value.code == 2 and said.count("\n") == 1 and said.endswith("\n"), said
+    folder_files.cache_clear()
+    return said
+
+
+def test_a_missing_path_a_truncated_image_and_a_table_with_no_rows_are_one_line_exit_2_before_anything_runs(tmp_path, capsys, monkeypatch):
+    def train(spec):
+        return one_line(capsys, lambda: dpsm_ray(["train", "--dataset", spec, "--epochs", "1", "--batch-size", "4"]))
+
+    def sweep(spec):
+        argv = ["--dataset", spec, "--batch-size", "4", "--results-dir", str(tmp_path / "sweep")]
+        return one_line(capsys, lambda: sweep_script("digits", "a sweep", DIGITS, argv))
+
+    absent = tmp_path / "absent"
+    for said in (train(f"folder:{absent}"), sweep(f"folder:{absent}")):
+        assert f"dataset folder:{absent}: no such folder; give the folder that holds a folder of images for each class" in said
+    monkeypatch.chdir(tmp_path)
+    assert f"folder:absent: no such folder (relative to the current directory {tmp_path})" in train("folder:absent")
+
+    write_images(tmp_path / "pics", {"a": 6, "b": 6})
+    truncate(tmp_path / "pics" / "b" / "3.png")
+    for said in (train(f"folder:{tmp_path / 'pics'}"), sweep(f"folder:{tmp_path / 'pics'}")):
+        assert f"{tmp_path / 'pics' / 'b' / '3.png'} cannot be decoded, a truncated or corrupt image (image file is truncated)" in said
+        assert f"remove or replace it, or add the option skip=1 (folder:{tmp_path / 'pics'}:skip=1)" in said
+
+    (tmp_path / "header.csv").write_text("x,y,label\n")
+    for said in (train(f"table:{tmp_path / 'header.csv'}"), sweep(f"table:{tmp_path / 'header.csv'}")):
+        assert f"dataset table:{tmp_path / 'header.csv'}: the table has no rows; it needs one row per example" in said
+    assert f"dataset table:{tmp_path / 'absent.csv'}: no such file; give a .parquet, .csv, .npz file" in train(f"table:{tmp_path / 'absent.csv'}")
+    assert not (tmp_path / "sweep").exists()  # refused before the results directory is made
+
+
+def test_skip_leaves_out_truncated_images_too_and_says_how_many(tmp_path, capsys):
+    write_images(tmp_path / "pics", {"a": 6, "b": 6})
+    photo = np.random.default_rng(1).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    Image.fromarray(photo).save(tmp_path / "pics" / "b" / "photo.jpg")
+    truncate(tmp_path / "pics" / "a" / "2.png")
+    truncate(tmp_path / "pics" / "b" / "photo.jpg")  # a JPEG is checked at a reduced scale: its truncation still shows
+    with pytest.raises(ValueError, match=r"a/2\.png cannot be decoded, a truncated or corrupt image"):
+        check_data_present(f"folder:{tmp_path / 'pics'}")
+    folder_files.cache_clear()
+    (tmp_path / "pics" / "a" / "2.png").unlink()
+    with pytest.raises(ValueError, match=r"b/photo\.jpg cannot be decoded, a truncated or corrupt image \(image file is truncated"):
+        check_data_present(f"folder:{tmp_path / 'pics'}")
+    truncate(tmp_path / "pics" / "a" / "4.png")
+    folder_files.cache_clear()
+
+    spec = f"folder:{tmp_path / 'pics'}:size=8,skip=1"
+    assert sum(split_sizes(spec).values()) == 10  # 13 files, one removed, two truncated
+    check_data_present(spec)
+    said = capsys.readouterr().err
+    assert f"decoding 10 images of 2 classes once" in said
+    assert f"; 2 files that are not readable images (the first: {tmp_path / 'pics' / 'a' / '4.png'}) left out (skip=1)" in said
+    data = load_splits(spec, seed=0)
+    assert data.sizes() == {"train": 4, "val": 2, "cal": 2, "test": 2} and data.train.source.inputs.shape == (10, 1, 8, 8)
+
+
+def test_each_image_is_decoded_once_and_its_verdict_kept_until_the_file_changes(tmp_path, monkeypatch):
+    from PIL import Image as pil
+
+    write_images(tmp_path / "pics", {"a": 5, "b": 5})
+    listing = folder_files(str(tmp_path / "pics"), 0)
+    folder_files.cache_clear()  # as a trial's process starts: it reads the verdicts, opens no image
+    opened = []
+    real_open = pil.open
+    monkeypatch.setattr(pil, "open", lambda *args, **kwargs: opened.append(args[0]) or real_open(*args, **kwargs))
+    assert folder_files(str(tmp_path / "pics"), 0) == listing and opened == []
+    folder_files.cache_clear()
+    truncate(tmp_path / "pics" / "b" / "1.png")
+    os.utime(tmp_path / "pics" / "b" / "1.png", ns=(1, 1))  # changed: another size and modification time, whatever the clock
+    with pytest.raises(ValueError, match=r"b/1\.png cannot be decoded"):
+        folder_files(str(tmp_path / "pics"), 0)
+    assert len(opened) == 10  # decoded again, every file, once
+
+
+def test_a_greyscale_folder_goes_to_an_rgb_model_as_three_equal_channels_with_channels_3(tmp_path):
+    write_images(tmp_path / "pics", {"a": 6, "b": 6, "c": 6})
+    grey = load_splits(f"folder:{tmp_path / 'pics'}:size=8", seed=0)
+    rgb = load_splits(f"folder:{tmp_path / 'pics'}:size=8,channels=3", seed=0)
+    assert grey.input_shape == (1, 8, 8) and rgb.input_shape == (3, 8, 8) and torch.equal(grey.train.ids, rgb.train.ids)
+    # PIL's L -> RGB repeats the grey value: the three channels are the greyscale image, so are their statistics
+    assert torch.equal(rgb.train.source.inputs, grey.train.source.inputs.expand(-1, 3, -1, -1))
+    assert rgb.input_spec.mean == [[[grey.input_spec.mean[0][0][0]]]] * 3 and rgb.input_spec.image.mode == "RGB"
+    model = build_model("torchvision:resnet18", rgb.num_classes, input_shape=rgb.input_shape)
+    inputs, _ = next(rgb.train.source.batches([rgb.train.ids[:2]], augment=False, seed=0))
+    assert model(inputs).shape == (2, 3)
