@@ -3,6 +3,7 @@
     dpsm-ray train --dataset digits --method dpsm --epochs 30 --seed 0 --out runs/dpsm
     dpsm-ray report results/digits
     dpsm-ray export results/digits --method dpsm --out predictors/dpsm
+    dpsm-ray calibrate --model mlp --weights model.pt --dataset digits --out predictors/mine
     dpsm-ray predict predictors/dpsm --input digits.npy --out sets.parquet
     dpsm-ray serve predictors/dpsm
 
@@ -18,7 +19,7 @@ import math
 import sys
 from pathlib import Path
 
-from dpsm_ray.cards import score_names
+from dpsm_ray.cards import model_choices, score_names
 from dpsm_ray.catalog import BASE_MODEL, METHODS, version_line
 from dpsm_ray.timing import skip_final_collection
 from dpsm_ray.config import ConfigError, TrainConfig, add_config_options, calibration_warnings
@@ -81,7 +82,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
             result = run_training(config, out, **ray_options)
             if out is not None:
-                from dpsm_ray.predict.export import predictor_for_run
+                from dpsm_ray.predict.export import chance_line, predictor_for_run
 
                 write_run(out, result)
                 predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out)})
@@ -109,8 +110,20 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     hps = predictor.info["test"]["scores"]["hps"]
     print(f"predictor written to {out / PREDICTOR_DIR} (calibrated on the calibration split: HPS q {predictor.thresholds['hps']:.4f}; "
           f"on the test split coverage {hps['coverage']:.3f}, set size {hps['set_size']:.2f}); use it with "
-          f"dpsm-ray predict {out / PREDICTOR_DIR} --input X.npy --out sets.parquet")
+          f"dpsm-ray predict {out / PREDICTOR_DIR} --input {input_example(config.dataset)} --out sets.parquet")
+    warning = chance_line(predictor)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     return 0
+
+
+def input_example(dataset: str) -> str:
+    """What ``predict --input`` takes for a model trained on ``dataset``, as an example."""
+    if dataset.startswith("folder:"):
+        return "FOLDER_OF_IMAGES"
+    if dataset.startswith("table:"):
+        return "NEW_ROWS.csv"
+    return "X.npy"
 
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -133,31 +146,32 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.predict.inputs import open_inputs
-    from dpsm_ray.predict.predictions import write_sets
+    from dpsm_ray.predict.predictions import output_format, write_sets
     from dpsm_ray.predict.predictor import Predictor
 
     try:
+        form = output_format(args.out, args.format)
         predictor = Predictor.load(args.predictor, device=args.device, trust_code=args.trust_code)
-        source = open_inputs(args.input, predictor.input_spec, ignore=predictor.label_columns())
+        source = open_inputs(args.input, predictor.input_spec, label_column=predictor.label_column, feature_names=predictor.feature_names,
+                             class_names=predictor.class_names, num_classes=predictor.num_classes)
         predictor.threshold(args.score)  # an uncalibrated predictor fails before any input is read
-        rows = write_sets(
-            predictor,
-            source,
-            args.out,
-            score=args.score,
-            probabilities=args.probabilities,
-            batch_size=args.batch_size,
-            non_empty=args.non_empty,
-        )
+        rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size,
+                          non_empty=args.non_empty, format=form)
     except ValueError as error:  # PredictorError, InputError, InputFileError
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     if source.skipped:
         print(f"skipped {len(source.skipped)} files PIL cannot read (e.g. {source.skipped[0]})", file=sys.stderr)
     sizes = rows["set_size"]
+    mean_size = sum(sizes) / max(1, len(sizes))
     print(
         f"{len(sizes)} inputs, {args.score.upper()} sets at alpha={predictor.alpha:g} (q {predictor.threshold(args.score):.4f}): mean set"
-        f" size {sum(sizes) / max(1, len(sizes)):.2f}, {sum(1 for n in sizes if n == 0)} empty; written to {args.out}"
+        f" size {mean_size:.2f}, {sum(1 for n in sizes if n == 0)} empty; written to {args.out}"
     )
+    if "covered" in rows and sizes:
+        covered = sum(rows["covered"]) / len(sizes)
+        print(f"labelled inputs: coverage {covered:.3f} (target {1 - predictor.alpha:g}), mean set size {mean_size:.2f}, accuracy "
+              f"{sum(t == y for t, y in zip(rows['top1'], rows['label'])) / len(sizes):.3f}; each row's label and whether its set holds it "
+              "are in the file")
     return 0
 
 
@@ -208,6 +222,41 @@ def port_number(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port number in 1..65535; got {text!r}")
     return value
+
+
+def cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dpsm_ray.cards import check_data_present, check_dataset, check_model, score_names
+    from dpsm_ray.predict.export import calibrate_weights, chance_line
+    from dpsm_ray.predict.predictor import PredictorError
+
+    try:  # bad options fail here, in one line, before anything is read
+        if not 0 < args.alpha < 1:
+            raise ValueError(f"--alpha {args.alpha:g}: must be in the open interval (0, 1)")
+        check_dataset(args.dataset)
+        check_model(args.model)
+        check_data_present(args.dataset, args.data_root, False)
+        out = Path(args.out)
+        if (out / "predictor.json").exists() and not args.overwrite:
+            raise PredictorError(f"--out {out} holds a predictor already; choose another directory, or --overwrite it")
+        predictor = calibrate_weights(args.weights, args.model, args.dataset, split=args.split, alpha=args.alpha, seed=args.seed,
+                                      data_root=args.data_root, precision=args.precision, device=args.device)
+        predictor.save(out, overwrite=args.overwrite)
+    except (ValueError, FileNotFoundError) as error:  # ConfigError, PredictorError and the weights' errors are ValueErrors
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    calibration = predictor.info["calibration"]
+    print(f"calibrated on {calibration['data']} at alpha={predictor.alpha:g}: "
+          + ", ".join(f"{kind.upper()} q {q:.4f}" for kind, q in predictor.thresholds.items() if kind in score_names()))
+    test = predictor.info["test"]
+    if test is not None:
+        measured = ", ".join(
+            f"{kind.upper()} coverage {m['coverage']:.3f} set size {m['set_size']:.2f}" for kind, m in test["scores"].items()
+        )
+        print(f"on {test['data']}: accuracy {test['accuracy']:.3f}; {measured}")
+    print(f"predictor written to {out}; use it with dpsm-ray predict {out} --input {input_example(args.dataset)} --out sets.parquet")
+    warning = chance_line(predictor)
+    if warning is not None:
+        print(warning, file=sys.stderr)
+    return 0
 
 
 def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -282,13 +331,44 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write (predictor.json and weights.pt)")
     export.set_defaults(handler=cmd_export, parser=export)
 
+    calibrate = commands.add_parser(
+        "calibrate",
+        allow_abbrev=False,
+        help="make a predictor of a model trained elsewhere: its weights file and labelled calibration data",
+        description="Build MODEL, load its weights from WEIGHTS (a state dict: .pt/.pth read with torch.load(weights_only=True), or "
+        ".safetensors), calibrate every score on --split of --dataset (labelled points the model never trained on) and write a predictor "
+        "into --out: the files export writes, for predict and serve. The model must take inputs as the dataset's card prepares them "
+        "(as every model dpsm-ray trains does; dpsm_ray.cards.load_splits gives them); with --split other than all and test, the test "
+        "split measures coverage, set size and accuracy (docs/predictor.md).",
+    )
+    calibrate.add_argument("--model", required=True, help=f"what builds the network: {model_choices()}")
+    calibrate.add_argument("--weights", required=True, metavar="FILE", help="its trained weights (.pt, .pth, .safetensors)")
+    calibrate.add_argument("--dataset", required=True, metavar="SPEC",
+                           help="the labelled data, as --dataset of train (e.g. table:cal.csv:label=y)")
+    calibrate.add_argument("--split", default="cal", choices=("cal", "val", "test", "train", "all"),
+                           help="the split that calibrates: the dataset's calibration split at --seed, or all of it (e.g. a file of "
+                           "calibration points only; no test metrics then) (default: %(default)s)")
+    calibrate.add_argument("--alpha", type=float, default=0.1, help="the sets' miscoverage level (default: %(default)s)")
+    calibrate.add_argument("--seed", type=int, default=0,
+                           help="draws the dataset's splits and the APS/RAPS uniforms (default: %(default)s)")
+    calibrate.add_argument("--data-root", help="where the dataset's files are (built-in datasets; the dataset's default otherwise)")
+    calibrate.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                           help="the forward passes' precision (default: %(default)s)")
+    calibrate.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
+    calibrate.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write")
+    calibrate.add_argument("--overwrite", action="store_true", help="replace a predictor already in --out")
+    calibrate.set_defaults(handler=cmd_calibrate, parser=calibrate)
+
     predict = commands.add_parser(
         "predict",
-        help="prediction sets of new inputs from a predictor, as Parquet",
+        allow_abbrev=False,
+        help="prediction sets of new inputs from a predictor, as Parquet, CSV or JSON",
         description=(
             "Read inputs -- an .npy or .npz array [n, *shape] (or [n, features]), a folder of image files (resized and normalised as the "
-            "predictor says), or a Parquet table of feature columns -- and write one row per input: input_id, set (list<int32>), set_names "
-            "(where the classes have names), set_size, top1 (and top1_name), and with --probabilities the softmax row."
+            "predictor says), or a Parquet or CSV table of feature columns (read by name for a predictor trained on a table) -- and write "
+            "one row per input: input_id, set (list<int32>), set_names (where the classes have names), set_size, top1 (and top1_name), "
+            "with --probabilities the softmax row; labelled inputs (a table's label column, an .npz's y) add label and covered, and the "
+            "coverage is printed."
         ),
     )
     predict.add_argument(
@@ -301,11 +381,16 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         metavar="PATH",
         help=(
-            ".npy, .npz (array 'x', optional integer 'ids'), .parquet or .csv (one column per feature, optional 'id'; a training table's"
-            " label column is left out), or a folder of images"
+            ".npy, .npz (array 'x', optional integer 'ids' and labels 'y'), .parquet or .csv (one column per feature, by name where the "
+            "predictor has feature names, else in order; optional 'id'; the training table's label column is read as labels), or a "
+            "folder of images"
         ),
     )
-    predict.add_argument("--out", required=True, metavar="FILE", help="the Parquet file to write, e.g. sets.parquet")
+    predict.add_argument("--out", required=True, metavar="FILE", help="the file to write, e.g. sets.parquet (its format from the suffix: "
+                         ".parquet, .csv, .json, .jsonl; or --format)")
+    predict.add_argument("--format", choices=("parquet", "csv", "json", "jsonl"),
+                         help="the output's format (default: from --out's suffix); csv and jsonl hold the rows only, a list as JSON text "
+                         "in a CSV cell; json is {\"dpsm_ray\": what the sets are, \"rows\": [...]}")
     predict.add_argument("--score", default="hps", choices=score_names(), help="non-conformity score (default: %(default)s)")
     predict.add_argument("--probabilities", action="store_true", help="add each input's softmax row (list<double>)")
     predict.add_argument(
@@ -355,6 +440,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-batch", type=positive_int, default=4096, help="most inputs in one request; more get status 413 (default: %(default)s)"
+    )
+    # the three below measured with bench/serve_load.py on 2 cores (docs/predictor.md)
+    serve.add_argument(
+        "--max-ongoing",
+        type=positive_int,
+        default=128,
+        help="requests a replica holds at once, their inputs batched; more wait in Serve's queue (default: %(default)s; Serve's own 5 "
+        "collapses throughput as clients are added)",
+    )
+    serve.add_argument(
+        "--batch-rows", type=positive_int, default=512, help="most inputs of concurrent requests in one forward pass (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=2.0,
+        help="how long a forward pass waits for more requests while it holds fewer than --batch-rows inputs; 0: never (requests that "
+        "arrive during a pass still share the next) (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--torch-threads",
+        type=positive_int,
+        help="torch threads in each replica (default: --cpus-per-replica, at least 1: more would fight the server's own processes)",
     )
     serve.add_argument(
         "--address",

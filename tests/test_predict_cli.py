@@ -156,3 +156,102 @@ def test_an_unknown_device_is_named(digits_predictor, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         predict(digits_predictor[0], "--input", tmp_path / "x.npy", "--out", tmp_path / "o.parquet", "--device", "gpu")
     assert exit_info.value.code == 2 and "device must be auto, cpu, cuda or cuda:N; got 'gpu'" in capsys.readouterr().err
+
+
+# --- a predictor trained on a table: its features by name, its labels, the output formats -----------------------------------------
+
+@pytest.fixture(scope="module")
+def table_predictor(tmp_path_factory):
+    """scikit-learn's breast-cancer table (30 named features, label 'diagnosis' as names), trained for 3 epochs by
+    ``dpsm-ray train --out``: the predictor a researcher gets from their own table."""
+    import pandas as pd
+    from sklearn.datasets import load_breast_cancer
+
+    root = tmp_path_factory.mktemp("table")
+    frame = load_breast_cancer(as_frame=True).frame.rename(columns={"target": "diagnosis"})
+    frame["diagnosis"] = frame["diagnosis"].map({0: "malignant", 1: "benign"})
+    frame.to_csv(root / "cancer.csv", index=False)
+    assert main(["train", "--dataset", f"table:{root / 'cancer.csv'}:label=diagnosis", "--epochs", "3", "--out", str(root / "run")]) == 0
+    # both classes among the rows predicted below, so that a wrong column order shows
+    rows = frame.iloc[[0, 1, 19, 20, 21, 37, 40, 44]]
+    assert set(rows.diagnosis) == {"malignant", "benign"}
+    return root / "run" / "predictor", frame, rows
+
+
+def test_a_table_predictor_records_its_features_and_reads_a_table_by_name_in_any_order(table_predictor, tmp_path, capsys):
+    directory, frame, rows = table_predictor
+    predictor = Predictor.load(directory, device="cpu")
+    features = [c for c in frame.columns if c != "diagnosis"]
+    assert predictor.feature_names == tuple(features) and predictor.label_column == "diagnosis"
+    expected = predictor.predict_sets(rows[features].to_numpy(dtype=numpy.float32)).lists
+    rows[features].to_csv(tmp_path / "ordered.csv", index=False)
+    rows[list(reversed(features))].to_csv(tmp_path / "reversed.csv", index=False)  # the same rows, columns reversed
+    for name in ("ordered", "reversed"):
+        assert predict(directory, "--input", tmp_path / f"{name}.csv", "--out", tmp_path / f"{name}.parquet") == 0
+        assert [list(s) for s in pq.read_table(tmp_path / f"{name}.parquet").column("set").to_pylist()] == expected, name
+    # read by position, the reversed columns give other sets: the test would catch a positional read
+    assert predictor.predict_sets(rows[list(reversed(features))].to_numpy(dtype=numpy.float32)).lists != expected
+    # the Python face takes JSON-like records by name too
+    records = [dict(reversed(list(row.items()))) for row in rows[features].to_dict("records")]
+    assert numpy.array_equal(predictor.named_inputs(records), rows[features].to_numpy(dtype=numpy.float64))
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda t: t.drop(columns=["mean radius", "worst area"]), r"missing 'mean radius', 'worst area'"),
+    (lambda t: t.assign(extra=1.0), r"unexpected 'extra'"),
+    (lambda t: t.rename(columns={"mean radius": "radius"}), r"missing 'mean radius' and unexpected 'radius'"),
+])
+def test_a_table_missing_or_adding_a_feature_is_refused_in_one_line_naming_it(table_predictor, tmp_path, capsys, change, message):
+    directory, frame, rows = table_predictor
+    change(rows.drop(columns=["diagnosis"])).to_csv(tmp_path / "x.csv", index=False)
+    with pytest.raises(SystemExit) as exit_info:
+        predict(directory, "--input", tmp_path / "x.csv", "--out", tmp_path / "o.parquet")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and re.search(message, err[0]), err
+    assert "the predictor reads its 30 features by name" in err[0]
+    with pytest.raises(ValueError, match="features it trained on, by name"):
+        Predictor.load(directory, device="cpu").named_inputs(change(rows.drop(columns=["diagnosis"])).to_dict("records"))
+
+
+def test_labelled_inputs_report_coverage_and_every_format_writes_the_same_rows(table_predictor, tmp_path, capsys):
+    directory, frame, rows = table_predictor
+    predictor = Predictor.load(directory, device="cpu")
+    rows.to_csv(tmp_path / "labelled.csv", index=False)  # the training layout, label column included
+    written = {}
+    for suffix in ("parquet", "csv", "json", "jsonl"):
+        assert predict(directory, "--input", tmp_path / "labelled.csv", "--out", tmp_path / f"sets.{suffix}") == 0
+        out = capsys.readouterr().out
+    import pandas as pd
+
+    written["parquet"] = pq.read_table(tmp_path / "sets.parquet").to_pylist()
+    written["csv"] = [{k: json.loads(v) if k in ("set", "set_names") else v for k, v in r.items()}
+                      for r in pd.read_csv(tmp_path / "sets.csv").to_dict("records")]
+    document = json.loads((tmp_path / "sets.json").read_text())
+    written["json"] = document["rows"]
+    written["jsonl"] = [json.loads(line) for line in (tmp_path / "sets.jsonl").read_text().splitlines()]
+    labels = [predictor.class_names.index(name) for name in rows.diagnosis]
+    for form, table in written.items():
+        assert [r["label"] for r in table] == labels, form
+        assert [bool(r["covered"]) for r in table] == [y in r["set"] for y, r in zip(labels, table)], form
+        assert [list(r["set"]) for r in table] == [list(r["set"]) for r in written["parquet"]], form
+    assert document["dpsm_ray"]["score"] == "hps" and document["dpsm_ray"]["alpha"] == predictor.alpha
+    coverage = sum(r["covered"] for r in written["parquet"]) / len(labels)
+    assert f"labelled inputs: coverage {coverage:.3f} (target 0.9)" in out
+
+
+def test_an_npz_with_labels_y_reports_coverage_and_a_bad_format_is_named(digits_predictor, tmp_path, capsys):
+    directory, predictor, x = digits_predictor
+    y = load_splits("digits", seed=0).test.labels[:50].numpy()
+    numpy.savez(tmp_path / "x.npz", x=x.numpy(), y=y)
+    assert predict(directory, "--input", tmp_path / "x.npz", "--out", tmp_path / "s.parquet") == 0
+    table = pq.read_table(tmp_path / "s.parquet").to_pylist()
+    sets = predictor.predict_sets(x).lists
+    assert [r["label"] for r in table] == y.tolist() and [r["covered"] for r in table] == [int(a) in s for a, s in zip(y, sets)]
+    assert "labelled inputs: coverage" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        predict(directory, "--input", tmp_path / "x.npz", "--out", tmp_path / "s.txt")
+    assert exit_info.value.code == 2 and "--out " in capsys.readouterr().err
+    numpy.savez(tmp_path / "bad.npz", x=x.numpy(), y=y + 10)
+    with pytest.raises(SystemExit):
+        predict(directory, "--input", tmp_path / "bad.npz", "--out", tmp_path / "s.parquet")
+    assert "'y' must hold class indices in 0..9" in capsys.readouterr().err

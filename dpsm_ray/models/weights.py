@@ -13,27 +13,28 @@ from torch import nn
 SHOWN = 4  # the keys a mismatch names before "and N more"
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+def read_state_dict(path: str | Path, option: str = "--init weights:") -> dict[str, torch.Tensor]:
+    """The state dict in ``path``; errors name the file as the user gave it (``option`` + path)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--init weights:{path}: no such file")
+        raise FileNotFoundError(f"{option}{path}: no such file")
     if path.suffix.lower() == ".safetensors":
         from safetensors.torch import load_file
 
         try:
             return load_file(str(path), device="cpu")
         except Exception as error:  # safetensors raises its own SafetensorError
-            raise ValueError(f"--init weights:{path}: not a readable .safetensors file ({str(error)[:160]})") from None
+            raise ValueError(f"{option}{path}: not a readable .safetensors file ({str(error)[:160]})") from None
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # an UnpicklingError names what weights_only refused
         raise ValueError(
-            f"--init weights:{path}: not a state dict torch.load(weights_only=True) can read ({str(error).splitlines()[0][:160]})"
+            f"{option}{path}: not a state dict torch.load(weights_only=True) can read ({str(error).splitlines()[0][:160]})"
         ) from None
     if isinstance(saved, dict) and isinstance(saved.get("model"), dict):  # a dpsm_ray checkpoint: its model's weights
         saved = saved["model"]
     if not (isinstance(saved, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in saved.items())):
-        raise ValueError(f"--init weights:{path}: holds a {type(saved).__name__}, not a state dict (parameter name -> tensor)")
+        raise ValueError(f"{option}{path}: holds a {type(saved).__name__}, not a state dict (parameter name -> tensor)")
     return saved
 
 
@@ -41,10 +42,10 @@ def listed(names: list[str]) -> str:
     return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
-def load_weights(model: nn.Module, path: str | Path, model_name: str) -> None:
+def load_weights(model: nn.Module, path: str | Path, model_name: str, option: str = "--init weights:") -> None:
     """Load the state dict in ``path`` into ``model`` whole; ValueError naming the first keys
     missing from the file, the file's keys the model lacks, and the shapes that differ."""
-    saved, own = read_state_dict(path), model.state_dict()
+    saved, own = read_state_dict(path, option), model.state_dict()
     missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
     shapes = [
         f"{k} {list(saved[k].shape)} in the file, {list(own[k].shape)} in the model"
@@ -57,5 +58,5 @@ def load_weights(model: nn.Module, path: str | Path, model_name: str) -> None:
         + ([f"shapes differ: {listed(shapes)}"] if shapes else [])
     )
     if problems:
-        raise ValueError(f"--init weights:{path} does not fit model {model_name} ({len(own)} tensors): {'; '.join(problems)}")
+        raise ValueError(f"{option}{path} does not fit model {model_name} ({len(own)} tensors): {'; '.join(problems)}")
     model.load_state_dict(saved)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from dpsm_ray.files import CorruptFileError, read_checked_json, sha256_file, write_checked_json
-from dpsm_ray.predict.predictor import INFO_FILE, Predictor, PredictorError, pick_device
+from dpsm_ray.predict.predictor import INFO_FILE, Predictor, PredictorError, pick_device, table_columns
 from dpsm_ray.results.layout import (
     CHECKPOINT_FILE,
     INDEX_FILE,
@@ -44,8 +44,7 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
     predictor calibrated on the run's calibration split and measured on its test split.
     ``data``: the run's ``DataSplits`` when already loaded (on the CPU)."""
     from dpsm_ray.cards import build_model
-    from dpsm_ray.train.env import LocalEnv
-    from dpsm_ray.train.loop import load_data, predict
+    from dpsm_ray.train.loop import load_data
     from dpsm_ray.train.step import resolve_precision
 
     device = pick_device(device)
@@ -59,19 +58,81 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
     model.load_state_dict(model_state)
     predictor = Predictor.create(
         model, architecture=architecture, input_spec=data.input_spec, num_classes=data.num_classes, alpha=config.alpha,
-        class_names=data.class_names, uniform_seed=config.seed, precision=precision, method=config.method, seed=config.seed,
-        run_id=config.config_hash(), training_config=config.to_dict(), provenance=provenance, device=device,
+        class_names=data.class_names, **table_columns(config.dataset), uniform_seed=config.seed, precision=precision,
+        method=config.method, seed=config.seed, run_id=config.config_hash(), training_config=config.to_dict(), provenance=provenance,
+        device=device,
     )
+    return calibrated_on_splits(predictor, data, ("cal",), ("test",), config.dataset, f"split seed {config.data_seed()}")
+
+
+def calibrated_on_splits(predictor: Predictor, data, calibration: tuple[str, ...], test: tuple[str, ...], dataset: str,
+                         seeded: str) -> Predictor:
+    """``predictor`` calibrated on the ``calibration`` splits of ``data`` and measured on its
+    ``test`` splits (none: no test metrics), with the inputs, forward passes and uniforms of a
+    run's own evaluation (``train.loop.final_evaluation``)."""
+    from dpsm_ray.train.env import LocalEnv
+    from dpsm_ray.train.loop import predict
+
     env = LocalEnv(predictor.device, log=lambda line: None)
+    precision = predictor.info["model"]["precision"]
 
-    def probabilities(split) -> torch.Tensor:  # as final_evaluation computes them
-        return predict(predictor.model, split, torch.arange(len(split)), data.num_classes, env, precision).double().softmax(dim=1).cpu()
+    def probabilities(names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # as final_evaluation computes them
+        splits = [getattr(data, name) for name in names]
+        probs = [predict(predictor.model, s, torch.arange(len(s)), data.num_classes, env, precision).double().softmax(dim=1).cpu()
+                 for s in splits]
+        return torch.cat(probs), torch.cat([s.labels for s in splits]), torch.cat([s.ids.cpu() for s in splits])
 
-    split_seed = f"split seed {config.data_seed()}"
-    calibrated = predictor.calibrated(probabilities(data.cal), data.cal.labels, config.alpha, example_ids=data.cal.ids,
-                                      data=f"the calibration split of {config.dataset} ({len(data.cal)} points, {split_seed})")
-    measured = calibrated.measure(probabilities(data.test), data.test.labels, example_ids=data.test.ids)
-    return calibrated.with_test(measured, len(data.test), f"the test split of {config.dataset} ({len(data.test)} points, {split_seed})")
+    def described(names: tuple[str, ...], points: int) -> str:
+        which = "every split" if len(names) == 4 else " and ".join(f"the {'calibration' if n == 'cal' else n} split" for n in names)
+        return f"{which} of {dataset} ({points} points, {seeded})"
+
+    probs, labels, ids = probabilities(calibration)
+    calibrated = predictor.calibrated(probs, labels, predictor.alpha, example_ids=ids, data=described(calibration, len(labels)))
+    if not test:
+        return calibrated
+    probs, labels, ids = probabilities(test)
+    measured = calibrated.measure(probs, labels, example_ids=ids)
+    accuracy = float((probs.argmax(dim=1) == labels).double().mean()) if len(labels) else None
+    return calibrated.with_test(measured, len(labels), described(test, len(labels)), accuracy=accuracy)
+
+
+def calibrate_weights(weights: str | os.PathLike, architecture: str, dataset: str, *, split: str = "cal", alpha: float = 0.1,
+                      seed: int = 0, data_root: str | None = None, precision: str = "fp32", device: str = "auto") -> Predictor:
+    """``dpsm-ray calibrate``: the weights in ``weights`` (a state dict, ``.pt`` read with
+    ``weights_only`` or ``.safetensors``) of ``architecture``, calibrated on ``split`` of
+    ``dataset`` (its splits drawn by ``seed``; ``all``: every example) and measured on its test
+    split unless that one calibrated."""
+    from dpsm_ray.cards import build_model, load_splits
+    from dpsm_ray.files import sha256_file
+    from dpsm_ray.models.weights import load_weights
+
+    data = load_splits(dataset, data_root, seed=seed)
+    model = build_model(architecture, data.num_classes, input_shape=data.input_shape)
+    load_weights(model, weights, architecture, option="--weights ")
+    provenance = {"source": "dpsm-ray calibrate", "weights": str(Path(weights).resolve()), "weights_sha256": sha256_file(weights)}
+    predictor = Predictor.from_model(model, architecture=architecture, dataset=dataset, alpha=alpha, seed=seed, data_root=data_root,
+                                     precision=precision, provenance=provenance, device=device, data=data)
+    calibration = ("train", "val", "cal", "test") if split == "all" else (split,)
+    test = () if split in ("all", "test") else ("test",)
+    return calibrated_on_splits(predictor, data, calibration, test, dataset, f"split seed {seed}")
+
+
+def chance_line(predictor: Predictor) -> str | None:
+    """A warning when a predictor's model is at or near chance on its test split (``test``'s
+    accuracy, and its sets' sizes: ``dpsm_ray.results.tables.chance_warning``), else None; its
+    sets still cover, by holding (nearly) every class."""
+    from dpsm_ray.results.tables import chance_warning
+
+    test = predictor.info["test"]
+    if not test or not test["scores"]:
+        return None
+    accuracy = test.get("accuracy")
+    why = chance_warning(accuracy if accuracy is not None else 1.0, predictor.num_classes,
+                         min(entry["set_size"] for entry in test["scores"].values()))
+    if why is None:
+        return None
+    return (f"warning: this model is at or near chance ({why}): its sets cover by holding (nearly) every class and say little about "
+            "the label; train longer, or check that it takes its inputs as the dataset prepares them")
 
 
 def existing_info(directory: Path) -> dict | None:
@@ -187,6 +248,10 @@ def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLik
         raise PredictorError(f"--out {out} is a non-empty directory without a predictor in it; choose a new or empty directory")
     source = results / entry["directory"]
     # exporting again into the same --out replaces its predictor
-    Predictor.load(source, device="cpu").save(out, provenance={"exported_from": str(source.resolve()), "chosen_by": why}, overwrite=True)
+    predictor = Predictor.load(source, device="cpu")
+    predictor.save(out, provenance={"exported_from": str(source.resolve()), "chosen_by": why}, overwrite=True)
     log(f"{method}: {entry['name']} ({'chosen on validation data' if seed is None else why}) -> {out}")
+    warning = chance_line(predictor)
+    if warning is not None:
+        log(warning)
     return out

@@ -2,15 +2,19 @@
 memory whole:
 
 - ``.npy``: an array ``[n, *shape]`` (or ``[n, features]``), memory-mapped;
-- ``.npz``: the array ``x`` (or the file's only array), and integer ``ids`` if present;
-- ``.parquet``: one numeric column per feature, in order, and an optional ``id`` column;
+- ``.npz``: the array ``x`` (or the file's only array), integer ``ids`` and integer labels ``y`` if present;
+- ``.parquet`` or ``.csv``: one numeric column per feature and an optional ``id`` column; for a
+  predictor trained on a table with named columns, the columns are matched to its features by name
+  (in any order; a missing or unexpected one is refused), otherwise taken in order; the training
+  table's label column, where present, gives each input's label;
 - a folder: every image file under it that PIL reads (sorted by path; other files are skipped and
   counted), converted, resized and cropped as the predictor's ``input.image`` says.
 
 Each source gives the inputs' ids for the output rows (integer positions, the ``ids``/``id``
 values, or the files' relative paths) and the integers that draw the APS/RAPS uniforms (integer
 ids, else positions in the whole input -- never positions within a chunk, so the chunk size does
-not change a set).  Arrays are never unpickled (``allow_pickle=False``).
+not change a set), and, where the inputs are labelled, their labels (class indices) so that
+``predict`` can report coverage.  Arrays are never unpickled (``allow_pickle=False``).
 """
 
 from __future__ import annotations
@@ -37,14 +41,20 @@ class InputSource:
     example_ids: np.ndarray  # int64, one per input: draws the APS/RAPS uniforms
     chunks: object  # callable(size) -> iterator of raw arrays, in order
     skipped: list[str] = field(default_factory=list)  # files of a folder PIL could not read
+    labels: np.ndarray | None = None  # int64 class indices, one per input, where the inputs are labelled
 
     def batches(self, size: int) -> Iterator[np.ndarray]:
         return self.chunks(size)
 
 
-def open_inputs(path: str | os.PathLike, spec: InputSpec, ignore: tuple[str, ...] = ()) -> InputSource:
-    """The inputs at ``path``; a table's columns named in ``ignore`` (a training table's label
-    column) are left out."""
+def open_inputs(
+    path: str | os.PathLike, spec: InputSpec, *, label_column: str | None = None, feature_names=None, class_names=None,
+    num_classes: int | None = None,
+) -> InputSource:
+    """The inputs at ``path``.  A table's ``label_column`` (the training table's), where present, is
+    read as labels (by ``class_names``) and left out of the features; ``feature_names`` (the
+    predictor's) match a table's columns by name.  An ``.npz``'s ``y`` holds labels as class
+    indices below ``num_classes``."""
     path = Path(path)
     if path.is_dir():
         return image_folder(path, spec)
@@ -58,17 +68,21 @@ def open_inputs(path: str | os.PathLike, spec: InputSpec, ignore: tuple[str, ...
         names = list(archive.files)
         if "x" in names:
             key = "x"
-        elif len([n for n in names if n != "ids"]) == 1:
-            key = next(n for n in names if n != "ids")
+        elif len([n for n in names if n not in ("ids", "y")]) == 1:
+            key = next(n for n in names if n not in ("ids", "y"))
         else:
             raise InputFileError(
-                f"--input {path}: an .npz must hold the inputs as 'x' (or as its only array); it holds {', '.join(names) or 'nothing'}"
+                f"--input {path}: an .npz must hold the inputs as 'x' (or as its only array besides 'ids' and 'y'); it holds"
+                f" {', '.join(names) or 'nothing'}"
             )
         return array_source(
-            path, load_array(path, lambda: archive[key]), load_array(path, lambda: archive["ids"]) if "ids" in names else None
+            path,
+            load_array(path, lambda: archive[key]),
+            load_array(path, lambda: archive["ids"]) if "ids" in names else None,
+            array_labels(path, load_array(path, lambda: archive["y"]), num_classes) if "y" in names and key != "y" else None,
         )
     if suffix in (".parquet", ".csv"):
-        return table_source(path, spec, ignore)
+        return table_source(path, spec, label_column, feature_names, class_names)
     raise InputFileError(f"--input {path}: give an .npy or .npz array, a .parquet or .csv table of feature columns, or a folder of images")
 
 
@@ -79,7 +93,18 @@ def load_array(path: Path, load):
         raise InputFileError(f"--input {path} cannot be read as a numpy array ({str(error).splitlines()[0][:160]})") from None
 
 
-def array_source(path: Path, array: np.ndarray, ids: np.ndarray | None) -> InputSource:
+def array_labels(path: Path, labels: np.ndarray, num_classes: int | None) -> np.ndarray:
+    """An .npz's ``y``: one class index per input, each below ``num_classes``."""
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise InputFileError(f"--input {path}: 'y' must hold one integer class index per input; got {labels.dtype.name} of shape "
+                             f"{list(labels.shape)}")
+    if len(labels) and num_classes is not None and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
+        raise InputFileError(f"--input {path}: 'y' must hold class indices in 0..{num_classes - 1}; found {int(labels.min())}.."
+                             f"{int(labels.max())}")
+    return labels.astype(np.int64)
+
+
+def array_source(path: Path, array: np.ndarray, ids: np.ndarray | None, labels: np.ndarray | None = None) -> InputSource:
     if array.ndim < 1:
         raise InputFileError(f"--input {path} holds a single number, not a batch of inputs")
     count = len(array)
@@ -92,14 +117,18 @@ def array_source(path: Path, array: np.ndarray, ids: np.ndarray | None) -> Input
         example_ids = ids.astype(np.int64)
     else:
         example_ids = positions
+    if labels is not None and len(labels) != count:
+        raise InputFileError(f"--input {path}: 'y' holds {len(labels)} labels for {count} inputs")
     return InputSource(
-        path, count, example_ids.tolist(), example_ids, lambda size: (np.asarray(array[i : i + size]) for i in range(0, count, size))
+        path, count, example_ids.tolist(), example_ids, lambda size: (np.asarray(array[i : i + size]) for i in range(0, count, size)),
+        labels=labels,
     )
 
 
-def table_source(path: Path, spec: InputSpec, ignore: tuple[str, ...] = ()) -> InputSource:
-    """A Parquet or CSV table: one numeric column per feature, in the predictor's order, an
-    optional ``id`` column, and the ``ignore``d ones."""
+def table_source(path: Path, spec: InputSpec, label_column: str | None = None, feature_names=None, class_names=None) -> InputSource:
+    """A Parquet or CSV table: one numeric column per feature -- matched by name to
+    ``feature_names`` where the predictor has them, else taken in order -- an optional ``id``
+    column, and the training table's ``label_column``, read as labels where present."""
     import pyarrow.csv
     import pyarrow.parquet as pq
     import pyarrow.types as types
@@ -109,11 +138,23 @@ def table_source(path: Path, spec: InputSpec, ignore: tuple[str, ...] = ()) -> I
         table = pyarrow.csv.read_csv(path) if kind == "CSV" else pq.read_table(path)
     except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
         raise InputFileError(f"--input {path} is not a readable {kind} file ({str(error).splitlines()[0][:160]})") from None
-    features = [name for name in table.column_names if name != "id" and name not in ignore]
-    if len(features) != spec.features:
-        left_out = ", ".join(repr(name) for name in ("id", *ignore))
+    features = [name for name in table.column_names if name not in ("id", label_column)]
+    if feature_names is not None:
+        missing = [name for name in feature_names if name not in features]
+        extra = [name for name in features if name not in feature_names]
+        if missing or extra:
+            said = [f"{what} {', '.join(map(repr, names[:5]))}{', ...' if len(names) > 5 else ''}"
+                    for what, names in (("missing", missing), ("unexpected", extra)) if names]
+            raise InputFileError(f"--input {path}: the predictor reads its {len(feature_names)} features by name; the table has "
+                                 f"{' and '.join(said)} (columns besides 'id' and the label {label_column!r})")
+        features = list(feature_names)
+    elif len(features) != spec.features:
+        left_out = ", ".join(repr(name) for name in ("id", label_column) if name)
         raise InputFileError(f"--input {path}: the predictor takes {spec.features} features (shape {list(spec.shape)}), one column each; "
                              f"the table has {len(features)} columns besides {left_out}")
+    count = table.num_rows
+    if count == 0:
+        raise InputFileError(f"--input {path}: the table has its columns but no rows")
     wrong = [
         name
         for name in features
@@ -121,21 +162,30 @@ def table_source(path: Path, spec: InputSpec, ignore: tuple[str, ...] = ()) -> I
     ]
     if wrong:
         raise InputFileError(f"--input {path}: column {wrong[0]!r} is {table.schema.field(wrong[0]).type}, not a number")
-    if table.num_rows and any(table.column(name).null_count for name in features):
+    if any(table.column(name).null_count for name in features):
         raise InputFileError(f"--input {path}: feature columns hold nulls")
-    array = (
-        np.column_stack([table.column(name).to_numpy() for name in features])
-        if table.num_rows
-        else np.zeros((0, spec.features), np.float32)
-    )
-    count = table.num_rows
+    array = np.column_stack([table.column(name).to_numpy() for name in features])
     example_ids = np.arange(count, dtype=np.int64)
     ids: list = example_ids.tolist()
     if "id" in table.column_names:
         ids = table.column("id").to_pylist()
         if types.is_integer(table.schema.field("id").type):
             example_ids = np.asarray(ids, dtype=np.int64)
-    return InputSource(path, count, ids, example_ids, lambda size: (array[i : i + size] for i in range(0, count, size)))
+    labels = None
+    if label_column is not None and label_column in table.column_names:
+        labels = table_labels(path, table.column(label_column).to_pylist(), label_column, class_names)
+    return InputSource(path, count, ids, example_ids, lambda size: (array[i : i + size] for i in range(0, count, size)), labels=labels)
+
+
+def table_labels(path: Path, values: list, column: str, class_names) -> np.ndarray:
+    """A table's label column as class indices: each value is its class's name (as training named
+    the classes: the values as text)."""
+    index = {name: k for k, name in enumerate(class_names or ())}
+    unknown = [value for value in dict.fromkeys(values) if value is None or str(value) not in index]
+    if unknown:
+        raise InputFileError(f"--input {path}: label column {column!r} holds {unknown[0]!r}, not a class the predictor knows "
+                             f"({', '.join(list(index)[:8])}{', ...' if len(index) > 8 else ''})")
+    return np.asarray([index[str(value)] for value in values], dtype=np.int64)
 
 
 def image_folder(path: Path, spec: InputSpec) -> InputSource:

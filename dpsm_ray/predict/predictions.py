@@ -1,4 +1,5 @@
-"""``dpsm-ray predict``'s output: one Parquet row per input (docs/predictor.md).
+"""``dpsm-ray predict``'s output: one row per input (docs/predictor.md), as Parquet, CSV, JSON or
+JSON Lines.
 
     input_id      int64 (a position, or the input's integer id) or string (an image's path in its folder, a string id)
     set           list<int32>    the classes of the prediction set, ascending
@@ -6,15 +7,20 @@
     set_size      int32
     top1          int32          the most probable class (ties: the lower index)
     top1_name     string         (predictors whose classes have names)
+    label         int32          the input's label, where the inputs are labelled (a table's label column, an .npz's y)
+    covered       bool           whether the set holds the label (labelled inputs)
     probabilities list<double>   the softmax row (--probabilities)
 
-The file's schema metadata (``dpsm_ray``) records the predictor's run_id, the score, alpha, q and
-whether empty sets were given the top class (``non_empty``).
+A Parquet file's schema metadata (``dpsm_ray``) records the predictor's run_id, the score, alpha, q
+and whether empty sets were given the top class (``non_empty``); a JSON file holds the same as
+``{"dpsm_ray": metadata, "rows": [...]}``; CSV and JSON Lines hold the rows only, a list as its
+JSON text in a CSV cell.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -26,6 +32,8 @@ from dpsm_ray.predict.predictor import Predictor
 
 # inputs above this many forward passes get a progress bar
 PROGRESS_BATCHES = 10
+FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "jsonl"}
+ORDER = ("input_id", "set", "set_names", "set_size", "top1", "top1_name", "label", "covered", "probabilities")
 
 
 def predict_rows(
@@ -38,6 +46,8 @@ def predict_rows(
     columns: dict[str, list] = {"input_id": list(source.ids), "set": [], "set_size": [], "top1": []}
     if names is not None:
         columns.update(set_names=[], top1_name=[])
+    if source.labels is not None:
+        columns.update(label=source.labels.tolist(), covered=[])
     if probabilities:
         columns["probabilities"] = []
     bar = tqdm(total=source.count, unit="input", file=sys.stderr, disable=source.count <= PROGRESS_BATCHES * batch_size)
@@ -53,6 +63,9 @@ def predict_rows(
         if names is not None:
             columns["set_names"] += [[names[k] for k in classes] for classes in sets.lists]
             columns["top1_name"] += [names[k] for k in top1]
+        if source.labels is not None:
+            labels = source.labels[start : start + len(chunk)]
+            columns["covered"] += [label in classes for label, classes in zip(labels.tolist(), sets.lists)]
         if probabilities:
             columns["probabilities"] += probs.tolist()
         start += len(chunk)
@@ -61,25 +74,24 @@ def predict_rows(
     return columns
 
 
-def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike, *, score: str = "hps", probabilities: bool = False,
-               batch_size: int = 512, non_empty: bool = False) -> dict[str, list]:
-    """Predict every input of ``source`` and write the rows to the Parquet file ``out``
-    (atomically); returns the columns."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def output_format(out: str | os.PathLike, given: str | None) -> str:
+    """``--format``, else the one ``out``'s suffix names (ValueError naming the file otherwise)."""
+    if given is not None:
+        return given
+    suffix = os.path.splitext(str(out))[1].lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"--out {out}: cannot tell the format from its suffix; end it with {', '.join(FORMATS)} or give --format")
+    return FORMATS[suffix]
 
+
+def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike, *, score: str = "hps", probabilities: bool = False,
+               batch_size: int = 512, non_empty: bool = False, format: str = "parquet") -> dict[str, list]:
+    """Predict every input of ``source`` and write the rows to ``out`` (atomically) as
+    ``format`` (parquet, csv, json, jsonl); returns the columns."""
     columns = predict_rows(predictor, source, score=score, probabilities=probabilities, batch_size=batch_size, non_empty=non_empty)
-    id_type = pa.string() if any(isinstance(i, str) for i in columns["input_id"]) else pa.int64()
-    types = {
-        "input_id": id_type,
-        "set": pa.list_(pa.int32()),
-        "set_names": pa.list_(pa.string()),
-        "set_size": pa.int32(),
-        "top1": pa.int32(),
-        "top1_name": pa.string(),
-        "probabilities": pa.list_(pa.float64()),
-    }
-    order = [name for name in ("input_id", "set", "set_names", "set_size", "top1", "top1_name", "probabilities") if name in columns]
+    order = [name for name in ORDER if name in columns]
+    if any(isinstance(i, str) for i in columns["input_id"]):
+        columns["input_id"] = [str(i) for i in columns["input_id"]]
     metadata = {
         "run_id": predictor.info["run_id"],
         "score": score,
@@ -87,14 +99,56 @@ def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike
         "threshold": predictor.threshold(score),
         "non_empty": non_empty,
     }
+    encode = {"parquet": parquet_bytes, "csv": csv_bytes, "json": json_bytes, "jsonl": jsonl_bytes}[format]
+    write_bytes(out, encode(columns, order, metadata))
+    return columns
+
+
+def parquet_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {
+        "input_id": pa.string() if columns["input_id"] and isinstance(columns["input_id"][0], str) else pa.int64(),
+        "set": pa.list_(pa.int32()),
+        "set_names": pa.list_(pa.string()),
+        "set_size": pa.int32(),
+        "top1": pa.int32(),
+        "top1_name": pa.string(),
+        "label": pa.int32(),
+        "covered": pa.bool_(),
+        "probabilities": pa.list_(pa.float64()),
+    }
     schema = pa.schema([(name, types[name]) for name in order], metadata={"dpsm_ray": json.dumps(metadata)})
-    if id_type == pa.string():
-        columns["input_id"] = [str(i) for i in columns["input_id"]]
     table = pa.table({name: pa.array(columns[name], type=types[name]) for name in order}, schema=schema)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    write_bytes(out, sink.getvalue().to_pybytes())
-    return columns
+    return sink.getvalue().to_pybytes()
+
+
+def rows(columns: dict[str, list], order: list[str]) -> list[dict]:
+    return [dict(zip(order, values)) for values in zip(*(columns[name] for name in order))]
+
+
+def csv_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
+    import csv
+    import io
+
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(order)
+    for row in rows(columns, order):
+        writer.writerow([json.dumps(value) if isinstance(value, list) else value for value in row.values()])
+    return text.getvalue().encode()
+
+
+def json_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
+    finite = {**metadata, "threshold": metadata["threshold"] if math.isfinite(metadata["threshold"]) else None}  # JSON has no infinity
+    return json.dumps({"dpsm_ray": finite, "rows": rows(columns, order)}).encode()
+
+
+def jsonl_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows(columns, order)).encode()
 
 
 def read_metadata(path: str | os.PathLike) -> dict:

@@ -119,6 +119,8 @@ class Predictor:
         num_classes: int,
         alpha: float,
         class_names=None,
+        feature_names=None,
+        label_column: str | None = None,
         uniform_seed: int = 0,
         precision: str = "fp32",
         method: str | None = None,
@@ -130,7 +132,9 @@ class Predictor:
     ) -> Predictor:
         """An uncalibrated predictor around ``model`` (which must be ``architecture`` built by
         ``dpsm_ray.cards.build_model`` for ``input_spec.shape``): ``recalibrate`` it before
-        asking for sets."""
+        asking for sets.  ``feature_names``: the training table's feature columns, in the model's
+        order, so that tables and JSON objects of new inputs are read by name; ``label_column``: its
+        label column, which ``predict`` reads as labels where a table of new inputs holds it."""
         info = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "package_version": __version__,
             "model": {"architecture": architecture, "num_classes": num_classes, "precision": precision},
@@ -139,7 +143,37 @@ class Predictor:
             "alpha": check_alpha(alpha), "uniform_seed": uniform_seed, "scores": {}, "calibration": None, "test": None,
             "weights": {"file": WEIGHTS_FILE, "sha256": None}, "provenance": provenance or {},
         }
+        if feature_names is not None:
+            info["feature_names"] = [str(name) for name in feature_names]
+        if label_column is not None:
+            info["label_column"] = str(label_column)
         return cls(model, info, device=device)
+
+    @classmethod
+    def from_model(
+        cls, model: torch.nn.Module, *, architecture: str, dataset: str, alpha: float = 0.1, seed: int = 0, data_root: str | None = None,
+        precision: str = "fp32", provenance: dict | None = None, device: str | torch.device = "auto", data=None,
+    ) -> Predictor:
+        """An uncalibrated predictor around a model trained elsewhere: ``model`` takes inputs as the
+        card of ``dataset`` prepares them (``dpsm_ray.cards.load_splits(dataset, seed=seed)``, as
+        every model dpsm-ray trains does) and ``architecture`` names what builds it (a model card,
+        or ``PKG.MODULE:FACTORY``) so that a saved predictor can rebuild it.  The dataset gives the
+        input description, the classes' names and, for a table, the feature names; ``recalibrate``
+        it on labelled points the model never trained on before asking for sets
+        (``dpsm-ray calibrate`` does both from a weights file).  ValueError naming the model when
+        it does not map the dataset's inputs to one logit per class.  ``data``: those splits, when
+        already loaded."""
+        from dpsm_ray.cards import check_outputs, load_splits
+
+        data = data if data is not None else load_splits(dataset, data_root, seed=seed)
+        if data.input_spec is None:
+            raise ValueError(f"dataset {dataset} does not describe its inputs (DataSplits.input_spec): it cannot back a predictor")
+        check_outputs(model, architecture, data.input_shape, data.num_classes)
+        return cls.create(
+            model, architecture=architecture, input_spec=data.input_spec, num_classes=data.num_classes, alpha=alpha,
+            class_names=data.class_names, **table_columns(dataset), uniform_seed=seed, precision=precision, provenance=provenance,
+            device=device,
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, device: str | torch.device = "auto", trust_code: bool = False) -> Predictor:
@@ -218,13 +252,58 @@ class Predictor:
     def class_names(self) -> list[str] | None:
         return self.info["class_names"]
 
-    def label_columns(self) -> tuple[str, ...]:
+    @property
+    def feature_names(self) -> tuple[str, ...] | None:
+        """The feature columns of the table the model trained on, in the model's order (None for
+        other data, and for predictors written before names were recorded): tables and JSON
+        objects of new inputs are matched to them by name, in any order."""
+        names = self.info.get("feature_names")
+        return tuple(names) if names is not None else None
+
+    def feature_order(self, columns, where: str) -> list[str]:
+        """The names among ``columns`` in the model's order; ``InputError`` naming the missing and
+        the unexpected ones (``where``: what the columns are, for the message)."""
+        names, given = self.feature_names, list(columns)
+        missing = [name for name in names if name not in given]
+        extra = [name for name in given if name not in names]
+        if missing or extra:
+            parts = [f"{what} {len(names)} ({', '.join(map(repr, names[:5]))}{', ...' if len(names) > 5 else ''})"
+                     for what, names in (("missing", missing), ("unexpected", extra)) if names]
+            raise InputError(f"{where}: the predictor takes the {len(names)} features it trained on, by name; {' and '.join(parts)}")
+        return list(names)
+
+    def named_inputs(self, records) -> "numpy.ndarray":
+        """Inputs given as one mapping per input, ``{feature name: number}`` in any order, as a float64
+        array ``[n, F]`` in the model's order.  ``InputError`` for a predictor without feature names,
+        a record that is not a mapping, missing or unexpected names, or a value that is not a number."""
+        import numpy as np
+
+        if self.feature_names is None:
+            raise InputError("this predictor has no feature names (it did not train on a table with named columns): give each input as "
+                             "an array of numbers")
+        rows = []
+        for position, record in enumerate(records):
+            if not isinstance(record, dict):
+                raise InputError(f"input {position} is {type(record).__name__}; give every input as an object of feature names, or every "
+                                 "input as an array")
+            order = self.feature_order(record, f"input {position}")
+            values = [record[name] for name in order]
+            wrong = next((name for name, v in zip(order, values) if isinstance(v, bool) or not isinstance(v, (int, float))), None)
+            if wrong is not None:
+                raise InputError(f"input {position}: feature {wrong!r} is {record[wrong]!r}, not a number")
+            rows.append(values)
+        return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(self.feature_names))
+
+    @property
+    def label_column(self) -> str | None:
         """The label column of the table the model trained on (``table:FILE``), which a table of
-        new inputs in the same layout may still hold; none for other data."""
+        new inputs in the same layout may hold (``predict`` reads it as labels); None for other data."""
         from dpsm_ray.own_data import parse_table
 
-        dataset = (self.info["training_config"] or {}).get("dataset", "")  # null for a predictor built in Python
-        return (parse_table(dataset)[1]["label"],) if dataset.startswith("table:") else ()
+        if "label_column" in self.info:
+            return self.info["label_column"]
+        dataset = (self.info["training_config"] or {}).get("dataset", "")  # predictors written before label_column was recorded
+        return parse_table(dataset)[1]["label"] if dataset.startswith("table:") else None
 
     @property
     def uniform_seed(self) -> int:
@@ -408,12 +487,26 @@ class Predictor:
         """Coverage and mean set size of every calibrated score on labelled raw inputs."""
         return self.measure(self.predict_proba(x), y, example_ids=example_ids)
 
-    def with_test(self, measured: dict, points: int, data: str) -> Predictor:
+    def with_test(self, measured: dict, points: int, data: str, accuracy: float | None = None) -> Predictor:
         """This predictor with ``measured`` (``measure``'s result on ``points`` test points,
-        described by ``data``) recorded as its test metrics."""
+        described by ``data``) and the top-1 ``accuracy`` there recorded as its test metrics."""
         info = copy.deepcopy(self.info)
-        info["test"] = {"data": data, "points": points, "scores": measured}
+        info["test"] = {"data": data, "points": points, "scores": measured, **({"accuracy": accuracy} if accuracy is not None else {})}
         return Predictor(self.model, info, device=self.device)
+
+
+def table_columns(dataset: str) -> dict:
+    """``Predictor.create``'s ``feature_names`` and ``label_column`` for a ``table:`` dataset with
+    named columns (Parquet, CSV); nothing for other data (an ``.npz`` table's features have
+    positions, not names)."""
+    from dpsm_ray.own_data import parse_table, read_table
+
+    if not dataset.startswith("table:"):
+        return {}
+    path, options = parse_table(dataset)
+    if Path(path).suffix.lower() == ".npz":
+        return {}
+    return {"feature_names": read_table(dataset)[2], "label_column": options["label"]}
 
 
 def _threshold(value) -> float:
@@ -514,6 +607,11 @@ def check_info(info, where: str) -> None:
         InputSpec.from_json(info["input"])
     except ValueError as error:
         raise PredictorError(f"{where}: {error}") from None
+    features = info.get("feature_names")
+    need(features is None or (isinstance(features, list) and len(features) == InputSpec.from_json(info["input"]).features
+                               and all(isinstance(n, str) for n in features) and len(set(features)) == len(features)),
+         "feature_names", "must be null or one distinct string per input feature")
+    need(info.get("label_column") is None or isinstance(info["label_column"], str), "label_column", "must be null or a string")
     names = info["class_names"]
     need(names is None or (isinstance(names, list) and len(names) == model["num_classes"] and all(isinstance(n, str) for n in names)),
          "class_names", f"must be null or {model['num_classes']} strings")
