@@ -52,7 +52,8 @@ class DatasetCard:
 class ModelCard:
     """A model: ``build(input_shape, num_classes, pretrained_path)`` returns a freshly initialised
     ``nn.Module`` with ``num_classes`` outputs.  ``inputs``: what it accepts -- ``any`` shape,
-    ``image`` ``[C, H, W]``, or ``rgb`` ``[3, H, W]``; ``pretrainable``: it takes a local weights
+    ``image`` ``[C, H, W]``, or ``rgb`` ``[3, H, W]`` (greyscale ``[1, H, W]`` is given to it as three
+    equal channels: ``grey_as_rgb``); ``pretrainable``: it takes a local weights
     file (``--pretrained-path``); ``trials_per_gpu``: how many trials share one GPU by default
     (a model that fills a GPU on its own: 1); ``argument``: the name takes one, ``NAME:ARGUMENT``
     (``torchvision:resnet18``), passed to ``build`` as ``argument=`` and checked by
@@ -344,8 +345,12 @@ def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (
         raise ValueError(f"pretrained_path is for the models {', '.join(pretrainable_models())}; got model {name!r}")
     if card.inputs != "any" and len(input_shape) != 3:
         raise ValueError(f"model: {name} needs image inputs [C, H, W]; got input shape {input_shape}")
+    if card.inputs == "rgb" and input_shape[0] == 1:  # a greyscale folder into an RGB network
+        model = build_model(name, num_classes, input_shape=(3, *input_shape[1:]), pretrained_path=pretrained_path)
+        model.register_forward_pre_hook(grey_as_rgb)
+        return model
     if card.inputs == "rgb" and input_shape[0] != 3:
-        raise ValueError(f"model: {name} takes RGB images [3, H, W]; got input shape {input_shape}")
+        raise ValueError(f"model: {name} takes RGB images [3, H, W] or greyscale [1, H, W]; got input shape {input_shape}")
     argument = {}
     if card.argument:
         argument["argument"] = name.partition(":")[2]
@@ -357,6 +362,14 @@ def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (
     if card.argument or not built_in("model", card.name):
         check_outputs(model, name, tuple(input_shape), num_classes)
     return model
+
+
+def grey_as_rgb(module, inputs):
+    """A forward pre-hook: a greyscale batch ``[n, 1, H, W]`` given as RGB ``[n, 3, H, W]``, each
+    channel the grey one -- exactly the inputs of ``folder:PATH:channels=3`` (PIL's L -> RGB repeats
+    the value, and the three channels' statistics are the grey one's).  A hook, not a wrapper: the
+    state dict stays the RGB architecture's, so ``--init weights:FILE`` and predictors read it."""
+    return (inputs[0].expand(-1, 3, -1, -1), *inputs[1:])
 
 
 def check_outputs(model, name: str, input_shape: tuple[int, ...], num_classes: int) -> None:

@@ -262,7 +262,7 @@ def test_each_image_is_decoded_once_and_its_verdict_kept_until_the_file_changes(
     assert len(opened) == 10  # decoded again, every file, once
 
 
-def test_a_greyscale_folder_goes_to_an_rgb_model_as_three_equal_channels_with_channels_3(tmp_path):
+def test_a_greyscale_folder_goes_to_an_rgb_model_as_three_equal_channels_on_its_own_or_with_channels_3(tmp_path):
     write_images(tmp_path / "pics", {"a": 6, "b": 6, "c": 6})
     grey = load_splits(f"folder:{tmp_path / 'pics'}:size=8", seed=0)
     rgb = load_splits(f"folder:{tmp_path / 'pics'}:size=8,channels=3", seed=0)
@@ -270,6 +270,14 @@ def test_a_greyscale_folder_goes_to_an_rgb_model_as_three_equal_channels_with_ch
     # PIL's L -> RGB repeats the grey value: the three channels are the greyscale image, so are their statistics
     assert torch.equal(rgb.train.source.inputs, grey.train.source.inputs.expand(-1, 3, -1, -1))
     assert rgb.input_spec.mean == [[[grey.input_spec.mean[0][0][0]]]] * 3 and rgb.input_spec.image.mode == "RGB"
-    model = build_model("torchvision:resnet18", rgb.num_classes, input_shape=rgb.input_shape)
-    inputs, _ = next(rgb.train.source.batches([rgb.train.ids[:2]], augment=False, seed=0))
-    assert model(inputs).shape == (2, 3)
+    # an RGB network built for the greyscale data sees exactly the channels=3 inputs, with the RGB architecture's weights
+    torch.manual_seed(0)
+    on_grey = build_model("torchvision:resnet18", 3, input_shape=grey.input_shape).eval()
+    on_rgb = build_model("torchvision:resnet18", 3, input_shape=rgb.input_shape).eval()
+    on_rgb.load_state_dict(on_grey.state_dict())
+    (x_grey, _), (x_rgb, _) = (next(d.train.source.batches([d.train.ids[:4]], augment=False, seed=0)) for d in (grey, rgb))
+    assert torch.equal(x_grey.expand(-1, 3, -1, -1), x_rgb)
+    with torch.no_grad():  # equal up to float rounding: the channels=3 batch is laid out channels-last, so its sums run in another order
+        torch.testing.assert_close(on_grey(x_grey), on_rgb(x_rgb), rtol=1e-5, atol=1e-6)
+    assert dpsm_ray(["train", "--dataset", f"folder:{tmp_path / 'pics'}:size=8", "--model", "torchvision:resnet18", "--method", "ce",
+                     "--epochs", "1", "--batch-size", "4", "--eval-splits", "1"]) == 0

@@ -150,8 +150,8 @@ def test_a_torchvision_architecture_gets_the_datasets_classes_and_a_wrong_name_i
     assert model.fc.out_features == 5
     with pytest.raises(ValueError, match=r"model torchvision:resnet19: not a torchvision classification architecture \(close: .*resnet18"):
         check_model("torchvision:resnet19")
-    with pytest.raises(ValueError, match="model torchvision:resnet18 takes RGB images|takes RGB images"):
-        build_model("torchvision:resnet18", 5, input_shape=(1, 32, 32))
+    with pytest.raises(ValueError, match=r"model: torchvision:resnet18 takes RGB images \[3, H, W\] or greyscale \[1, H, W\]"):
+        build_model("torchvision:resnet18", 5, input_shape=(2, 32, 32))
     with pytest.raises(ValueError, match=r"model must be one of .*torchvision:NAME, or PKG.MODULE:FACTORY .*; got 'torchvision'"):
         check_model("torchvision")
 
