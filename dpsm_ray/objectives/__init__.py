@@ -6,6 +6,7 @@ from dpsm_ray.methods import method_card, method_fields
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, hps_scores
 from dpsm_ray.objectives.ce import CrossEntropy
 from dpsm_ray.objectives.conftr import CONFTR_SPLITS, ConfTr, ConfTrPublished
+from dpsm_ray.objectives.confts import ConfTS, TemperatureScaledLinear
 from dpsm_ray.objectives.cut import CUT, CUT_SCORES, ks_to_uniform
 from dpsm_ray.objectives.dpsm import DPSM, Q_INITS, SPLITS
 
@@ -32,11 +33,13 @@ __all__ = [
     "PAPER_METHODS",
     "Q_INITS",
     "SPLITS",
+    "ConfTS",
     "ConfTr",
     "ConfTrPublished",
     "CrossEntropy",
     "Objective",
     "ObjectiveOutput",
+    "TemperatureScaledLinear",
     "build_objective",
     "hps_scores",
     "ks_to_uniform",

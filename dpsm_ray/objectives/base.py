@@ -57,6 +57,13 @@ class Objective:
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
         raise NotImplementedError
 
+    def attach(self, model: torch.nn.Module, input_shape: tuple[int, ...]) -> None:
+        """Called once with the run's model -- built, its starting weights loaded, still on the CPU --
+        before the optimizer is made (``input_shape``: one example's).  A method that trains
+        something other than every weight changes the model here: ConfTS freezes the network and
+        gives its classifier layer a temperature.  The optimizer steps the parameters that then
+        require a gradient."""
+
     def initialize(self, train_label_scores: torch.Tensor) -> None:
         """Called once before training with the starting model's D1 label scores (all workers)."""
 

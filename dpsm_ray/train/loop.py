@@ -190,6 +190,7 @@ def train(config: TrainConfig, env) -> RunResult:
     fields = {name: getattr(config, name) for name in ("alpha", *method_fields())}
     fields["quantile_lr"] = config.resolved_quantile_lr(train_size)  # gamma per step
     objective = build_objective(config.method, seed=config.seed, collective=env.collective, **fields)
+    objective.attach(model, data.input_shape)  # what trains: every weight, or (ConfTS) a temperature in the frozen model
     graph_ok = graph_capturable(objective, config.nesterov)  # what --step auto may capture
     if (line := auto_line(config.step, config.precision, env.device, graph_ok)) is not None:
         env.log(line)
