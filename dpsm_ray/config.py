@@ -224,6 +224,14 @@ class TrainConfig:
         column=True,
         label="CUT's score (cut_score)",
     )
+    vr_neighbours: int = option(
+        4,
+        "VR-ConfTr's m: the calibration scores nearest the batch quantile whose mean gradient stands for the quantile's, >= 1 (the"
+        " authors' Fashion-MNIST setting: 4)",
+        sweep=True,
+        column=True,
+        label="VR-ConfTr's m (vr_neighbours)",
+    )
     # --- optimisation -----------------------------------------------------------------------
     lr: float = option(0.05, "eta: SGD learning rate of the model, > 0", column=True, label="η (lr)")
     batch_size: int = option(
@@ -515,6 +523,7 @@ def validate(config: TrainConfig) -> None:
     need(config.dpsm_split in SPLITS, "dpsm_split", f"must be one of {', '.join(SPLITS)}")
     need(number("size_target") >= 0, "size_target", "kappa must be >= 0")
     need(number("ce_weight") >= 0, "ce_weight", "must be >= 0")
+    need(integer("vr_neighbours") >= 1, "vr_neighbours", "must be an integer >= 1 (VR-ConfTr's m)")
     need(number("lr") > 0, "lr", "eta must be > 0")
     need(
         integer("batch_size") >= 2 and config.batch_size % 2 == 0, "batch_size", "must be an even integer >= 2 (half from D1, half from D2)"

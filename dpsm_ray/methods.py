@@ -298,6 +298,17 @@ _BUILT_IN_CARDS = (
         colour="black",
         marker="<",
     ),
+    MethodCard(
+        "vr_conftr",
+        "VR-ConfTr",
+        "dpsm_ray.objectives.vr_conftr:VRConfTr",
+        fields=("conformal_weight", "sigmoid_temperature", "vr_neighbours"),
+        arguments={"vr_neighbours": "neighbours"},
+        knobs=("conformal_weight", "lr", "sigmoid_temperature"),  # ConfTr's; m stays the authors' 4
+        grid_axes=(*SHARED_GRID_AXES, "conformal_weight"),
+        colour="goldenrod",
+        marker=">",
+    ),
 )
 for _card in _BUILT_IN_CARDS:
     register_method(_card)

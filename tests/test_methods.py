@@ -28,9 +28,10 @@ OLD_GRID = {"ce": SHARED, "cut": (*SHARED, "lambda"), "conftr": (*SHARED, "lambd
 
 
 # The methods added since (docs/baselines.md), not in the paper's table: what each reads and searches.
-NEW_METHOD_FIELDS = {"confts": ()}
-NEW_KNOBS = {"confts": ("lr",)}
-NEW_GRID = {"confts": SHARED}
+NEW_METHOD_FIELDS = {"confts": (), "vr_conftr": ("conformal_weight", "sigmoid_temperature", "vr_neighbours")}
+NEW_KNOBS = {"confts": ("lr",), "vr_conftr": ("conformal_weight", "lr", "sigmoid_temperature")}
+NEW_GRID = {"confts": SHARED, "vr_conftr": (*SHARED, "conformal_weight")}
+NEW_OPTIONS = (("vr_neighbours", 6, "vr_conftr"),)  # an option only that method reads, another value
 
 
 def test_the_cards_say_what_the_old_tables_said():
@@ -57,6 +58,22 @@ def test_the_methods_added_since_the_paper_are_offered_but_not_run_by_default():
     assert PAPER_METHODS == ("ce", "conftr", "cut", "dpsm")  # the paper's table: a sweep's default --methods
     assert set(NEW_KNOBS) <= set(METHODS) and not set(NEW_KNOBS) & set(PAPER_METHODS)
     assert [card.name for card in BUILT_IN.values()][-len(NEW_KNOBS):] == list(NEW_KNOBS)  # after DPSM in the report
+
+
+@pytest.mark.parametrize("changes,field", [({"vr_neighbours": 0}, "vr_neighbours"), ({"vr_neighbours": 2.5}, "vr_neighbours")])
+def test_the_new_methods_options_are_checked(changes, field):
+    from dpsm_ray.config import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(**changes)
+    assert error.value.field == field and repr(changes[field]) in str(error.value)
+
+
+def test_the_new_methods_options_change_only_their_own_method_s_hash():
+    for option, value, method in NEW_OPTIONS:
+        for other in BUILT_IN:
+            changed = TrainConfig(method=other, **{option: value}).config_hash() != TrainConfig(method=other).config_hash()
+            assert changed == (other == method), (option, other)
 
 
 def test_the_cards_load_without_torch_or_ray():

@@ -9,6 +9,7 @@ from dpsm_ray.objectives.conftr import CONFTR_SPLITS, ConfTr, ConfTrPublished
 from dpsm_ray.objectives.confts import ConfTS, TemperatureScaledLinear
 from dpsm_ray.objectives.cut import CUT, CUT_SCORES, ks_to_uniform
 from dpsm_ray.objectives.dpsm import DPSM, Q_INITS, SPLITS
+from dpsm_ray.objectives.vr_conftr import VRConfTr, variance_reduced_quantile
 
 
 def build_objective(method: str, *, seed: int = 0, collective=None, **values) -> Objective:
@@ -40,7 +41,9 @@ __all__ = [
     "Objective",
     "ObjectiveOutput",
     "TemperatureScaledLinear",
+    "VRConfTr",
     "build_objective",
     "hps_scores",
     "ks_to_uniform",
+    "variance_reduced_quantile",
 ]
