@@ -232,6 +232,14 @@ class TrainConfig:
         column=True,
         label="VR-ConfTr's m (vr_neighbours)",
     )
+    rank_exponent: float = option(
+        1.0,
+        "RWCE's gamma: each example's cross-entropy is weighted by the rank of its true label to this power, >= 0 (0: plain CE; the"
+        " public RWCE code's default: 1)",
+        sweep=True,
+        column=True,
+        label="RWCE's γ (rank_exponent)",
+    )
     # --- optimisation -----------------------------------------------------------------------
     lr: float = option(0.05, "eta: SGD learning rate of the model, > 0", column=True, label="η (lr)")
     batch_size: int = option(
@@ -524,6 +532,7 @@ def validate(config: TrainConfig) -> None:
     need(number("size_target") >= 0, "size_target", "kappa must be >= 0")
     need(number("ce_weight") >= 0, "ce_weight", "must be >= 0")
     need(integer("vr_neighbours") >= 1, "vr_neighbours", "must be an integer >= 1 (VR-ConfTr's m)")
+    need(number("rank_exponent") >= 0, "rank_exponent", "must be >= 0 (RWCE's gamma)")
     need(number("lr") > 0, "lr", "eta must be > 0")
     need(
         integer("batch_size") >= 2 and config.batch_size % 2 == 0, "batch_size", "must be an even integer >= 2 (half from D1, half from D2)"

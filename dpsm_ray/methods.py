@@ -309,6 +309,14 @@ _BUILT_IN_CARDS = (
         colour="goldenrod",
         marker=">",
     ),
+    MethodCard(
+        "rwce",
+        "RWCE",
+        "dpsm_ray.objectives.rwce:RankWeightedCE",
+        fields=("rank_exponent",),
+        colour="slateblue",
+        marker="p",
+    ),
 )
 for _card in _BUILT_IN_CARDS:
     register_method(_card)

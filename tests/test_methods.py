@@ -28,10 +28,10 @@ OLD_GRID = {"ce": SHARED, "cut": (*SHARED, "lambda"), "conftr": (*SHARED, "lambd
 
 
 # The methods added since (docs/baselines.md), not in the paper's table: what each reads and searches.
-NEW_METHOD_FIELDS = {"confts": (), "vr_conftr": ("conformal_weight", "sigmoid_temperature", "vr_neighbours")}
-NEW_KNOBS = {"confts": ("lr",), "vr_conftr": ("conformal_weight", "lr", "sigmoid_temperature")}
-NEW_GRID = {"confts": SHARED, "vr_conftr": (*SHARED, "conformal_weight")}
-NEW_OPTIONS = (("vr_neighbours", 6, "vr_conftr"),)  # an option only that method reads, another value
+NEW_METHOD_FIELDS = {"confts": (), "vr_conftr": ("conformal_weight", "sigmoid_temperature", "vr_neighbours"), "rwce": ("rank_exponent",)}
+NEW_KNOBS = {"confts": ("lr",), "vr_conftr": ("conformal_weight", "lr", "sigmoid_temperature"), "rwce": ("lr",)}
+NEW_GRID = {"confts": SHARED, "vr_conftr": (*SHARED, "conformal_weight"), "rwce": SHARED}
+NEW_OPTIONS = (("vr_neighbours", 6, "vr_conftr"), ("rank_exponent", 2.0, "rwce"))  # an option only that method reads, another value
 
 
 def test_the_cards_say_what_the_old_tables_said():
@@ -60,7 +60,8 @@ def test_the_methods_added_since_the_paper_are_offered_but_not_run_by_default():
     assert [card.name for card in BUILT_IN.values()][-len(NEW_KNOBS):] == list(NEW_KNOBS)  # after DPSM in the report
 
 
-@pytest.mark.parametrize("changes,field", [({"vr_neighbours": 0}, "vr_neighbours"), ({"vr_neighbours": 2.5}, "vr_neighbours")])
+@pytest.mark.parametrize("changes,field", [({"vr_neighbours": 0}, "vr_neighbours"), ({"vr_neighbours": 2.5}, "vr_neighbours"),
+                                           ({"rank_exponent": -0.5}, "rank_exponent")])
 def test_the_new_methods_options_are_checked(changes, field):
     from dpsm_ray.config import ConfigError
 

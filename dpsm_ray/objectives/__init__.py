@@ -9,6 +9,7 @@ from dpsm_ray.objectives.conftr import CONFTR_SPLITS, ConfTr, ConfTrPublished
 from dpsm_ray.objectives.confts import ConfTS, TemperatureScaledLinear
 from dpsm_ray.objectives.cut import CUT, CUT_SCORES, ks_to_uniform
 from dpsm_ray.objectives.dpsm import DPSM, Q_INITS, SPLITS
+from dpsm_ray.objectives.rwce import RankWeightedCE, true_label_rank
 from dpsm_ray.objectives.vr_conftr import VRConfTr, variance_reduced_quantile
 
 
@@ -40,10 +41,12 @@ __all__ = [
     "CrossEntropy",
     "Objective",
     "ObjectiveOutput",
+    "RankWeightedCE",
     "TemperatureScaledLinear",
     "VRConfTr",
     "build_objective",
     "hps_scores",
     "ks_to_uniform",
+    "true_label_rank",
     "variance_reduced_quantile",
 ]

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from dpsm_ray.conformal import empirical_quantile, hard_batch_quantile, label_scores, soft_set_size
-from dpsm_ray.objectives import (CUT, DPSM, METHODS, ConfTr, ConfTrPublished, ConfTS, CrossEntropy, VRConfTr, build_objective,
+from dpsm_ray.objectives import (CUT, DPSM, METHODS, ConfTr, ConfTrPublished, ConfTS, CrossEntropy, RankWeightedCE, VRConfTr, build_objective,
                                  hps_scores, ks_to_uniform)
 
 STAT_KEYS = {"ce", "conformal", "upper", "pinball", "quantile"}
@@ -38,7 +38,7 @@ def test_every_objective_has_the_same_call_shape(method):
 
 
 def test_unknown_method_names_the_choices():
-    with pytest.raises(ValueError, match="ce, conftr, conftr_published, confts, cut, dpsm, vr_conftr"):
+    with pytest.raises(ValueError, match="ce, conftr, conftr_published, confts, cut, dpsm, rwce, vr_conftr"):
         make("thr")
 
 
@@ -204,7 +204,7 @@ def test_cut_penalises_b2_scores_and_trains_ce_on_the_batch_or_b1(ce_batch):
 
 
 def test_objectives_are_plain_classes():
-    assert {type(make(m)) for m in METHODS} == {CrossEntropy, ConfTr, ConfTrPublished, CUT, DPSM, ConfTS, VRConfTr}
+    assert {type(make(m)) for m in METHODS} == {CrossEntropy, ConfTr, ConfTrPublished, CUT, DPSM, ConfTS, VRConfTr, RankWeightedCE}
 
 
 @pytest.mark.parametrize("q_init", ["dataset", "zero", "random"])
