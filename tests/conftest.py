@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import suite_processes
+
 # Ray on 2 cores is slow to start: one embedded instance serves each test process's session (one
 # per pytest-xdist worker).
 RAY_TEST_CPUS = 4  # logical CPUs: lets 2 Train workers and a Tune driver coexist on 2 cores
@@ -64,7 +66,7 @@ def starts_ray(item) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     """Order the tests as above.  `ray up` and `ray down` run `ray stop`, which ends every Ray
-    process of this user, and the fake autoscaler's head becomes the machine's started cluster:
+    process of this user, and the fake autoscaler's head takes Ray's default head port:
     the `cluster` tests must be done before any other test starts or joins a Ray (without xdist
     they run first; with it, wait_for_the_cluster_tests holds the other worker).  The tests of
     QUICK's files get the `quick` marker, unless they start Ray."""
@@ -108,10 +110,13 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_configure(config):
-    """Beside another pytest-xdist worker, this process and every process it starts (sweep
+    """This run's token goes into the environment of every process it starts (the leak check,
+    below).  Beside another pytest-xdist worker, this process and every process it starts (sweep
     drivers, Ray and its trials) compute with one thread: with two threads each, the two workers'
     torch work oversubscribes the 2 cores -- the ResNet-110 CLI test took 54 s instead of 23 s
     beside two busy processes (docs/testing.md)."""
+    config.stash[RUN] = suite_processes.mark(worker=hasattr(config, "workerinput"))
+    config.stash[SEEN] = suite_processes.Seen(config.stash[RUN])
     if getattr(config, "workerinput", {}).get("workercount", 1) > 1:
         for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(variable, "1")
@@ -146,10 +151,11 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """A cluster test, however it ended, says it is done."""
+    """A cluster test, however it ended, says it is done; the processes of the run are noted."""
     try:
         return (yield)
     finally:
+        item.config.stash[SEEN].note()
         folder = cluster_done_folder(item.config)
         if folder is not None and item.nodeid in item.config.stash[CLUSTER_TESTS]:
             folder.mkdir(exist_ok=True)
@@ -167,9 +173,25 @@ def wait_for_the_cluster_tests(config) -> None:
         time.sleep(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures are set up
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("cluster"):
+        skip_beside_a_foreign_ray(item)
     if item.stash.get(WAITS, False):
         wait_for_the_cluster_tests(item.config)
+
+
+def skip_beside_a_foreign_ray(item) -> None:
+    """A `cluster` test owns the machine's Ray (its module's OWNS_THE_MACHINES_RAY says how):
+    beside a Ray this run did not start it is skipped, and that Ray is left alone."""
+    foreign = suite_processes.foreign_rays(item.config.stash[RUN])
+    if foreign:
+        pids: dict[str, list[str]] = {}
+        for process in sorted(foreign, key=lambda p: p.pid):
+            pids.setdefault(process.program, []).append(str(process.pid))
+        shown = "; ".join(f"{program} pid {', '.join(numbers)}" for program, numbers in sorted(pids.items()))
+        pytest.skip(f"a Ray this test run did not start is running on this machine ({shown}) and this test owns the machine's Ray"
+                    f" ({item.module.OWNS_THE_MACHINES_RAY}): run it when no other Ray is running")
 
 
 @pytest.fixture
@@ -182,3 +204,47 @@ def no_ray_start(monkeypatch):
         raise AssertionError("the sweep went on to start (or join) Ray")
 
     monkeypatch.setattr(protocol, "ensure_ray", refuse)
+
+
+# --- the leak check: nothing the run started outlives it -------------------------------------
+#
+# Which processes are the run's: tests/suite_processes.py.  Each test process notes them after
+# every test (an orphan re-parented later is still known by its pid and start time); a pytest-xdist
+# worker hands its notes to the controller when it finishes.  At the end of the run -- after the
+# workers have exited -- whatever the run started and is still running gets LEAK_WAIT_S to end on
+# its own, then it is ended and the run fails, naming each process.
+
+RUN = pytest.StashKey[str]()
+SEEN = pytest.StashKey[suite_processes.Seen]()
+LEFT = pytest.StashKey[list]()
+LEAK_WAIT_S = 5  # an exited worker's watchdog ends its Ray's last processes within ~1 s
+WORKER_NOTES = "dpsm_ray_test_processes"
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (the controller's): a worker has finished
+def pytest_testnodedown(node, error):
+    node.config.stash[SEEN].add_rows(getattr(node, "workeroutput", {}).get(WORKER_NOTES, []))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which ends the workers
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if hasattr(config, "workerinput"):
+        config.workeroutput[WORKER_NOTES] = config.stash[SEEN].rows()
+        return
+    left = suite_processes.left_running(config.stash[RUN], config.stash[SEEN], LEAK_WAIT_S)
+    if left:
+        suite_processes.end(left)
+        config.stash[LEFT] = left
+        if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left = config.stash.get(LEFT, [])
+    if left:
+        terminalreporter.section("processes left running", red=True)
+        terminalreporter.line(f"{len(left)} process(es) this test run started were still running {LEAK_WAIT_S} s after its end, and"
+                              " were ended now: a test or fixture that starts a process must stop it in a `finally` or its teardown")
+        for process in left:
+            terminalreporter.line(f"  pid {process.pid}: {process.command[:300]}")

@@ -6,12 +6,15 @@ same machine under the address 127.0.0.2, so that a sweep's trials run on two no
 is killed in the middle of a sweep.
 
 `ray up` and `ray down` run `ray stop`, which ends every Ray process of this user on the machine:
-these tests are marked `cluster`, and tests/conftest.py runs them before any other test can start
-Ray.  The remote login shell's environment comes from the remote ~/.bashrc (the launcher resets
-PATH): the test gives the node a home of its own (sshd's SetEnv HOME) whose .bashrc puts this
-machine's Python on PATH, as a user's machine would have it.
+these tests are marked `cluster`, and tests/conftest.py runs them before any other test of the run
+can start Ray, and skips them while a Ray the run did not start is running.  The remote login
+shell's environment comes from the remote ~/.bashrc (the launcher resets PATH): the test gives the
+node a home of its own (sshd's SetEnv HOME) whose .bashrc puts this machine's Python on PATH, as a
+user's machine would have it.  sshd's SetEnv also gives the node's processes the test run's mark,
+so that they count as the run's (tests/suite_processes.py).
 """
 
+import contextlib
 import getpass
 import os
 import re
@@ -29,9 +32,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import suite_processes
 import yaml
 
+from dpsm_ray import reaper
+
 pytestmark = pytest.mark.cluster
+OWNS_THE_MACHINES_RAY = "`ray up` and `ray down` run `ray stop`, which would end it"  # tests/conftest.py
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD, WORKER = "127.0.0.1", "127.0.0.2"
@@ -78,22 +85,30 @@ def machines(tmp_path_factory):
         f"Port {port}", f"ListenAddress {HEAD}",
         f"HostKey {ssh / 'host_key'}", f"AuthorizedKeysFile {ssh / 'authorized_keys'}", f"PidFile {ssh / 'sshd.pid'}",
         "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
-        "UsePAM no", "StrictModes no", f"SetEnv HOME={home}", "",
+        "UsePAM no", "StrictModes no", f"SetEnv HOME={home} {suite_processes.MARKER}={os.environ[suite_processes.MARKER]}", "",
     ]))
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
     log = (root / "sshd.log").open("w")
     sshd = subprocess.Popen([TOOLS["sshd"], "-D", "-e", "-f", str(ssh / "sshd_config")], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((HEAD, port), timeout=1).close()
-            break
-        except OSError:
-            assert sshd.poll() is None, (root / "sshd.log").read_text()
-            time.sleep(0.2)
-    yield Machines(port=port, key=ssh / "id_ed25519", home=home)
-    sshd.terminate()
-    sshd.wait(timeout=20)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection((HEAD, port), timeout=1).close()
+                break
+            except OSError:
+                assert sshd.poll() is None and time.monotonic() < deadline, (root / "sshd.log").read_text()
+                time.sleep(0.2)
+        yield Machines(port=port, key=ssh / "id_ed25519", home=home)
+    finally:
+        # sshd and the connections it still serves (one process each, under it)
+        under = reaper.descendants(sshd.pid)
+        sshd.terminate()
+        sshd.wait(timeout=20)
+        for pid, started in under.items():
+            if reaper.start_time(pid) == started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
 
 
 def make_node_venv(venv: Path) -> None:
@@ -158,18 +173,51 @@ def readme_cluster_commands() -> list[str]:
 
 
 def ray_cli(command: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``command`` as pasted into a shell; past ``timeout``, it and every process it started in its
+    session are killed."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("RAY_ADDRESS", None)
     started = time.monotonic()
-    run = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)  # as pasted into a shell
+    shell = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        stdout, stderr = shell.communicate(timeout=timeout)
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+            shell.communicate()
+    run = subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
     print(f"{time.monotonic() - started:6.1f}s  {command}  -> exit {run.returncode}")
     assert run.returncode == 0, f"{command}\n{run.stdout[-6000:]}\n{run.stderr[-6000:]}"
     return run
 
 
 def ray_processes() -> list[str]:
+    """This test run's Ray processes (the "machine"'s carry its mark), as ``pid args`` lines."""
+    ours = suite_processes.started_by(suite_processes.this_run())
     ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in ps.splitlines() if re.search(r"raylet|gcs_server|ray::|dashboard/agent.py|default_worker.py|monitor.py", line)]
+    return [line for line in ps.splitlines()
+            if re.search(r"raylet|gcs_server|ray::|dashboard/agent.py|default_worker.py|monitor.py", line) and int(line.split()[0]) in ours]
+
+
+def end_this_runs_ray() -> None:
+    """What `ray down` does to this machine, for this test run's Ray processes alone (the nodes'
+    processes carry the run's mark; their agents and workers are under their raylets): they are
+    killed, and the address file a plain driver would read is removed once nothing answers at the
+    address it names (the head's)."""
+    ray = re.compile(r"site-packages/ray/|^ray::|^ray-dashboard-|-m ray\.")
+    for process in suite_processes.started_by(suite_processes.this_run()).values():
+        if ray.search(process.command):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+    time.sleep(2)
+    address_file = Path("/tmp/ray/ray_current_cluster")
+    with contextlib.suppress(OSError, ValueError):
+        host, port = address_file.read_text().strip().rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except ConnectionRefusedError:
+            address_file.unlink()
 
 
 def worker_node_pids() -> list[int]:
@@ -226,9 +274,14 @@ def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(mac
     checkout_copy(checkout)
     fill_in(checkout / "cluster" / "local.yaml", machines)
     token, up, submit, rsync_down, down = commands = readme_cluster_commands()
+    sweep = None
     assert [c.split()[:2] for c in commands] == [["ray", "get-auth-token"], ["ray", "up"], ["ray", "submit"], ["ray", "rsync-down"], ["ray", "down"]], commands
     assert "> /dev/null" in token  # the secret is not printed
 
+    # tests/conftest.py looked before the machines were set up (a minute); `ray up` runs `ray stop`
+    if foreign := suite_processes.foreign_rays(suite_processes.this_run()):
+        pytest.skip(f"a Ray this test run did not start has started meanwhile (pids {[p.pid for p in foreign]}): `ray up` runs `ray stop`")
+    finished = False
     try:
         assert not ray_cli(token, checkout, timeout=120).stdout  # creates ~/.ray/auth_token where it is missing
         ray_cli(up, checkout, timeout=1200)
@@ -294,8 +347,17 @@ def test_the_readme_cluster_commands_on_two_nodes_with_a_node_lost_mid_sweep(mac
         assert trials.trial_id.is_unique and trials.status.eq("ok").all() and trained.epochs_completed.eq(EPOCHS).all()
         epochs = pd.read_parquet(results / "epochs.parquet")
         assert not epochs.duplicated(["trial_id", "epoch"]).any() and len(epochs) == EPOCHS * len(trained)
+        finished = True
     finally:
-        ray_cli(down, checkout, timeout=600)
+        if sweep is not None and sweep.poll() is None:  # the test failed while it ran: it goes with the cluster
+            sweep.kill()
+            sweep.communicate()
+        if foreign := suite_processes.foreign_rays(suite_processes.this_run()):
+            # `ray down`'s `ray stop` would end it too: this run's cluster is ended by hand instead
+            end_this_runs_ray()
+            assert not finished, f"a Ray this test run did not start appeared during the test (pids {[p.pid for p in foreign]}): `ray down` was not run"
+        else:
+            ray_cli(down, checkout, timeout=600)
     deadline = time.monotonic() + 60
     while ray_processes() and time.monotonic() < deadline:
         time.sleep(1)

@@ -4,17 +4,21 @@ processes here with declared resources.  Node types as in cluster/gpu.yaml -- a 
 nothing and GPU workers with ``min_workers: 0`` -- scaled to 2 cores.  A packed sweep on it must
 make the autoscaler add GPU nodes, run every trial once, and the idle nodes must go away.
 
-The head starts with ``ray start`` and so becomes the machine's "started cluster" (every plain
-driver would join it): ``cluster``-marked, run before any other Ray test.  It is stopped by ending
-its own processes only (``ray stop`` would end every Ray instance of this user).
+The head starts with ``ray start``, in a temporary directory of its own, so that no plain driver
+on the machine joins it; it takes Ray's default head port, so the test is ``cluster``-marked: run
+before any other Ray test of the run, and skipped beside a Ray the run did not start
+(tests/conftest.py).  It is stopped by ending its own processes only (``ray stop`` would end
+every Ray instance of this user on the machine).
 """
 
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,12 +27,16 @@ import pandas as pd
 import pytest
 import yaml
 
+from dpsm_ray import reaper
+
 pytestmark = pytest.mark.cluster
+OWNS_THE_MACHINES_RAY = "its fake cluster's head takes Ray's default head port, 6379, where the fake nodes join it"  # tests/conftest.py
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 6379  # the fake provider's nodes join the head at this machine's address, port 6379
 FAKE_HEAD_TYPE = "ray.head.default"  # the fake provider's name for the head (cluster/gpu.yaml: head)
 WORKER_CPUS, MAX_GPU_NODES = 2, 2
 IDLE_TIMEOUT_MINUTES = 0.25  # cluster/gpu.yaml: 10
+CLUSTER_MARK = "DPSM_RAY_FAKE_CLUSTER"  # in the environment of the fake cluster's processes: its temporary directory
 
 
 def fake_cluster_config(gpu_yaml: dict) -> dict:
@@ -52,50 +60,67 @@ def fake_cluster_config(gpu_yaml: dict) -> dict:
     }
 
 
-def session_processes(session: str) -> list[int]:
-    """Pids of the processes whose command line names the Ray session ``session``."""
-    found = []
+def cluster_processes(mark: str) -> list[int]:
+    """Pids of the fake cluster's processes: those whose environment holds ``CLUSTER_MARK=mark``
+    (``ray start`` passes its environment on to every process it starts, and they to theirs; the
+    Ray client server's command line names neither the session nor its directory), and every
+    process under them (a node's agents set their titles, which hides their environment)."""
+    children: dict[int, list[int]] = {}
+    marked = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and session.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
+            if entry.name.isdigit():
+                children.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+                if f"{CLUSTER_MARK}={mark}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    marked.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
             pass
-    return found
+    found, todo = set(), marked
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return sorted(pid for pid in found if reaper.alive(pid) and pid != os.getpid())
 
 
-def end_session(session: str, timeout_s: float = 30) -> None:
-    for pid in session_processes(session):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+def end_cluster(mark: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
-    while session_processes(session) and time.monotonic() < deadline:
+    while (pids := cluster_processes(mark)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
 
 
 @pytest.fixture
 def fake_gpu_cluster(tmp_path):
+    """The fake cluster's head, started with ``ray start`` in a temporary directory of its own
+    (``--temp-dir``): the address it records there is no plain driver's on this machine (Ray's
+    machine-wide /tmp/ray is neither read nor written).  Its processes carry that directory in
+    their environment; whatever fails, once ``ray start`` has been run, they are ended."""
     gpu_yaml = yaml.safe_load((ROOT / "cluster" / "gpu.yaml").read_text())
     assert gpu_yaml["available_node_types"]["gpu_worker"]["min_workers"] == 0  # the shape this test scales
     config = tmp_path / "fake.yaml"
     config.write_text(yaml.safe_dump(fake_cluster_config(gpu_yaml)))
+    # short: Ray's socket paths under it must stay within the 107 characters a Unix socket's may have
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-gpu-"))
     # token authentication, as cluster/gpu.yaml has it (the README's `ray get-auth-token --generate`)
     env = dict(os.environ, RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_enable_autoscaler_v2="0", RAY_AUTH_MODE="token")
     env.pop("RAY_ADDRESS", None)
+    env[CLUSTER_MARK] = str(temp_dir)
     ray = str(Path(sys.executable).parent / "ray")
-    subprocess.run([ray, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=120)
-    before = Path("/tmp/ray/session_latest").resolve() if Path("/tmp/ray/session_latest").exists() else None
-    subprocess.run([ray, "start", "--head", f"--port={PORT}", "--num-cpus=1", "--num-gpus=0", f"--autoscaling-config={config}",
-                    "--dashboard-host=127.0.0.1", "--disable-usage-stats"], env=env, check=True, capture_output=True, timeout=300)
-    session = Path("/tmp/ray/session_latest").resolve().name
-    assert before is None or before.name != session
-    current = Path("/tmp/ray/ray_current_cluster")
     try:
-        yield current.read_text().strip(), env  # this machine's address: where the fake nodes join
+        subprocess.run([ray, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=120)
+        started = subprocess.run([ray, "start", "--head", f"--port={PORT}", "--num-cpus=1", "--num-gpus=0", f"--autoscaling-config={config}",
+                                  f"--temp-dir={temp_dir}", "--dashboard-host=127.0.0.1", "--disable-usage-stats"],
+                                 env=env, capture_output=True, text=True, timeout=300)
+        output = started.stdout[-3000:] + started.stderr[-3000:]
+        assert started.returncode == 0, f"`ray start` exited with {started.returncode}:\n{output}"
+        yield (temp_dir / "ray_current_cluster").read_text().strip(), env  # this machine's address: where the fake nodes join
     finally:
-        end_session(session)
-        if current.exists() and str(PORT) in current.read_text():
-            current.unlink()  # what `ray stop` removes: the next plain driver must not join a cluster that is gone
+        end_cluster(str(temp_dir))
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def gpu_nodes(address: str, env: dict) -> int:

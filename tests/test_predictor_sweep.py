@@ -4,6 +4,7 @@ the module; the round trip against evals.parquet, resuming, ``dpsm-ray export``,
 commands, and ``dpsm-ray serve`` for real on 127.0.0.1.
 """
 
+import contextlib
 import json
 import os
 import queue
@@ -223,15 +224,22 @@ class Served:
         return self.request("/predict", json.dumps(payload).encode())
 
     def stop(self) -> None:
-        """SIGTERM, then: exit status 0, nothing of its session or its Ray left, the port closed."""
-        raylets = reaper.children_named(self.process.pid, "raylet")
-        assert raylets, "the served command started no Ray of its own"
-        self.process.send_signal(signal.SIGTERM)
-        assert self.process.wait(timeout=120) == 0, "".join(self.output)[-3000:]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (session_members(self.process.pid) or reaper.belonging_to(raylets[0])):
-            time.sleep(0.5)
-        assert session_members(self.process.pid) == [] and reaper.belonging_to(raylets[0]) == []
+        """SIGTERM, then: exit status 0, nothing of its session or its Ray left, the port closed.
+        Whatever of this fails, the command and its session are killed."""
+        try:
+            raylets = reaper.children_named(self.process.pid, "raylet")
+            assert raylets, "the served command started no Ray of its own"
+            self.process.send_signal(signal.SIGTERM)
+            assert self.process.wait(timeout=120) == 0, "".join(self.output)[-3000:]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (session_members(self.process.pid) or reaper.belonging_to(raylets[0])):
+                time.sleep(0.5)
+            assert session_members(self.process.pid) == [] and reaper.belonging_to(raylets[0]) == []
+        finally:
+            for pid in session_members(self.process.pid):  # the command itself, if it still runs, and what it started there
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.process.wait()
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
 

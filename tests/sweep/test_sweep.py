@@ -236,17 +236,24 @@ def test_a_sweep_outlives_a_training_run_stopped_beside_it(ray_session, tmp_path
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONUNBUFFERED": "1"}
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "env": env, "cwd": tmp_path}
     train = subprocess.Popen(["dpsm-ray", "train", "--dataset", "digits", "--epochs", "500", "--workers", "2"], **pipes)
-    train_lines: list[str] = []
-    lines_of(train, train_lines)
-    wait_for_line(train_lines, "epoch   2/500", train)
-    smallest = ["--methods", "ce", "--trials", "1", "--final-seeds", "1", "--base-epochs", "2", "--epochs", "2", "--workers", "0"]
-    sweep = subprocess.Popen([sys.executable, str(ROOT / "sweeps" / "digits.py"), "--results-dir", str(tmp_path / "sweep"), *smallest], **pipes)
-    sweep_lines: list[str] = []
-    reader = lines_of(sweep, sweep_lines)
-    wait_for_line(sweep_lines, "] search: ", sweep)  # its Ray is up and the search has begun
-    train.send_signal(signal.SIGINT)
-    assert train.wait(timeout=120) != 0
-    assert sweep.wait(timeout=600) == 0, "".join(sweep_lines)
+    sweep = None
+    try:
+        train_lines: list[str] = []
+        lines_of(train, train_lines)
+        wait_for_line(train_lines, "epoch   2/500", train)
+        smallest = ["--methods", "ce", "--trials", "1", "--final-seeds", "1", "--base-epochs", "2", "--epochs", "2", "--workers", "0"]
+        sweep = subprocess.Popen([sys.executable, str(ROOT / "sweeps" / "digits.py"), "--results-dir", str(tmp_path / "sweep"), *smallest], **pipes)
+        sweep_lines: list[str] = []
+        reader = lines_of(sweep, sweep_lines)
+        wait_for_line(sweep_lines, "] search: ", sweep)  # its Ray is up and the search has begun
+        train.send_signal(signal.SIGINT)
+        assert train.wait(timeout=120) != 0
+        assert sweep.wait(timeout=600) == 0, "".join(sweep_lines)
+    finally:  # either one still running when the test failed (its Ray's watchdog ends the rest)
+        for process in (train, sweep):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
     reader.join(timeout=10)
     assert "sweep finished" in "".join(sweep_lines)
     # a two-worker run no longer prints Ray Train's placement-group cleaner warning every second
