@@ -147,8 +147,8 @@ def wsc(
     Each row of ``features`` (``[..., n, d]``) is split at random: on the first ``fit_fraction``
     :func:`worst_slab` picks the lowest-coverage slab over ``directions`` random unit directions;
     the returned value is that slab's coverage on the other part (NaN if no held-out point falls
-    in it).  ``covered`` is the boolean ``[..., n]`` from :func:`covered` -- never the labels, a
-    mix-up a peer library makes silently.
+    in it: too few test points).  ``covered`` is the boolean ``[..., n]`` from :func:`covered` --
+    never the labels, a mix-up a peer library makes silently.
     """
     if covered.dtype != torch.bool:
         raise TypeError(f"wsc: covered must be a boolean tensor (is the label in the set?); got {covered.dtype}")
@@ -167,7 +167,12 @@ def wsc(
     fit, held = order[:, :n_fit], order[:, n_fit:]
     m, low, high, _ = worst_slab(_gather_points(x, fit), hit.gather(1, fit), v, delta, grid)
     z_held = (_gather_points(x, held) * v[m][:, None, :]).sum(-1)
-    inside = (z_held >= low[:, None]) & (z_held <= high[:, None])
+    # A held-out point with the features of a slab edge is in the slab, however its projection
+    # rounds (a sum here, a matrix product for the edges): the edges widen by the rounding bound of
+    # a d-term dot product, d eps |x| with |v| = 1.  Without it a model whose outputs are the same
+    # for every input (one at chance) got a slab [c, c] that no held-out point fell in: WSC NaN.
+    slack = 4 * dim * torch.finfo(torch.float64).eps * x.norm(dim=-1).amax(dim=-1)
+    inside = (z_held >= (low - slack)[:, None]) & (z_held <= (high + slack)[:, None])
     inside_hits = (hit.gather(1, held) & inside).sum(1).to(torch.float64)
     result = torch.where(inside.any(1), inside_hits / inside.sum(1).clamp(min=1), torch.nan)
     return result.reshape(batch_shape)

@@ -27,7 +27,17 @@ from dpsm_ray.results.layout import read_index, read_sweep
 from dpsm_ray.results.provenance import chosen_configurations, sweep_settings, versions_table
 from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.store import MANIFEST, verify_manifest
-from dpsm_ray.results.tables import method_name, method_order, cell, latex_table, latex_text, markdown, ordered, render_columns
+from dpsm_ray.results.tables import (
+    cell,
+    chance_warning,
+    latex_table,
+    latex_text,
+    markdown,
+    method_name,
+    method_order,
+    ordered,
+    render_columns,
+)
 
 # the metrics two scores must agree on, on every evaluation, to be called identical
 AGREEING = ("coverage", "set_size", "covgap", "sscv", "wsc")
@@ -157,36 +167,65 @@ def agree(frame: pd.DataFrame, first: str, second: str, key: list[str], columns)
     return bool(((a == b) | (a.isna() & b.isna())).all().all())
 
 
+def class_count(classes: pd.DataFrame) -> int | None:
+    """K, from classes.parquet (a row for every class, with or without test points); None
+    without it (older files)."""
+    return None if classes.empty else int(classes.label.nunique())
+
+
 def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: pd.DataFrame) -> str | None:
-    """The footnote for identical scores, with what was measured and why they can agree."""
-    raps = score_card("raps").parameters
+    """The report's one note on scores that give identical results: which, on how many
+    evaluations, and for APS and RAPS why they may; None when no two agree.  With K <= k_reg
+    classes RAPS's penalty is 0 for every label, RAPS is APS by construction, and one clause says so."""
     if not pairs:
         return None
-    evaluations = evals[evals.score == pairs[0][0]][["run_id", "split"]].drop_duplicates()
-    methods = ", ".join(method_name(m) for m in ordered(evals.method, method_order()))
-    seen = "coverage, set size, CovGap, SSCV and WSC" + (
-        ", and every class's coverage and set size (classes.parquet)" if not classes.empty else ""
-    )
-    notes = []
+    groups: list[list[str]] = []  # scores that agree with each other (agreeing is transitive), in the report's order
     for first, second in pairs:
-        text = (f"{first.upper()} and {second.upper()} give identical rows: {seen} are equal on every one of the {len(evaluations)} "
-                f"model x re-split evaluations of every method ({methods}), so their sets agree as far as these files can tell.")
-        if {first, second} == {"aps", "raps"}:
-            labels = classes.label.nunique() if not classes.empty else None
-            accuracy = evals.accuracy.min()
-            text += (
-                f" The reason: RAPS's score is APS's plus λ·max(0, rank(y) − k_reg) with λ = {raps['lambda']:g}, k_reg = {raps['k_reg']} "
-                "(dpsm_ray/conformal/scores.py), so it differs from APS only where a label ranked below the top "
-                f"{raps['k_reg']} enters a calibration score or a set; here that changed no result"
-                + (
-                    f" (the models rank {labels} classes, and the least accurate has test accuracy {accuracy:.3f})"
-                    if labels
-                    else f" (the least accurate model has test accuracy {accuracy:.3f})"
-                )
-                + ". It is not a bug."
-            )
-        notes.append(text)
+        group = next((g for g in groups if first in g), None)
+        if group is None:
+            groups.append([first, second])
+        elif second not in group:
+            group.append(second)
+    raps = score_card("raps").parameters
+    classes_seen = class_count(classes)
+    evaluations = len(evals[evals.score == pairs[0][0]][["run_id", "split"]].drop_duplicates())
+    notes = []
+    for group in groups:
+        names = f"{', '.join(s.upper() for s in group[:-1])} and {group[-1].upper()}"
+        identical = f"{names} give identical results on all {evaluations} model x re-split evaluations"
+        with_raps = {"aps", "raps"} <= set(group)
+        if with_raps and classes_seen is not None and classes_seen <= raps["k_reg"]:
+            notes.append(("" if group == ["aps", "raps"] else f"{identical}; ") + "RAPS is APS here by construction: its penalty "
+                         f"λ·max(0, rank(y) − k_reg) is 0 for every one of the {classes_seen} classes (k_reg = {raps['k_reg']}).")
+        elif with_raps:
+            notes.append(f"{identical}: RAPS adds λ·max(0, rank(y) − k_reg) (λ = {raps['lambda']:g}, k_reg = {raps['k_reg']}) to APS's "
+                         f"score, so it can differ only where a label ranked below the top {raps['k_reg']} enters a calibration score or "
+                         f"a set; here the penalty changed no result (lowest test accuracy {evals.accuracy.min():.3f}).")
+        else:
+            notes.append(f"{identical}.")
     return " ".join(notes)
+
+
+def chance_note(evals: pd.DataFrame, classes: pd.DataFrame) -> str | None:
+    """The report's warning when final models are at or near chance (``tables.chance_warning``:
+    accuracy at most a few points above 1/K, or every set of every score holding every class),
+    per method with its least accurate such model's reason; None when none is, or K is unknown."""
+    classes_seen = class_count(classes)
+    if classes_seen is None or classes_seen < 2:
+        return None
+    per_model = evals.groupby(["method", "run_id"]).agg(accuracy=("accuracy", "mean"))
+    per_model["set_size"] = evals.groupby(["method", "run_id", "score"]).set_size.mean().groupby(["method", "run_id"]).min()
+    per_model["reason"] = [chance_warning(row.accuracy, classes_seen, row.set_size) for row in per_model.itertuples()]
+    found = []
+    for method in ordered(evals.method, method_order()):
+        models = per_model.loc[method]
+        flagged = models.dropna(subset=["reason"]).sort_values("accuracy")
+        if not flagged.empty:
+            found.append(f"{method_name(method)}: {len(flagged)} of {len(models)} final models ({flagged.reason.iloc[0]})")
+    if not found:
+        return None
+    return (f"models at or near chance on these {classes_seen} classes: {'; '.join(found)}. Their sets still cover as promised, by "
+            "holding (nearly) every class, so they say little about the label: train longer, or check the data and the model.")
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -236,34 +275,42 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     )
     search_written = drawing_search_figures(results, sweep)  # while this process writes the rest
     size, details, found = paper_table(evals), details_table(evals), comparisons(evals)
-    pairs = identical_scores(evals, classes)
-    footnote = identical_note(pairs, evals, classes)
+    note = identical_note(identical_scores(evals, classes), evals, classes)  # said once, under the first table
+    chance = chance_note(evals, classes)
     size_caption = (
-        f"Average prediction set size at α = {alpha:g}: mean ± std over every final model and calibration/test re-split. "
-        + ("DPSM vs ...: per-seed paired change, mean [95% t interval]; n.s.: the interval holds 0 (next table). " if found else "")
-        + (f"Footnote: {footnote}" if footnote else "")
+        f"Average prediction set size at α = {alpha:g}: mean ± std over every final model and calibration/test re-split."
+        + (" DPSM vs ...: per-seed paired change, mean [95% t interval]; n.s.: the interval holds 0 (next table)." if found else "")
     )
+    missing = (
+        "n/a: no value; a WSC is n/a when no held-out test point fell in its worst slab (too few test points)."
+        if any("n/a" in row for row in details[1:])
+        else ""
+    )
+    details_note = f"Mean ± std over models and re-splits; models: final models behind each row. {missing}".rstrip()
     text = "\n".join([
+        *([f"warning: {chance}", ""] if chance else []),
         f"Average prediction set size at alpha = {alpha:g} (mean ± std over models and calibration/test re-splits)",
         render_columns(size),
-        *([f"note: {footnote}"] if footnote else []),
+        *([f"note: {note}"] if note else []),
         "",
         *(
             [f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""]
             if found and not brief
             else []
         ),
-        *(["All metrics: in report.md"] if brief else ["All metrics", render_columns(details)]),
+        *(["All metrics: in report.md"] if brief else ["All metrics", render_columns(details), *([missing] if missing else [])]),
     ])
     log(text)
 
-    md = [f"# Results: {results.name}", "", markdown(size), "", size_caption, ""]
-    tex = [latex_table(size, size_caption, "set-size")]
+    md = [f"# Results: {results.name}", "", *([f"**Warning:** {chance}", ""] if chance else []), markdown(size), "", size_caption, ""]
+    md += [f"Note: {note}", ""] if note else []
+    tex = [*([rf"\textbf{{Warning:}} {latex_text(chance)}"] if chance else []),
+           latex_table(size, size_caption, "set-size", note=f"Note: {note}" if note else None)]
     if found:
         md += ["## DPSM against the baselines", "", markdown(comparison_table(found)), "", comparison_caption(found), ""]
         tex.append(latex_table(comparison_table(found), comparison_caption(found), "paired", align="llrrrrl"))
-    md += ["## All metrics", "", markdown(details), "", "Mean ± std over models and re-splits; models: final models behind each row.", ""]
-    tex.append(latex_table(details, "All metrics: mean ± std over models and re-splits.", "metrics"))
+    md += ["## All metrics", "", markdown(details), "", details_note, ""]
+    tex.append(latex_table(details, f"All metrics. {details_note}", "metrics"))
 
     configurations = chosen_configurations(trials, sweep)
     md += ["## Chosen configurations", ""]
@@ -399,7 +446,7 @@ def latex_figure(figure: Figure) -> str:
     return "\n".join([
         r"\begin{figure}[htbp]",
         r"\centering",
-        rf"\includegraphics[width=\linewidth]{{figures/{figure.name}.pdf}}",
+        rf"\includegraphics{{figures/{figure.name}.pdf}}",  # at its natural size: drawn at the size it prints
         rf"\caption{{{latex_text(figure.title)}. {latex_text(figure.caption)}}}",
         rf"\label{{fig:{figure.name.replace('_', '-')}}}",
         r"\end{figure}",

@@ -1,4 +1,5 @@
-"""Tables of evaluation rows: mean and standard deviation over calibration/test re-splits."""
+"""Tables of evaluation rows: mean and standard deviation over calibration/test re-splits; and
+the test of a model at chance, which the report and ``dpsm-ray export`` warn of."""
 
 from __future__ import annotations
 
@@ -7,6 +8,22 @@ import pandas as pd
 from dpsm_ray.methods import BASE_MODEL, cards
 
 METRICS = ("coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
+CHANCE_MARGIN = 0.05  # "near chance": test accuracy at most 5 points above 1/K
+
+
+def chance_warning(accuracy: float, num_classes: int, set_size: float | None = None) -> str | None:
+    """Why a model with top-1 test ``accuracy`` on ``num_classes`` classes (and average prediction
+    set size ``set_size``, where known) is at or near chance, or None when it is not: its accuracy
+    is at most CHANCE_MARGIN above 1/K, or every prediction set holds every class.  Its sets still
+    cover as promised, by holding (nearly) every class: they say little about the label."""
+    if num_classes < 2:
+        raise ValueError(f"chance_warning: num_classes must be >= 2; got {num_classes}")
+    if set_size is not None and set_size >= num_classes - 1e-9:
+        return f"every prediction set holds all {num_classes} classes"
+    chance = 1 / num_classes
+    if accuracy <= chance + CHANCE_MARGIN:
+        return f"test accuracy {accuracy:.3f}, at most {CHANCE_MARGIN:g} above chance (1/{num_classes} = {chance:.3f})"
+    return None
 
 
 def summarise(evals: pd.DataFrame, by: tuple[str, ...] = ("score",)) -> pd.DataFrame:
@@ -20,12 +37,14 @@ def summarise(evals: pd.DataFrame, by: tuple[str, ...] = ("score",)) -> pd.DataF
 
 
 def format_summary(summary: pd.DataFrame, by: tuple[str, ...] = ("score",)) -> str:
-    """A plain-text table: one line per group, ``mean ± std`` per metric."""
+    """A plain-text table: one line per group, ``mean ± std`` per metric ("n/a" where the metric
+    is NaN on every row, as ``cell``)."""
     headers = [*by, "coverage", "set size", "CovGap %", "SSCV", "WSC", "accuracy"]
     lines = []
     for _, row in summary.iterrows():
         cells = [str(row[key]) for key in by]
-        cells += [f"{row[m]:.3f} ± {row[m + '_std']:.3f}" if m != "covgap" else f"{row[m]:.2f} ± {row[m + '_std']:.2f}" for m in METRICS]
+        digits = {m: 2 if m == "covgap" else 3 for m in METRICS}
+        cells += ["n/a" if pd.isna(row[m]) else f"{row[m]:.{digits[m]}f} ± {row[m + '_std']:.{digits[m]}f}" for m in METRICS]
         lines.append(cells)
     return render_columns([headers, ["-" * len(h) for h in headers], *lines])
 
@@ -68,6 +87,11 @@ def ordered(values, order) -> list:
 
 
 def cell(values: pd.Series, digits: int) -> str:
+    """``mean ± std`` of ``values``, NaNs left out; "n/a" when every value is NaN (a WSC whose worst
+    slab held no held-out test point, dpsm_ray/conformal/metrics.py)."""
+    values = values.dropna()
+    if values.empty:
+        return "n/a"
     return f"{values.mean():.{digits}f} ± {values.std(ddof=1) if len(values) > 1 else 0.0:.{digits}f}"
 
 
@@ -115,12 +139,15 @@ def latex_text(text: str) -> str:
     return re.sub(r"`(.+?)`", r"\\texttt{\1}", escaped)
 
 
-def latex_table(rows: list[list[str]], caption: str, label: str, align: str | None = None) -> str:
-    """A booktabs table (header, then body rows) in a floating ``table`` with its caption."""
+def latex_table(rows: list[list[str]], caption: str, label: str, align: str | None = None, note: str | None = None) -> str:
+    """A booktabs table (header, then body rows) in a floating ``table`` with its caption, and
+    ``note`` under it in the float (a paragraph of the table, not of its caption)."""
     header, *body = rows
     align = align or "l" + "r" * (len(header) - 1)
     lines = [r"\begin{table}[htbp]", r"\centering", r"\small", rf"\caption{{{latex_text(caption)}}}", rf"\label{{tab:{label}}}",
              rf"\begin{{tabular}}{{{align}}}", r"\toprule", " & ".join(latex_text(c) for c in header) + r" \\", r"\midrule"]
     lines += [" & ".join(latex_text(c) for c in row) + r" \\" for row in body]
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [r"\par\smallskip\raggedright\footnotesize " + latex_text(note)] if note else []
+    lines += [r"\end{table}"]
     return "\n".join(lines)

@@ -158,3 +158,18 @@ def test_wsc_batches_over_leading_dims():
     batched = wsc(features, hit, seed=5)
     assert batched.shape == (3,)
     assert batched[1] < 0.3 and batched[0] > 0.85 and batched[2] > 0.85
+
+
+def test_wsc_of_a_model_that_says_the_same_for_every_input_is_a_number_not_nan():
+    """A model at chance: the same log-probabilities for every input.  Every slab holds every point,
+    so WSC is the held-out part's coverage; the slab's edges and the held-out points' projections
+    round differently (a matrix product against a sum), which once left the slab [c, c] empty: NaN."""
+    uniform = torch.full((3, 500, 10), math.log(0.1))
+    same = torch.log_softmax(torch.randn(10, generator=torch.Generator().manual_seed(0)), 0).repeat(500, 1)
+    for features in (uniform, same):
+        shape = features.shape[:-1]
+        everything = torch.ones(shape, dtype=torch.bool)  # every set holds every class
+        assert wsc(features, everything).flatten().tolist() == [1.0] * shape[:-1].numel()
+        hit = (torch.arange(500) % 10 != 0).expand(shape)  # 90% covered
+        value = wsc(features, hit)
+        assert torch.isfinite(value).all() and ((value - 0.9).abs() < 0.05).all(), value

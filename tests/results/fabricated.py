@@ -29,10 +29,13 @@ def config(method: str, seed: int, **values) -> TrainConfig:
     return TrainConfig(dataset="digits", method=method, init="base", epochs=3, seed=seed, **{**SETTINGS[method], **values})
 
 
-def fabricate(results: Path, *, sizes: dict = SIZES, raps_differs: bool = False, grid: bool = False, versions: bool = True) -> Path:
-    """Write the directory; ``raps_differs`` makes one RAPS evaluation differ from its APS one."""
+def fabricate(results: Path, *, sizes: dict = SIZES, raps_differs: bool = False, grid: bool = False, versions: bool = True, classes: int = 20,
+              accuracy: dict | None = None, wsc: float = 0.85) -> Path:
+    """Write the directory; ``raps_differs`` makes one RAPS evaluation differ from its APS one;
+    ``classes`` is K (classes.parquet's labels), ``accuracy`` a method's test accuracy in place of
+    0.97, ``wsc`` every evaluation's WSC."""
     results.mkdir(parents=True, exist_ok=True)
-    evals, classes, epochs, trials = [], [], [], []
+    evals, per_class, epochs, trials = [], [], [], []
     for method, per_seed in sizes.items():
         for seed, size in zip(SEEDS, per_seed):
             run = config(method, seed)
@@ -41,10 +44,11 @@ def fabricate(results: Path, *, sizes: dict = SIZES, raps_differs: bool = False,
                 for split in (0, 1):
                     bump = 0.01 if raps_differs and score == "raps" and method == "ce" and seed == 0 and split == 1 else 0.0
                     evals.append({**key, "score": score, "split": split, "alpha": 0.1, "n_cal": 100, "n_test": 100, "q": 0.9,
-                                  "coverage": 0.9 + 0.001 * seed, "set_size": size * factor + bump, "covgap": 2.0, "sscv": 0.05, "wsc": 0.85, "accuracy": 0.97})
-                    for label in range(3):
-                        classes.append({**key, "score": score, "split": split, "label": label, "n_test": 30, "coverage": 0.85 + 0.05 * label,
-                                        "set_size": size * factor})
+                                  "coverage": 0.9 + 0.001 * seed, "set_size": min(classes, size * factor + bump), "covgap": 2.0, "sscv": 0.05,
+                                  "wsc": wsc, "accuracy": (accuracy or {}).get(method, 0.97)})
+                    for label in range(classes):
+                        per_class.append({**key, "score": score, "split": split, "label": label, "n_test": 30,
+                                          "coverage": 0.85 + 0.1 * label / (classes - 1), "set_size": min(classes, size * factor)})
             if method != "base":
                 for epoch in (1, 2, 3):
                     dpsm = method == "dpsm"
@@ -60,7 +64,7 @@ def fabricate(results: Path, *, sizes: dict = SIZES, raps_differs: bool = False,
             key = {"sweep": "hand", "stage": "search", "trial_id": f"s-{method}-{index}", **run_key(run)}
             trials.append(trial_row(key, run, index=index, val_set_size=1.0 + index))
     write_parquet(results / "evals.parquet", evals, EVALS)
-    write_parquet(results / "classes.parquet", classes, CLASSES)
+    write_parquet(results / "classes.parquet", per_class, CLASSES)
     write_parquet(results / "epochs.parquet", epochs, EPOCHS)
     write_parquet(results / "trials.parquet", trials, TRIALS)
     sweep = {"name": "hand", "base": TrainConfig(dataset="digits", init="base", epochs=3, base_epochs=8).to_dict(), "methods": list(SETTINGS),

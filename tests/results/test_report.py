@@ -4,15 +4,17 @@ its LaTeX, and its figures (files, colours, scales, captions)."""
 import hashlib
 import json
 import math
+import re
+import zlib
 
 import matplotlib
 import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 
-from dpsm_ray.results.figures import STYLES, Context, draw_figures, method_style, name_of, y_scale
+from dpsm_ray.results.figures import COLUMN_WIDTH, PAGE_WIDTH, STYLES, Context, draw_figures, method_style, name_of, y_scale
 from dpsm_ray.results.report import comparisons, identical_scores, paper_table, write_report
-from fabricated import fabricate
+from fabricated import SIZES, fabricate
 
 matplotlib.use("Agg")
 T_975_2 = 4.302652729911275  # Student t quantile, 0.975, 2 degrees of freedom
@@ -78,18 +80,61 @@ def test_the_table_gives_mean_and_std():
 # --- identical scores ------------------------------------------------------------------------
 
 
-def test_identical_aps_and_raps_get_a_footnote_with_the_reason(reported):
+def test_identical_aps_and_raps_get_one_note_with_the_reason_where_raps_could_differ(reported):
+    """20 classes, more than RAPS's k_reg = 5: its penalty could change a set, and did not; the
+    note says so once, under the first table, in no caption."""
     evals, classes = pd.read_parquet(reported / "evals.parquet"), pd.read_parquet(reported / "classes.parquet")
     assert identical_scores(evals, classes) == [("aps", "raps")]
-    report = (reported / "report.md").read_text()
-    assert "APS and RAPS give identical rows" in report and "k_reg = 5" in report and "every one of the 24 model x re-split evaluations" in report
+    report, tex = (reported / "report.md").read_text(), (reported / "report.tex").read_text()
+    note = ("Note: APS and RAPS give identical results on all 24 model x re-split evaluations: RAPS adds λ·max(0, rank(y) − k_reg) (λ = 0.01,"
+            " k_reg = 5) to APS's score, so it can differ only where a label ranked below the top 5 enters a calibration score or a set; here"
+            " the penalty changed no result (lowest test accuracy 0.970).")
+    assert report.count("RAPS adds") == 1 and note in report.split("## DPSM against the baselines")[0]  # 4 methods x 3 seeds x 2 re-splits
+    assert tex.count("RAPS adds") == 1 and not any("RAPS adds" in c for c in re.findall(r"\\caption\{[^\n]*", tex))
 
 
-def test_scores_that_differ_on_one_evaluation_get_no_footnote(tmp_path):
+def test_with_no_more_classes_than_k_reg_raps_is_aps_by_construction_in_one_clause(tmp_path):
+    small = {method: tuple(size / 10 for size in sizes) for method, sizes in SIZES.items()}  # 1.0-1.44 classes of 3: HPS's differ from APS's
+    write_report(fabricate(tmp_path, classes=3, sizes=small), log=quiet)
+    report = (tmp_path / "report.md").read_text()
+    assert "Note: RAPS is APS here by construction: its penalty λ·max(0, rank(y) − k_reg) is 0 for every one of the 3 classes (k_reg = 5)." in report
+    assert report.count("RAPS is APS") == 1 and "identical results" not in report
+
+
+def test_scores_that_differ_on_one_evaluation_get_no_note(tmp_path):
     fabricate(tmp_path, raps_differs=True)
     assert identical_scores(pd.read_parquet(tmp_path / "evals.parquet"), pd.read_parquet(tmp_path / "classes.parquet")) == []
     write_report(tmp_path, log=quiet)
-    assert "identical rows" not in (tmp_path / "report.md").read_text() and "identical rows" not in (tmp_path / "report.tex").read_text()
+    for name in ("report.md", "report.tex"):
+        assert "identical results" not in (tmp_path / name).read_text() and "RAPS adds" not in (tmp_path / name).read_text()
+
+
+# --- a model at chance -----------------------------------------------------------------------
+
+
+def test_models_at_chance_are_warned_of_at_the_top_of_the_report(tmp_path):
+    """CE's accuracy 0.06 on 20 classes is 0.01 above chance (1/20); the others' 0.97 is not."""
+    printed = []
+    write_report(fabricate(tmp_path, accuracy={"ce": 0.06}), log=printed.append)
+    warning = ("models at or near chance on these 20 classes: CE: 3 of 3 final models (test accuracy 0.060, at most 0.05 above chance (1/20 ="
+               " 0.050)). Their sets still cover as promised")
+    assert printed[0].startswith(f"warning: {warning}")
+    assert (tmp_path / "report.md").read_text().split("\n")[2].startswith(f"**Warning:** {warning}")
+    assert r"\textbf{Warning:} models at or near chance on these 20 classes: CE: 3 of 3" in (tmp_path / "report.tex").read_text()
+
+
+def test_sets_of_every_class_are_warned_of_and_an_accurate_model_is_not(tmp_path, reported):
+    write_report(fabricate(tmp_path, classes=3), log=quiet)  # set sizes 10-14 capped at K = 3: every set holds every class
+    report = (tmp_path / "report.md").read_text()
+    assert "CE (base model, as in the paper's table): 3 of 3 final models (every prediction set holds all 3 classes)" in report
+    assert "at or near chance" not in (reported / "report.md").read_text()  # 0.97 on 20 classes, sets of 10-14
+
+
+def test_a_wsc_that_could_not_be_measured_is_n_a_with_its_reason(tmp_path):
+    write_report(fabricate(tmp_path, wsc=math.nan), log=quiet)
+    report = (tmp_path / "report.md").read_text()
+    assert "| CE | HPS | 0.901 ± 0.001 | 10.00 ± 0.00 | 2.00 ± 0.00 | 0.050 ± 0.000 | n/a | 0.970 ± 0.000 | 3 |" in report
+    assert "a WSC is n/a when no held-out test point fell in its worst slab (too few test points)" in report and "nan" not in report
 
 
 # --- report.md and report.tex ------------------------------------------------------------------
@@ -124,8 +169,8 @@ def test_report_tex_is_a_booktabs_document_in_ascii(reported):
     assert r"+0.20\% [$-$0.05, +0.45] n.s." in tex and "not significant" in tex
     assert r"3.24" in tex and r"$\lambda$ (conformal\_weight)" in tex
     assert all(ord(c) < 128 for c in tex), sorted({c for c in tex if ord(c) >= 128})  # pdflatex's default fonts
-    for name in FIGURES:
-        assert rf"\includegraphics[width=\linewidth]{{figures/{name}.pdf}}" in tex
+    for name in FIGURES:  # at their natural size: drawn at the size they print
+        assert rf"\includegraphics{{figures/{name}.pdf}}" in tex
 
 
 # --- figures -------------------------------------------------------------------------------
@@ -138,6 +183,47 @@ def test_every_figure_is_written_as_png_and_pdf_with_a_section(reported):
         assert (reported / "figures" / f"{name}.pdf").read_bytes().startswith(b"%PDF"), name
         assert f"](figures/{name}.png)" in report
     assert "No search figures: there is no optuna.db in this directory." in report
+
+
+def pdf_fonts(path) -> list[str]:
+    """The /Subtype of every font dictionary of a PDF matplotlib wrote: it writes its objects one
+    by one, uncompressed (no object streams); only the streams in them are compressed."""
+    data = path.read_bytes()
+    assert b"/ObjStm" not in data, path  # a compressed object stream would hide font dictionaries from this reading
+    objects = re.findall(rb"\d+ 0 obj(.*?)endobj", data, re.S)
+    return [re.search(rb"/Subtype\s*/(\w+)", o).group(1).decode() for o in objects if re.search(rb"/Type\s*/Font\b", o)]
+
+
+def pdf_text_sizes(path) -> set[float]:
+    """The size in pt of every text a PDF draws: the Tf operators of its (compressed) content streams."""
+    sizes = set()
+    for stream in re.findall(rb"stream\r?\n(.*?)\r?\nendstream", path.read_bytes(), re.S):
+        try:
+            content = zlib.decompress(stream)
+        except zlib.error:
+            continue
+        sizes |= {float(size) for size in re.findall(rb"/F\d+ ([\d.]+) Tf", content)}
+    return sizes
+
+
+def test_every_pdf_has_truetype_fonts_prints_text_at_7_to_8_pt_and_fits_a_column_or_a_page(tmp_path):
+    """Type 3 fonts (matplotlib's default) are refused by many venues; TrueType comes as /TrueType
+    or as /Type0 over a /CIDFontType2.  The figures' style is theirs alone: the process's
+    matplotlib settings are as they were."""
+    fabricate(tmp_path)
+    optuna_db(tmp_path, trials=4)
+    before = matplotlib.rcParams.copy()
+    write_report(tmp_path, log=quiet)
+    assert matplotlib.rcParams == before and matplotlib.rcParams["pdf.fonttype"] == 3
+    pdfs = sorted((tmp_path / "figures").glob("*.pdf"))
+    assert {p.stem for p in pdfs} == FIGURES | {"search_dpsm", "importance_dpsm"}  # the search's are drawn by a second process
+    for pdf in pdfs:
+        fonts = pdf_fonts(pdf)
+        assert fonts and set(fonts) <= {"TrueType", "Type0", "CIDFontType2"}, (pdf.name, fonts)
+        assert pdf_text_sizes(pdf) <= {7.0, 8.0, 4.9}, (pdf.name, pdf_text_sizes(pdf))  # 4.9 = 0.7 x 7: a log axis's exponents
+        width = float(re.search(rb"/MediaBox \[ 0 0 ([\d.]+)", pdf.read_bytes()).group(1)) / 72
+        one_panel = pdf.stem in ("q_error", "search_dpsm", "importance_dpsm")
+        assert width == pytest.approx(COLUMN_WIDTH if one_panel else PAGE_WIDTH), pdf.name
 
 
 def drawn(results):
@@ -286,7 +372,9 @@ def test_the_history_crosses_the_infeasible_trial_in_black(tmp_path):
     shown = [(c, [tuple(p) for p in c.get_offsets()]) for c in ax.collections if c.get_visible()]
     crossed = [points for c, points in shown if to_rgba(c.get_facecolor()[0]) == to_rgba("black")]
     coloured = [points for c, points in shown if to_rgba(c.get_facecolor()[0]) == to_rgba(STYLES["dpsm"].color)]
-    assert crossed == [[(1.0, 1.1)]] and coloured == [[(0.0, 1.0), (2.0, 1.2), (3.0, 1.3)]]  # trial 1's coverage 0.80 < 0.88
+    # numbered from 1 as the console numbers them: Optuna's trial 1 (coverage 0.80 < 0.88) is trial 2
+    assert crossed == [[(2.0, 1.1)]] and coloured == [[(1.0, 1.0), (3.0, 1.2), (4.0, 1.3)]]
+    assert ax.get_xlabel() == "trial" and list(ax.lines[0].get_xdata()) == [1.0, 2.0, 3.0, 4.0]
     assert "infeasible (val coverage < 0.88)" in [t.get_text() for t in ax.get_legend().get_texts()]
     for fig in figures.values():
         plt.close(fig)
