@@ -1,6 +1,7 @@
 """The watchdog an embedded Ray starts beside its driver (dpsm_ray/reaper.py), on a stand-in for a
 driver, its raylet and an agent: plain processes, no Ray."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,7 +20,17 @@ def test_the_watchdog_ends_the_raylet_s_orphans_it_knows_by_parentage_alone(monk
     /proc shows of it); once the driver and the raylet are killed it is re-parented, and the
     watchdog, which noted it under the raylet while the driver ran, ends it."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_RAYLET_PID"}
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True, env=env)
+    # a session of its own: whatever fails below, the finally ends the driver, its raylet and the agent
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        stand_in_for_a_ray(driver, monkeypatch)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+
+
+def stand_in_for_a_ray(driver, monkeypatch):
     pids = dict(driver.stdout.readline().split() for _ in range(2))
     raylet, agent = int(pids["raylet"]), int(pids["agent"])
     assert reaper.belonging_to(raylet) == [] and agent in reaper.descendants(raylet)
