@@ -14,7 +14,7 @@ from dpsm_ray.config import ConfigError, TrainConfig
         ({"lr": 0.0}, "lr", "> 0"),
         ({"quantile_lr": -1.0}, "quantile_lr", "> 0"),
         ({"sigmoid_temperature": -1.0}, "sigmoid_temperature", "> 0"),
-        ({"method": "thr"}, "method", "ce, conftr, conftr_published, cut, dpsm, or base"),
+        ({"method": "thr"}, "method", "ce, conftr, conftr_published, confts, cut, dpsm, rwce, vr_conftr, or base"),
         ({"dataset": "mnist"}, "dataset", "digits, synthetic"),
         ({"model": "vgg"}, "model", "must be auto or one of mlp, mlp_bn, cnn"),
         ({"batch_size": 2000}, "batch_size", "at most 1000"),
@@ -52,7 +52,8 @@ def test_an_option_only_another_method_reads_leaves_the_hash_alone():
     for methods, option, value in [(("dpsm",), "q_init", "random"), (("dpsm",), "quantile_lr", 0.3), (("conftr",), "conftr_split", "halves"),
                                    (("cut",), "cut_score", "aps"), (("dpsm",), "dpsm_split", "batch"), (("cut", "dpsm"), "ce_batch", "half"),
                                    (("conftr_published",), "size_target", 1.0), (("conftr_published",), "ce_weight", 0.5),
-                                   (("conftr", "conftr_published", "dpsm"), "sigmoid_temperature", 0.3), (("conftr", "conftr_published", "cut", "dpsm"), "conformal_weight", 2.0)]:
+                                   (("conftr", "conftr_published", "dpsm", "vr_conftr"), "sigmoid_temperature", 0.3),
+                                   (("conftr", "conftr_published", "cut", "dpsm", "vr_conftr"), "conformal_weight", 2.0)]:
         for method in methods:
             assert TrainConfig(method=method, **{option: value}).config_hash() != TrainConfig(method=method).config_hash(), option
         for other in set(METHODS) - set(methods):
