@@ -29,7 +29,7 @@ def test_train_prints_a_table_and_writes_the_documented_files(tmp_path, capsys):
     [
         (["--alpha", "1.5"], "--alpha=1.5 is invalid: must be in the open interval (0, 1)"),
         (["--conformal-weight", "-1"], "--conformal-weight=-1.0 is invalid: must be >= 0 (the paper's lambda)"),
-        (["--method", "thr"], "--method='thr' is invalid: must be one of ce, conftr, conftr_published, cut, dpsm, or base"),
+        (["--method", "thr"], "--method='thr' is invalid: must be one of ce, conftr, conftr_published, confts, cut, dpsm, rwce, vr_conftr, or base"),
         (["--batch-size", "4096"], "--batch-size=4096 is invalid: must be at most 1000"),
         (["--sigmoid-temperature", "-2"], "--sigmoid-temperature=-2.0 is invalid: must be > 0"),
     ],
