@@ -88,6 +88,33 @@ def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[lis
     return rows, notes
 
 
+def search_outcomes(trials: pd.DataFrame, sweep: dict | None) -> list[list[str]] | None:
+    """One row per searched method: its knobs, the trials it was given and ran, how many were
+    feasible, infeasible (validation coverage under the floor), stopped early or failed, and the
+    pick (counted from 1, as the console counts trials).  None without search rows."""
+    if trials.empty or "stage" not in trials or not (trials.stage == "search").any():
+        return None
+    search = trials[trials.stage == "search"]
+    final = trials[trials.stage == "final"]
+    rows = [["method", "knobs", "trials", "feasible", "infeasible", "stopped early", "failed", "pick"]]
+    for method in ordered(search.method, method_order()):
+        mine = search[search.method == method]
+        ended = mine[mine.status == "ok"]
+        pick = "—"
+        if (final.method == method).any():
+            config = json.loads(final[final.method == method].sort_values("seed").iloc[0].config_json)
+            picked = picked_trial(mine, config, searched_fields(sweep, method))
+            if picked is not None:
+                pick = f"trial {int(picked.trial_index) + 1} (validation set size {picked.val_set_size:.3f})"
+        knobs = searched_fields(sweep, method)
+        rows.append([
+            method_name(method), f"{len(knobs)} ({', '.join(knobs)})" if knobs else "0", str(len(mine)),
+            str(int((ended.feasible == True).sum())), str(int((ended.feasible == False).sum())),  # noqa: E712 (a nullable column)
+            str(int((mine.status == "stopped").sum())), str(int((mine.status == "failed").sum())), pick,
+        ])
+    return rows
+
+
 def picked_trial(search: pd.DataFrame, config: dict, fields: list[str]):
     """The search trial whose searched values the final configuration carries (the pick)."""
     for trial in search.sort_values("trial_index").itertuples():
@@ -125,7 +152,14 @@ def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
             "the paper's grid" + (f", a seeded random {budget} configurations per method" if budget else ", every configuration"),
         ])
     else:
-        rows.append(["search", f"Optuna {str(sweep.get('sampler', 'tpe')).upper()}, {sweep.get('trials')} trials per method"])
+        sampler = f"Optuna {str(sweep.get('sampler', 'tpe')).upper()}"
+        per_knob = sweep.get("trials_per_knob")
+        if per_knob is None:
+            rows.append(["search", f"{sampler}, {sweep.get('trials')} trials per method"])
+        else:
+            methods = [m for m in sweep.get("methods", []) if m in method_names()]
+            each = ", ".join(f"{method_name(m)} {per_knob * len(method_card(m).knobs)}" for m in methods)
+            rows.append(["search", f"{sampler}, {per_knob} trials per knob of each method ({each})"])
     scheduler = sweep.get("scheduler", "fifo")
     rows.append([
         "scheduler",

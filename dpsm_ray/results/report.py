@@ -24,7 +24,7 @@ from dpsm_ray.files import CorruptFileError, write_text
 from dpsm_ray.methods import outside_cards, reads
 from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
 from dpsm_ray.results.layout import read_index, read_sweep
-from dpsm_ray.results.provenance import chosen_configurations, sweep_settings, versions_table
+from dpsm_ray.results.provenance import chosen_configurations, search_outcomes, sweep_settings, versions_table
 from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.store import MANIFEST, verify_manifest
 from dpsm_ray.results.tables import (
@@ -329,6 +329,12 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
                    + "; ".join(notes) + ".")
         md += [markdown(rows), "", caption, ""]
         tex.append(latex_table(rows, caption, "configurations", align="l" + "l" * (len(rows[0]) - 1)))
+    outcomes = search_outcomes(trials, sweep)
+    if outcomes is not None:
+        caption = ("Each method's search: the knobs it searched, its trials, how many reached the coverage floor on validation data "
+                   "(feasible) or did not (infeasible), were stopped early or failed, and the pick its final models re-trained.")
+        md += ["## Searches", "", markdown(outcomes), "", caption, ""]
+        tex.append(latex_table(outcomes, caption, "searches", align="lp{0.25\\linewidth}rrrrrp{0.2\\linewidth}"))
     md += ["## Sweep settings", ""]
     if sweep is None:
         md += ["Not recorded: no sweep.json in this directory.", ""]

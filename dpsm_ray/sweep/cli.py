@@ -98,7 +98,14 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
             "on a multi-node cluster it must be on shared storage"
         ),
     )
-    add("--trials", type=int, default=defaults["trials"], help="Optuna trials per method (default: %(default)s)")
+    add("--trials", type=int, help=f"Optuna trials per method (default: {defaults['trials']})")
+    add(
+        "--trials-per-knob",
+        type=int,
+        metavar="N",
+        help="N Optuna trials per knob of each method, in place of --trials, so that each search's budget follows what it explores "
+        "(CE has 1 knob, CUT 2, ConfTr 3, DPSM 4: --trials-per-knob 4 gives them 4, 8, 12 and 16 trials)",
+    )
     add("--resume", action="store_true", help="continue the interrupted sweep in --results-dir without redoing finished trials")
     add(
         "--seed",
@@ -253,7 +260,8 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
         name=name,
         base=base,
         methods=methods,
-        trials=args.trials,
+        trials=defaults["trials"] if args.trials is None else args.trials,
+        trials_per_knob=args.trials_per_knob,
         final_seeds=args.final_seeds,
         coverage_slack=args.coverage_slack,
         ranges=ranges,
@@ -346,7 +354,8 @@ def default_results_dir(name: str, dataset: str, methods: tuple[str, ...], defau
     stem = name
     if dataset != defaults["config"]["dataset"]:
         family, path, _ = split_path_spec(dataset)
-        stem = f"{family}-{Path(path).stem}" if family in ("folder", "table") else dataset.replace(":", "-").replace(",", "-").replace("=", "")
+        own = family in ("folder", "table")
+        stem = f"{family}-{Path(path).stem}" if own else dataset.replace(":", "-").replace(",", "-").replace("=", "")
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)
     if tuple(methods) != tuple(defaults.get("methods", PAPER_METHODS)):
         stem += "-" + "-".join(methods)

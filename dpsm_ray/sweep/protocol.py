@@ -168,10 +168,13 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     with clock("base_model"):
         base = with_base_model(spec.base, spec.base.seed, results, log)
     if not spec.grid:
-        log(
-            f"search: {spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}, minimising the validation"
-            f" set size (validation coverage >= {spec.coverage_floor:g} as a constraint){asha_text(spec)}"
-        )
+        if spec.trials_per_knob is None:
+            budget = f"{spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}"
+        else:
+            each = ", ".join(f"{method} {spec.search_trials(method)}" for method in spec.methods)
+            budget = f"Optuna {spec.sampler.upper()} trials, {spec.trials_per_knob} per knob of each method ({each})"
+        log(f"search: {budget}, minimising the validation set size (validation coverage >= {spec.coverage_floor:g} as a constraint)"
+            f"{asha_text(spec)}")
     searches = [search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log) for method in spec.methods]
 
     def then() -> list:
@@ -279,10 +282,10 @@ def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: di
     url = optuna_storage_url(spec, results)
     try:
         study = MethodStudy(url, settings["studies"][method], method, {k: ranges[k] for k in method_knobs(method)},
-                            sampler=spec.sampler, seed=spec.seed, total=spec.trials)
+                            sampler=spec.sampler, seed=spec.seed, total=spec.search_trials(method))
     except Exception as error:
         raise SweepError(f"cannot open the Optuna storage {masked(url)}: {first_line(error)}") from None
-    return Stage(name, base, spec.trials, knobs, study=study, asha=asha, coverage_floor=spec.coverage_floor)
+    return Stage(name, base, spec.search_trials(method), knobs, study=study, asha=asha, coverage_floor=spec.coverage_floor)
 
 
 def asha_text(spec: SweepSpec) -> str:
@@ -293,7 +296,7 @@ def asha_text(spec: SweepSpec) -> str:
 
 def search_size(spec: SweepSpec, method: str) -> int:
     """Trials in ``method``'s search: the Optuna budget, or the grid's (possibly budgeted) points."""
-    return len(method_grid_points(spec, method)) if spec.grid else spec.trials
+    return len(method_grid_points(spec, method)) if spec.grid else spec.search_trials(method)
 
 
 def method_grid_points(spec: SweepSpec, method: str) -> list[dict]:

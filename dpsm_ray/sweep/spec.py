@@ -50,6 +50,9 @@ class SweepSpec:
     base: TrainConfig
     methods: tuple[str, ...] = PAPER_METHODS
     trials: int = 8  # per method (search mode)
+    # per knob of each method instead (search mode): a method with K knobs gets K times as many, so
+    # a budget follows what each search has to explore (CE 1 knob, CUT 2, ConfTr 3, DPSM 4)
+    trials_per_knob: int | None = None
     final_seeds: int = 3
     coverage_slack: float = 0.0  # feasible: val_coverage >= 1 - alpha - slack
     ranges: tuple[tuple[str, Range], ...] = ()  # overrides of DEFAULT_RANGES
@@ -88,6 +91,8 @@ class SweepSpec:
             raise ConfigError("methods", ",".join(self.methods), "must name each method once")
         if self.trials < 1:
             raise ConfigError("trials", self.trials, "must be an integer >= 1")
+        if self.trials_per_knob is not None and (self.trials_per_knob < 1 or self.grid):
+            raise ConfigError("trials_per_knob", self.trials_per_knob, "must be an integer >= 1, for an Optuna search (not --grid paper)")
         if self.final_seeds < 1:
             raise ConfigError("final_seeds", self.final_seeds, "must be an integer >= 1")
         if not 0 <= self.coverage_slack < 1 - self.base.alpha:
@@ -137,6 +142,11 @@ class SweepSpec:
         """What every trial of ``method`` sets over ``base``: the method, and the preset's settings
         of its objective (the search and the pick set their knobs over these)."""
         return {"method": method, **(preset_values(self.preset, method, schedule=False) if self.preset else {})}
+
+    def search_trials(self, method: str) -> int:
+        """The Optuna budget of ``method``'s search: ``trials``, or ``trials_per_knob`` times its
+        number of knobs."""
+        return self.trials if self.trials_per_knob is None else self.trials_per_knob * len(method_knobs(method))
 
     def trial_demand(self) -> Demand:
         """What one trial holds at once (its own process, and its Ray Train workers)."""
@@ -290,7 +300,9 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
 
 
 # the option behind each of sweep.json's settings whose option is not named after it
-SETTING_OPTIONS = {"ranges": "--range", "grid_fixed": "--fix", "grid_subsets": "--subset", "trial_resources": "--cpus-per-worker/--gpus-per-worker"}
+SETTING_OPTIONS = {
+    "ranges": "--range", "grid_fixed": "--fix", "grid_subsets": "--subset", "trial_resources": "--cpus-per-worker/--gpus-per-worker",
+}
 
 
 def settings_differences(stored: dict, described: dict) -> list[str]:

@@ -422,3 +422,30 @@ def test_a_single_runs_report_has_the_figures(tmp_path):
     write_report(tmp_path, log=quiet)
     assert FIGURES <= {p.stem for p in (tmp_path / "figures").glob("*.pdf")}
     assert "DPSM's q_0: dataset (Q_n of the starting model's D1 scores)" in (tmp_path / "report.md").read_text()  # from config.json
+
+
+def test_the_searches_table_counts_each_method_s_trials_by_outcome_and_names_its_pick(tmp_path):
+    """--trials-per-knob's report: each method's knobs and trials, feasible / infeasible / stopped / failed, the pick."""
+    results = fabricate(tmp_path / "r")
+    trials = pd.read_parquet(results / "trials.parquet")
+    search = trials.stage == "search"
+    trials.loc[search & (trials.method == "dpsm") & (trials.trial_index == 1), "feasible"] = False
+    failed = trials[search & (trials.method == "cut") & (trials.trial_index == 1)].assign(
+        trial_index=2, trial_id="s-cut-2", status="failed", error="diverged", feasible=None, val_coverage=None, val_set_size=None)
+    stopped = failed.assign(trial_index=3, trial_id="s-cut-3", status="stopped", error=None)
+    from dpsm_ray.results.schema import TRIALS
+    from dpsm_ray.results.store import write_parquet
+
+    rows = pd.concat([trials, failed, stopped], ignore_index=True).astype(object).where(lambda f: f.notna(), None).to_dict("records")
+    write_parquet(results / "trials.parquet", rows, TRIALS)
+    sweep = json.loads((results / "sweep.json").read_text())
+    (results / "sweep.json").write_text(json.dumps({**sweep, "trials_per_knob": 2}))
+    write_report(results, log=quiet)
+    report = (results / "report.md").read_text()
+    section = report.split("## Searches")[1].split("##")[0]
+    assert "| method | knobs | trials | feasible | infeasible | stopped early | failed | pick |" in section
+    assert "| CE | 1 (lr) | 2 | 2 | 0 | 0 | 0 | trial 1 (validation set size 1.000) |" in section
+    assert "| CUT | 2 (conformal_weight, lr) | 4 | 2 | 0 | 1 | 1 | trial 1 (validation set size 1.000) |" in section
+    assert "| DPSM | 4 (conformal_weight, lr, quantile_lr, sigmoid_temperature) | 2 | 1 | 1 | 0 | 0 | trial 1" in section
+    assert "| search | Optuna TPE, 2 trials per knob of each method (CE 2, CUT 4, DPSM 8) |" in report
+    assert r"\label{tab:searches}" in (results / "report.tex").read_text()

@@ -233,3 +233,30 @@ def test_the_default_results_directory_follows_the_dataset_and_the_methods():
     assert named("synthetic:classes=3,dim=4") == "results/synthetic-classes3-dim4"
     assert named("table:/data/breast cancer.csv:label=diagnosis") == "results/table-breast_cancer"
     assert named("folder:/data/birds:size=64", ("dpsm",)) == "results/folder-birds-dpsm"
+
+
+def test_trials_per_knob_gives_each_method_a_budget_that_follows_its_knobs(tmp_path):
+    from dpsm_ray.sweep.cli import build_parser, spec_from_args
+    from dpsm_ray.sweep.protocol import search_size
+    from dpsm_ray.sweep.space import method_knobs
+
+    fair = spec(methods=("ce", "cut", "conftr", "dpsm"), trials_per_knob=3)
+    assert {m: len(method_knobs(m)) for m in fair.methods} == {"ce": 1, "cut": 2, "conftr": 3, "dpsm": 4}
+    assert [fair.search_trials(m) for m in fair.methods] == [search_size(fair, m) for m in fair.methods] == [3, 6, 9, 12]
+    assert spec(trials=5).search_trials("dpsm") == 5  # without it: --trials for every method
+    with pytest.raises(ConfigError, match="trials_per_knob=0 is invalid: must be an integer >= 1"):
+        spec(trials_per_knob=0)
+    with pytest.raises(ConfigError, match="for an Optuna search"):
+        spec(trials_per_knob=2, grid=True)
+    # from the command line, and back from the sweep.json it writes (a config file), to the same budget
+    defaults = {"trials": 4, "final_seeds": 2, "config": {"dataset": "digits"}}
+    parser = build_parser("digits", "d", defaults)
+    made = spec_from_args("digits", parser.parse_args(["--trials-per-knob", "2", "--methods", "ce,dpsm"]), defaults)
+    assert (made.trials_per_knob, made.search_trials("ce"), made.search_trials("dpsm")) == (2, 2, 8)
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep_file(made, tmp_path)))
+    from dpsm_ray.sweep.cli import CONFIG_OPTIONS
+    from dpsm_ray.sweep.options import parse_with_config
+
+    again = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", CONFIG_OPTIONS,
+                                                       ["--config", str(tmp_path / "sweep.json")]), defaults)
+    assert again.describe() == made.describe()

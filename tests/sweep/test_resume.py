@@ -92,13 +92,16 @@ def test_after_a_finished_sweep_other_options_are_refused_and_another_dataset_ru
     assert len(other.stderr.strip().splitlines()) == 1 and "--trials: 2 there, 3 here" in other.stderr and "new --results-dir" in other.stderr
     frame = load_breast_cancer(as_frame=True).frame.rename(columns={"target": "diagnosis"})
     frame.to_csv(tmp_path / "breast_cancer.csv", index=False)
-    small = [*TINY_SWEEP[:2], "--trials", "1", "--final-seeds", "1", "--base-epochs", "1", "--epochs", "1", "--workers", "0"]
+    # the fair budget, as a user asks for it: one trial per knob (CE has 1, DPSM 4)
+    small = [*TINY_SWEEP[:2], "--trials-per-knob", "1", "--final-seeds", "1", "--base-epochs", "1", "--epochs", "1", "--workers", "0"]
     own = subprocess.run([sys.executable, script, "--dataset", "table:breast_cancer.csv:label=diagnosis", *small], cwd=tmp_path,
                          capture_output=True, text=True, env=sweep_env(), timeout=600)
     assert own.returncode == 0, own.stdout + own.stderr
     assert "holds a finished sweep" not in own.stdout and " done in " in own.stdout
     table = pd.read_parquet(tmp_path / "results" / "table-breast_cancer-ce-dpsm" / "trials.parquet")
     assert set(table.dataset) == {f"table:{tmp_path / 'breast_cancer.csv'}:label=diagnosis"}
+    assert table[table.stage == "search"].groupby("method").size().to_dict() == {"ce": 1, "dpsm": 4}
+    assert "search: Optuna TPE trials, 1 per knob of each method (ce 1, dpsm 4)" in own.stdout
 
 
 def test_each_trial_records_where_its_time_went_and_an_experiment_s_trials_share_one_process(uninterrupted_sweep, tmp_path):
