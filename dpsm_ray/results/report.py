@@ -256,6 +256,41 @@ def run_context(results: Path, trials: pd.DataFrame, alpha: float) -> Context:
     return Context(alpha, q_init=values("q_init"), conformal_weight=weights)
 
 
+def console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> tuple[str, tuple]:
+    """The tables printed at the end of a sweep (``brief``: the headline ones) or by ``dpsm-ray
+    report``, and their parts for report.md and report.tex."""
+    alpha = float(evals.alpha.iloc[0])
+    size, details, found = paper_table(evals), details_table(evals), comparisons(evals)
+    note = identical_note(identical_scores(evals, classes), evals, classes)  # said once, under the first table
+    chance = chance_note(evals, classes)
+    missing = (
+        "n/a: no value; a WSC is n/a when no held-out test point fell in its worst slab (too few test points)."
+        if any("n/a" in row for row in details[1:])
+        else ""
+    )
+    text = "\n".join([
+        *([f"warning: {chance}", ""] if chance else []),
+        f"Average prediction set size at alpha = {alpha:g} (mean ± std over models and calibration/test re-splits)",
+        render_columns(size),
+        *([f"note: {note}"] if note else []),
+        "",
+        *(
+            [f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""]
+            if found and not brief
+            else []
+        ),
+        *(["All metrics: in report.md"] if brief else ["All metrics", render_columns(details), *([missing] if missing else [])]),
+    ])
+    return text, (size, details, found, note, chance, missing)
+
+
+def headline(results_dir: str | os.PathLike) -> str:
+    """What the end of a sweep printed -- its headline tables, from the Parquet files alone --
+    without drawing or writing anything (a finished sweep asked again shows this)."""
+    results = Path(results_dir)
+    return console_tables(load(results, "evals.parquet"), load(results, "classes.parquet"), brief=True)[0]
+
+
 def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = False) -> str:
     """Print the tables, write ``report.md``, ``report.tex`` and ``figures/*.png`` / ``*.pdf``;
     returns the text printed.  ``brief`` (the end of a sweep): the headline tables only, the rest
@@ -274,33 +309,13 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
         read_sweep(results),
     )
     search_written = drawing_search_figures(results, sweep)  # while this process writes the rest
-    size, details, found = paper_table(evals), details_table(evals), comparisons(evals)
-    note = identical_note(identical_scores(evals, classes), evals, classes)  # said once, under the first table
-    chance = chance_note(evals, classes)
+    text, (size, details, found, note, chance, missing) = console_tables(evals, classes, brief)
+    log(text)
     size_caption = (
         f"Average prediction set size at α = {alpha:g}: mean ± std over every final model and calibration/test re-split."
         + (" DPSM vs ...: per-seed paired change, mean [95% t interval]; n.s.: the interval holds 0 (next table)." if found else "")
     )
-    missing = (
-        "n/a: no value; a WSC is n/a when no held-out test point fell in its worst slab (too few test points)."
-        if any("n/a" in row for row in details[1:])
-        else ""
-    )
     details_note = f"Mean ± std over models and re-splits; models: final models behind each row. {missing}".rstrip()
-    text = "\n".join([
-        *([f"warning: {chance}", ""] if chance else []),
-        f"Average prediction set size at alpha = {alpha:g} (mean ± std over models and calibration/test re-splits)",
-        render_columns(size),
-        *([f"note: {note}"] if note else []),
-        "",
-        *(
-            [f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""]
-            if found and not brief
-            else []
-        ),
-        *(["All metrics: in report.md"] if brief else ["All metrics", render_columns(details), *([missing] if missing else [])]),
-    ])
-    log(text)
 
     md = [f"# Results: {results.name}", "", *([f"**Warning:** {chance}", ""] if chance else []), markdown(size), "", size_caption, ""]
     md += [f"Note: {note}", ""] if note else []

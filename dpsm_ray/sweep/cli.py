@@ -363,14 +363,14 @@ def default_results_dir(name: str, dataset: str, methods: tuple[str, ...], defau
 
 
 def show_finished(results: Path, why: str, prog: str) -> int:
-    """A finished sweep's main table (the head of its report, before the first section), and how
-    to run another."""
+    """A finished sweep's headline tables, as its end printed them (from its Parquet files, nothing
+    drawn or written), and how to run another."""
     from dpsm_ray.results.layout import FINISHED_FILE
+    from dpsm_ray.results.report import headline
 
     finished = json.loads((results / FINISHED_FILE).read_text())
     report = results / "report.md"
-    if report.exists():
-        print(report.read_text().split("\n## ", 1)[0].rstrip())
+    print(headline(results))
     print(f"{prog}: {why} (finished {finished.get('finished_at', 'earlier')}); its main table is above, the whole report in {report}. "
           f"To run the sweep again, give a new --results-dir; `dpsm-ray report {results}` rebuilds the report and figures.")
     return 0

@@ -57,20 +57,24 @@ def uninterrupted_sweep(ray_session, tmp_path_factory) -> Path:
     # one line per trial, no forwarded "(run_trial pid=...)" epoch or checkpoint lines
     assert not re.search(r"\(\w+ pid=\d+", run.stdout + run.stderr), run.stdout + run.stderr
     assert sum(" done in " in line for line in run.stdout.splitlines()) == 2 * 2 + 2 + 1  # the base model too
+    (results.parent / "stdout.txt").write_text(run.stdout)
     return results
 
 
 def test_the_same_command_run_again_shows_the_finished_sweep_and_exits_0(uninterrupted_sweep):
     """Pasting the quick start twice: the second run trains nothing; it prints the finished sweep's
-    main table -- the report's head, not its 200-odd lines -- and how to run another, once."""
+    headline tables as the first run printed them (the same plain table, not the report's Markdown
+    or its 200-odd lines) and how to run another, once."""
+    from dpsm_ray.results.report import headline
+
     before = (uninterrupted_sweep / "trials.parquet").read_bytes()
     command = [sys.executable, str(ROOT / "sweeps" / "digits.py"), "--results-dir", str(uninterrupted_sweep), *TINY_SWEEP]
     again = subprocess.run(command, capture_output=True, text=True, env=sweep_env(), timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
-    report = (uninterrupted_sweep / "report.md").read_text()
-    head = report.split("\n## ", 1)[0].rstrip()
-    assert head.startswith("# Results") and "| method | HPS | APS | RAPS |" in head and again.stdout.startswith(head)
-    assert "## " not in again.stdout and len(again.stdout.splitlines()) < 20 and again.stdout.count("holds a finished sweep") == 1
+    head = headline(uninterrupted_sweep)
+    assert head.startswith("Average prediction set size at alpha = 0.1") and "DPSM vs best baseline" in head
+    assert head in (uninterrupted_sweep.parent / "stdout.txt").read_text() and again.stdout.startswith(head)
+    assert "## " not in again.stdout and "| method |" not in again.stdout and len(again.stdout.splitlines()) < 20 and again.stdout.count("holds a finished sweep") == 1
     assert "holds a finished sweep" in again.stdout and "new --results-dir" in again.stdout and " done in " not in again.stdout
     assert (uninterrupted_sweep / "trials.parquet").read_bytes() == before
 
