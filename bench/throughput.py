@@ -37,7 +37,7 @@ import torch
 from dpsm_ray.collective import LocalCollective
 from dpsm_ray.data.vision import CIFAR100_MEAN, CIFAR100_STD, cifar100_transform
 from dpsm_ray.cards import build_model
-from dpsm_ray.objectives import METHODS, PAPER_METHODS, build_objective
+from dpsm_ray.cards import METHODS, PAPER_METHODS, build_objective
 from dpsm_ray.train.step import EagerStep, GraphStep
 
 CLASSES = 100

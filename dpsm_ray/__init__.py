@@ -1,18 +1,23 @@
 """dpsm_ray: conformal classifier training (DPSM, ConfTr, CUT, CE) and hyperparameter sweeps on Ray.
 
 ``from dpsm_ray import Predictor`` loads a trained conformal classifier without importing Ray
-(``dpsm_ray.predict.predictor``); the package imports its parts only when they are used.
+(``dpsm_ray.predict.predictor``); the package imports its parts only when they are used.  A package's
+face hands on its modules' names as they are first used (PEP 562), from a table of where each lives
+-- here, and in ``dpsm_ray.conformal``.
 """
 
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+HANDED_ON = {"Predictor": "predict.predictor"}  # where each name lives under dpsm_ray/
 
 
 def __getattr__(name: str):
-    if name == "Predictor":
-        from dpsm_ray.predict.predictor import Predictor
-
-        return Predictor
-    raise AttributeError(f"module 'dpsm_ray' has no attribute {name!r}")
+    if name not in HANDED_ON:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{HANDED_ON[name]}"), name)
 
 
 __all__ = ["Predictor", "__version__"]

@@ -1,18 +1,14 @@
-"""The facts the command line checks, known without importing torch or Ray.
-
-The methods' options, the built-in datasets' sizes and options, the conformal basics: what the
-cards (``dpsm_ray.cards``, ``dpsm_ray.methods``) and the CLI read, so that ``--help``,
-``--version`` and every argument error answer before torch is imported.
+"""Facts the command line checks, known without importing torch or Ray: the methods' option
+choices, the built-in datasets' sizes and options (the fonts' characters and typefaces), the
+models' depths and heads.  What the cards (``dpsm_ray.cards``) and the CLI read, so that
+``--help``, ``--version`` and every argument error answer before torch is imported.  Facts only:
+no registry, no checks but the parsing of a dataset's options.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-from fractions import Fraction
 
-from dpsm_ray.methods import BASE_MODEL as BASE_MODEL  # re-exported
-from dpsm_ray.methods import BUILT_IN
 
 
 def dataset_options(spec: str, defaults: dict) -> dict:
@@ -39,10 +35,7 @@ def parse_options(family: str, text: str, defaults: dict) -> dict:
     return options
 
 
-# -- methods and their options ---------------------------------------------------------------
-# the built-in methods (dpsm_ray/methods.py's cards; ``method_names()`` adds registered ones)
-METHODS = tuple(sorted(BUILT_IN))
-PAPER_METHODS = tuple(name for name in METHODS if BUILT_IN[name].paper)  # the paper's table: what a sweep runs by default
+# -- the methods' options ---------------------------------------------------------------------
 CE_BATCHES = ("full", "half")
 CONFTR_SPLITS = ("halves", "batch")
 CUT_SCORES = ("hps", "aps")
@@ -252,27 +245,3 @@ def font_sizes(options: dict[str, float]) -> dict[str, int]:
 # -- models ----------------------------------------------------------------------------------
 CIFAR_RESNET_DEPTHS = (20, 32, 56, 110)
 IMAGENET_HEADS = {"resnet50": "fc", "densenet121": "classifier"}  # the classifier layer a new head replaces
-
-
-# -- split conformal -------------------------------------------------------------------------
-def check_alpha(alpha: float) -> float:
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in the open interval (0, 1); got {alpha}")
-    return alpha
-
-
-def min_calibration_size(alpha: float) -> int:
-    """The fewest calibration points whose conformal quantile is finite: the smallest n with
-    ceil((n + 1)(1 - alpha)) <= n, i.e. n >= (1 - alpha) / alpha (exact, as ``conformal_rank``).
-    With fewer, q_hat is +inf and every prediction set holds every label."""
-    check_alpha(alpha)
-    a = Fraction(repr(float(alpha)))
-    return math.ceil((1 - a) / a)
-
-
-# -- the front door ---------------------------------------------------------------------------
-def version_line(name: str = "%(prog)s") -> str:
-    """``dpsm-ray 0.1.0 (Python 3.11.2)``: known without importing torch or Ray (``--version``)."""
-    from dpsm_ray import __version__
-
-    return f"{name} {__version__} (Python {sys.version.split()[0]})"

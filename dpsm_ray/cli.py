@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from dpsm_ray.cards import model_choices, score_names
-from dpsm_ray.catalog import BASE_MODEL, METHODS, version_line
+from dpsm_ray.cards import BASE_MODEL, METHODS
+from dpsm_ray.sweep.options import version_line
 from dpsm_ray.timing import skip_final_collection
 from dpsm_ray.config import ConfigError, TrainConfig, add_config_options, calibration_warnings
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values

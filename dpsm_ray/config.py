@@ -15,10 +15,11 @@ import os
 from dataclasses import dataclass, field
 
 from dpsm_ray import cards
-from dpsm_ray.catalog import BASE_MODEL, CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, METHODS, Q_INITS, SPLITS, min_calibration_size
+from dpsm_ray.catalog import CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, Q_INITS, SPLITS
+from dpsm_ray.conformal.levels import min_calibration_size
 from dpsm_ray.own_data import split_path_spec
 from dpsm_ray.cards import check_model, default_model, pretrainable_models, score_names, split_sizes
-from dpsm_ray.methods import method_names, reads
+from dpsm_ray.cards import BASE_MODEL, METHODS, method_names, reads
 
 
 class ConfigError(ValueError):

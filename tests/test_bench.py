@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsm_ray.objectives import PAPER_METHODS as METHODS
+from dpsm_ray.cards import PAPER_METHODS as METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dpsm_ray.objectives import METHODS
+from dpsm_ray.cards import METHODS
 from dpsm_ray.config import ConfigError, TrainConfig
 
 

@@ -7,10 +7,11 @@ import sys
 import pytest
 import torch
 
-from dpsm_ray.methods import BUILT_IN, KNOB_ALIASES, MethodCard, method_card, method_fields, method_names, reads, register_method, unregister_method
-from dpsm_ray.objectives import DPSM, ConfTr, CrossEntropy, build_objective
+from dpsm_ray.cards import BUILT_IN_METHODS as BUILT_IN, KNOB_ALIASES, MethodCard, method_card, method_fields, method_names, reads, register_method, unregister_method
+from dpsm_ray.cards import build_objective
+from dpsm_ray.objectives import DPSM, ConfTr, CrossEntropy
 from dpsm_ray.objectives.base import Objective
-from dpsm_ray.methods import paper_grid
+from dpsm_ray.cards import paper_grid
 from dpsm_ray.sweep.space import method_knobs
 from dpsm_ray.config import TrainConfig, validate
 
@@ -53,7 +54,7 @@ def test_the_cards_say_what_the_old_tables_said():
 
 
 def test_the_methods_added_since_the_paper_are_offered_but_not_run_by_default():
-    from dpsm_ray.catalog import METHODS, PAPER_METHODS
+    from dpsm_ray.cards import METHODS, PAPER_METHODS
 
     assert PAPER_METHODS == ("ce", "conftr", "cut", "dpsm")  # the paper's table: a sweep's default --methods
     assert set(NEW_KNOBS) <= set(METHODS) and not set(NEW_KNOBS) & set(PAPER_METHODS)
@@ -78,7 +79,7 @@ def test_the_new_methods_options_change_only_their_own_method_s_hash():
 
 
 def test_the_cards_load_without_torch_or_ray():
-    code = "import sys, dpsm_ray.methods, dpsm_ray.catalog; assert not {'torch', 'ray'} & set(sys.modules), sorted(sys.modules)"
+    code = "import sys, dpsm_ray.cards, dpsm_ray.catalog, dpsm_ray.conformal.levels; assert not {'torch', 'ray'} & set(sys.modules), sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -1,71 +1,57 @@
-"""Conformal prediction: scores, the exact quantile, prediction sets and metrics.  Imports torch only."""
+"""Conformal prediction: scores, the exact quantile, prediction sets and metrics.  Imports torch only.
 
-from dpsm_ray.conformal.evaluate import CLASS_COLUMNS, EVAL_COLUMNS, Resplits, evaluate, evaluate_classes, resplit
-from dpsm_ray.conformal.metrics import (
-    SSCV_BINS,
-    accuracy,
-    class_counts,
-    class_coverage,
-    class_set_size,
-    coverage,
-    covered,
-    covgap,
-    prediction_sets,
-    set_size,
-    soft_set_size,
-    sscv,
-    worst_slab,
-    wsc,
-)
-from dpsm_ray.conformal.quantile import (
-    check_alpha,
-    conformal_quantile,
-    conformal_rank,
-    empirical_quantile,
-    empirical_rank,
-    hard_batch_quantile,
-    min_calibration_size,
-    pinball_grad,
-    pinball_loss,
-    smooth_quantile,
-    soft_sort,
-)
-from dpsm_ray.conformal.scores import aps_matrix, example_uniforms, hps_matrix, label_scores
+The names below are handed on from the modules that define them as they are first used (PEP 562, as
+the package's own face hands on ``Predictor``): ``dpsm_ray.conformal.levels`` -- alpha and the calibration
+size it needs -- is torch-free, so the command line checks alpha before torch loads."""
 
-__all__ = [
-    "CLASS_COLUMNS",
-    "EVAL_COLUMNS",
-    "Resplits",
-    "SSCV_BINS",
-    "accuracy",
-    "aps_matrix",
-    "check_alpha",
-    "class_counts",
-    "class_coverage",
-    "class_set_size",
-    "conformal_quantile",
-    "conformal_rank",
-    "coverage",
-    "covered",
-    "covgap",
-    "empirical_quantile",
-    "empirical_rank",
-    "evaluate",
-    "evaluate_classes",
-    "example_uniforms",
-    "hard_batch_quantile",
-    "hps_matrix",
-    "label_scores",
-    "min_calibration_size",
-    "pinball_grad",
-    "pinball_loss",
-    "prediction_sets",
-    "resplit",
-    "set_size",
-    "smooth_quantile",
-    "soft_set_size",
-    "soft_sort",
-    "sscv",
-    "worst_slab",
-    "wsc",
-]
+from __future__ import annotations
+
+import importlib
+
+# where each name lives: dpsm_ray/conformal/<module>.py
+HANDED_ON = {
+    "CLASS_COLUMNS": "evaluation",
+    "EVAL_COLUMNS": "evaluation",
+    "Resplits": "evaluation",
+    "evaluate": "evaluation",
+    "evaluate_classes": "evaluation",
+    "resplit": "evaluation",
+    "check_alpha": "levels",
+    "min_calibration_size": "levels",
+    "SSCV_BINS": "metrics",
+    "accuracy": "metrics",
+    "class_counts": "metrics",
+    "class_coverage": "metrics",
+    "class_set_size": "metrics",
+    "coverage": "metrics",
+    "covered": "metrics",
+    "covgap": "metrics",
+    "prediction_sets": "metrics",
+    "set_size": "metrics",
+    "soft_set_size": "metrics",
+    "sscv": "metrics",
+    "worst_slab": "metrics",
+    "wsc": "metrics",
+    "conformal_quantile": "quantile",
+    "conformal_rank": "quantile",
+    "empirical_quantile": "quantile",
+    "empirical_rank": "quantile",
+    "hard_batch_quantile": "quantile",
+    "pinball_grad": "quantile",
+    "pinball_loss": "quantile",
+    "smooth_quantile": "quantile",
+    "soft_sort": "quantile",
+    "aps_matrix": "scores",
+    "example_uniforms": "scores",
+    "hps_matrix": "scores",
+    "label_scores": "scores",
+}
+
+
+def __getattr__(name: str):
+    if name not in HANDED_ON:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{HANDED_ON[name]}"), name)
+
+
+__all__ = sorted(HANDED_ON)

@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import torch
 
-from dpsm_ray.catalog import check_alpha, min_calibration_size  # noqa: F401  (min_calibration_size: re-exported)
+from dpsm_ray.conformal.levels import check_alpha
 
 
 def conformal_rank(n: int, alpha: float) -> int:

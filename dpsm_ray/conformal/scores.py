@@ -3,7 +3,7 @@
 Every score has the same call shape: probabilities ``[n, K]`` in, scores ``[n, K]`` out, so the
 scores are interchangeable everywhere (calibration, prediction sets, training).  A label's own
 score is ``label_scores(matrix, y)``.  The scores by their card's name (``hps``, ``aps``, ``raps``
-and any registered one): ``dpsm_ray.cards.score_matrix``, re-exported by ``dpsm_ray.conformal``.
+and any registered one): ``dpsm_ray.cards.score_matrix``.
 """
 
 from __future__ import annotations

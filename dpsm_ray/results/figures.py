@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from dpsm_ray.files import atomic_write
-from dpsm_ray.methods import BUILT_IN, method_card, method_names
+from dpsm_ray.cards import BUILT_IN_METHODS, method_card, method_names
 from dpsm_ray.cards import score_names
 from dpsm_ray.results.tables import figure_name, method_order, ordered
 
@@ -68,7 +68,8 @@ class Style:
     marker: str
 
 
-STYLES = {"base": Style("tab:gray", "x"), **{card.name: Style(card.colour, card.marker) for card in BUILT_IN.values()}}  # the cards'
+# the cards'
+STYLES = {"base": Style("tab:gray", "x"), **{card.name: Style(card.colour, card.marker) for card in BUILT_IN_METHODS.values()}}
 
 # methods without a fixed style (a new objective): colours and markers no fixed one uses
 FALLBACK_COLORS = ("tab:purple", "tab:pink", "tab:olive", "tab:cyan")

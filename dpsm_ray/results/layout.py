@@ -60,7 +60,7 @@ class UnreadableResults(ValueError):
 def read_sweep_settings(results: Path) -> dict:
     """sweep.json's content, its knobs under their current names (UnreadableResults, naming the
     file, when it cannot be read)."""
-    from dpsm_ray.methods import with_current_knob_names
+    from dpsm_ray.cards import with_current_knob_names
 
     path = results / SWEEP_FILE
     try:

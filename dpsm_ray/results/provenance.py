@@ -10,7 +10,7 @@ import math
 import pandas as pd
 
 from dpsm_ray.config import SETTING_LABELS
-from dpsm_ray.methods import DEFAULT_RANGES, method_card, method_names, paper_grid, reads
+from dpsm_ray.cards import DEFAULT_RANGES, method_card, method_names, paper_grid, reads
 from dpsm_ray.results.layout import package_versions
 from dpsm_ray.results.tables import method_name, method_order, ordered
 

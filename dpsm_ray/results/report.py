@@ -21,7 +21,7 @@ import pandas as pd
 from dpsm_ray import cards
 from dpsm_ray.cards import score_card, score_names
 from dpsm_ray.files import CorruptFileError, write_text
-from dpsm_ray.methods import outside_cards, reads
+from dpsm_ray.cards import reads
 from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
 from dpsm_ray.results.layout import read_index, read_sweep
 from dpsm_ray.results.provenance import chosen_configurations, search_outcomes, sweep_settings, versions_table
@@ -420,7 +420,7 @@ def drawing_search_figures(results: Path, sweep: dict | None) -> Callable[[], tu
     if drawn is None:
         return lambda: ([], note)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < 2 or outside_cards() or cards.outside_cards():  # a child process would not know them
+    if cores < 2 or cards.outside_cards():  # a child process would not know them
         return lambda: write_search_figures(results, sweep)
     package_root = str(Path(__file__).resolve().parents[2])  # the child imports this very dpsm_ray
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}

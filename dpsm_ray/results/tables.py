@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dpsm_ray.methods import BASE_MODEL, cards
+from dpsm_ray.cards import BASE_MODEL, method_cards
 
 METRICS = ("coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
 CHANCE_MARGIN = 0.05  # "near chance": test accuracy at most 5 points above 1/K
@@ -66,21 +66,21 @@ BASE_TITLES = ("CE (base model, as in the paper's table)", "CE base")  # the tab
 
 def method_order() -> tuple[str, ...]:
     """The report's order of methods: the CE base model, then the cards (dpsm_ray/methods.py)."""
-    return (BASE_MODEL, *(card.name for card in cards()))
+    return (BASE_MODEL, *(card.name for card in method_cards()))
 
 
 def method_name(method: str) -> str:
     """A method's title in the tables (its card's); an unknown method its own name."""
     if method == BASE_MODEL:
         return BASE_TITLES[0]
-    return next((card.title for card in cards() if card.name == method), method)
+    return next((card.title for card in method_cards() if card.name == method), method)
 
 
 def figure_name(method: str) -> str:
     """A method's tick label and legend entry: its card's short title, or its title."""
     if method == BASE_MODEL:
         return BASE_TITLES[1]
-    return next((card.short_title or card.title for card in cards() if card.name == method), method)
+    return next((card.short_title or card.title for card in method_cards() if card.name == method), method)
 def ordered(values, order) -> list:
     present = list(dict.fromkeys(values))
     return [v for v in order if v in present] + [v for v in present if v not in order]

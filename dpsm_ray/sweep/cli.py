@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from dpsm_ray.cards import default_model, model_card, model_cards
-from dpsm_ray.catalog import PAPER_METHODS, version_line
-from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_config
+from dpsm_ray.cards import PAPER_METHODS
+from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_config, version_line
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_range
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.timing import skip_final_collection

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from dpsm_ray.config import TRIAL_COLUMNS, TrainConfig
-from dpsm_ray.methods import reads
+from dpsm_ray.cards import reads
 from dpsm_ray.results.layout import Ledger
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
 from dpsm_ray.results.store import run_key, write_parquet

@@ -22,6 +22,7 @@ import difflib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 OPTUNA_STORAGE_ENV = "DPSM_RAY_OPTUNA_STORAGE"  # as dpsm_ray.sweep.spec (not imported: it loads torch)
@@ -121,6 +122,13 @@ def read_config_file(path: str | os.PathLike) -> dict:
 
 def nearest(key: str, valid) -> str:
     return (difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.0) or ["?"])[0]
+
+
+def version_line(name: str = "%(prog)s") -> str:
+    """``dpsm-ray 0.1.0 (Python 3.11.2)``: known without importing torch or Ray (``--version``)."""
+    from dpsm_ray import __version__
+
+    return f"{name} {__version__} (Python {sys.version.split()[0]})"
 
 
 def parse_strictly(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

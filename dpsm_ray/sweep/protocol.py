@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
-from dpsm_ray.objectives import BASE_MODEL
+from dpsm_ray.cards import BASE_MODEL
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.space import DEFAULT_RANGES, grid_size, method_knobs

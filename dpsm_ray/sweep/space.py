@@ -3,7 +3,7 @@
 A knob is named by the ``TrainConfig`` field it sets (``conformal_weight``, ``lr``, ``quantile_lr``,
 ``sigmoid_temperature``: the paper's lambda, eta, gamma and T).  Ranges default to the paper grid's
 bounds and are log-uniform.  The knobs, their ranges and the grid are defined beside the method
-cards (``dpsm_ray.methods``, which checks a card's names against them) and used from here.
+cards (``dpsm_ray.cards.knobs``; ``dpsm_ray.cards.methods`` checks a card's names against them) and used from here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 # the knobs live with the cards; the names not used here are handed on to this module's importers
-from dpsm_ray.methods import DEFAULT_RANGES, KNOB_ALIASES, PAPER_GRID, Range, knob_name, method_card, paper_grid  # noqa: F401
+from dpsm_ray.cards import DEFAULT_RANGES, KNOB_ALIASES, PAPER_GRID, Range, knob_name, method_card, paper_grid  # noqa: F401
 
 
 def method_knobs(method: str) -> tuple[str, ...]:

@@ -9,11 +9,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsm_ray.catalog import PAPER_METHODS
-from dpsm_ray.methods import knob_name, method_names
+from dpsm_ray.cards import PAPER_METHODS, knob_name, method_names, paper_grid
 from dpsm_ray.results.layout import FINISHED_FILE, SWEEP_FILE, UnreadableResults, package_versions, read_sweep_settings
 from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV, masked
-from dpsm_ray.methods import paper_grid
 from dpsm_ray.sweep.space import Range, method_knobs
 from dpsm_ray.config import MAX_SEED, ConfigError, TrainConfig
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values

@@ -30,7 +30,7 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from dpsm_ray.files import DiskFullError, is_disk_full
-from dpsm_ray import cards, methods
+from dpsm_ray import cards
 from dpsm_ray.results.layout import Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers
@@ -152,7 +152,7 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
     searcher = StageSearcher(pending, next_stages if then is not None else None)
     # cards registered outside the package travel with the trainable (the trial's process has
     # only the built-in cards); without any, the trainable is the plain function
-    outside = (*methods.outside_cards(), *cards.outside_cards())
+    outside = cards.outside_cards()
     trainable = tune.with_parameters(run_trial, outside=outside) if outside else run_trial
     tuner = tune.Tuner(
         tune.with_resources(trainable, resources),

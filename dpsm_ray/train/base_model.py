@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dpsm_ray.files import cache_home
-from dpsm_ray.methods import method_fields
+from dpsm_ray.cards import method_fields
 from dpsm_ray.cards import dataset_card
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.results.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE

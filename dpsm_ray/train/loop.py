@@ -39,9 +39,10 @@ from dpsm_ray.conformal import (
 )
 from dpsm_ray.cards import build_model, load_splits, score_functions
 from dpsm_ray.data import DataSplits, Split, stratified_partition
-from dpsm_ray.methods import method_fields
+from dpsm_ray.cards import method_fields
 from dpsm_ray.models.weights import load_weights
-from dpsm_ray.objectives import Objective, build_objective, hps_scores
+from dpsm_ray.cards import build_objective
+from dpsm_ray.objectives import Objective, hps_scores
 from dpsm_ray.results.schema import EPOCHS, RUN_KEY
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.config import WEIGHTS, ConfigError, TrainConfig

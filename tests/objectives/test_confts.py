@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from dpsm_ray.cards import build_model
-from dpsm_ray.objectives import ConfTS, TemperatureScaledLinear, build_objective
+from dpsm_ray.cards import build_objective
+from dpsm_ray.objectives import ConfTS, TemperatureScaledLinear
 from dpsm_ray.objectives.confts import classifier_layer
 from dpsm_ray.train import LocalEnv, TrainConfig, train
 

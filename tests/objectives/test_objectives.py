@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from dpsm_ray.conformal import empirical_quantile, hard_batch_quantile, label_scores, soft_set_size
-from dpsm_ray.objectives import (CUT, DPSM, METHODS, ConfTr, ConfTrPublished, ConfTS, CrossEntropy, RankWeightedCE, VRConfTr, build_objective,
-                                 hps_scores, ks_to_uniform)
+from dpsm_ray.cards import METHODS, build_objective
+from dpsm_ray.objectives import CUT, DPSM, ConfTr, ConfTrPublished, ConfTS, CrossEntropy, RankWeightedCE, VRConfTr, hps_scores, ks_to_uniform
 
 STAT_KEYS = {"ce", "conformal", "upper", "pinball", "quantile"}
 

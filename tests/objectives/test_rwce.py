@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpsm_ray.objectives import RankWeightedCE, build_objective, true_label_rank
+from dpsm_ray.cards import build_objective
+from dpsm_ray.objectives import RankWeightedCE, true_label_rank
 
 # Three classes, four examples (two in B1, two in B2), ranks of the true label by hand:
 # [2, 1, 0] label 0 -> rank 1; [0, 3, 1] label 2 -> rank 2; [1, 2, 3] label 0 -> rank 3;

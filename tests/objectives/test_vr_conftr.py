@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dpsm_ray.conformal import hard_batch_quantile, label_scores, soft_set_size
-from dpsm_ray.objectives import VRConfTr, build_objective, hps_scores, variance_reduced_quantile
+from dpsm_ray.cards import build_objective
+from dpsm_ray.objectives import VRConfTr, hps_scores, variance_reduced_quantile
 
 ALPHA, WEIGHT, SIGMOID_T = 0.3, 0.5, 0.2
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from dpsm_ray.methods import MethodCard, register_method, unregister_method
+from dpsm_ray.cards import MethodCard, register_method, unregister_method
 from dpsm_ray.objectives.base import Objective
 from dpsm_ray.sweep.protocol import run_sweep
 from dpsm_ray.sweep.spec import SweepSpec

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dpsm_ray.collective import LocalCollective, TorchDistributedCollective, current_collective
-from dpsm_ray.objectives import build_objective
+from dpsm_ray.cards import build_objective
 from dpsm_ray.train import LocalEnv, TrainConfig, train
 from dpsm_ray.train.env import ProcessGroupEnv
 

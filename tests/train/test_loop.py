@@ -275,7 +275,7 @@ def by_hand(alpha, temperature, weight, d1, d2, quantile, sample=range(6)):
 
 
 def diagnostics_of(method, objective_setup, **config_changes):
-    from dpsm_ray.objectives import build_objective
+    from dpsm_ray.cards import build_objective
     from dpsm_ray.train.loop import epoch_diagnostics
 
     config = TrainConfig(dataset="digits", method=method, alpha=0.4, sigmoid_temperature=0.2, conformal_weight=0.7, sort_temperature=0.0, **config_changes)

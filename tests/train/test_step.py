@@ -9,7 +9,7 @@ import torch
 
 from dpsm_ray.collective import LocalCollective
 from dpsm_ray.cards import build_model
-from dpsm_ray.objectives import METHODS, build_objective
+from dpsm_ray.cards import METHODS, build_objective
 from dpsm_ray.train import TrainConfig
 from dpsm_ray.config import ConfigError
 from dpsm_ray.train.step import EagerStep, GraphStep, sgd_momentum_update

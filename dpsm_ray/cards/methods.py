@@ -7,98 +7,20 @@ its objective, its card and its tests (docs/extending.md); a method defined outs
 joins through ``register_method``.
 
 Known without importing torch or Ray (the CLI validates ``--methods`` before either loads): an
-in-package card names its objective as ``"module:Class"``, imported when a run builds it.
+in-package card reaches its objective through a small function holding a literal import, run when
+a run builds it -- as the dataset, model and score cards reach their code.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
-import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-# Search knobs and the paper's grid (the paper's appendix D): the cards name theirs among
-# these; dpsm_ray/sweep/space.py builds searches from them.  A knob is named by the ``TrainConfig``
-# field it sets, one name for the CLI (--range, --fix, --subset, the training flags), the logs, the
-# Parquet columns and the docs; the paper's symbol is in each field's help.  The names of earlier
-# releases are accepted with a FutureWarning until the next one (``knob_name``).
-KNOB_ALIASES = {
-    "lambda": "conformal_weight",  # the paper's lambda
-    "gamma": "quantile_lr",  # the paper's gamma, per step
-    "temperature": "sigmoid_temperature",  # the paper's T (tau_Sigmoid)
-}
+from dpsm_ray.cards.knobs import DEFAULT_RANGES, PAPER_GRID, SHARED_GRID_AXES, knob_name, paper_grid as grid_of
+from dpsm_ray.cards.registry import built_in, register, registry, seal, sealed, unregister
 
-
-def knob_name(name: str, where: str = "knob") -> str:
-    """``name``, or the knob an earlier release's name for it (``lambda``, ``gamma``,
-    ``temperature``) now is, with a FutureWarning naming ``where`` it was given."""
-    if name not in KNOB_ALIASES:
-        return name
-    new = KNOB_ALIASES[name]
-    warnings.warn(f"{where}: {name!r} is now called {new!r} (the config field, CLI option and Parquet column); "
-                  f"{name!r} is accepted until the next release", FutureWarning, stacklevel=3)
-    return new
-
-
-def with_current_knob_names(sweep: dict) -> dict:
-    """A ``sweep.json``'s settings with its knobs (``ranges``, ``grid_fixed``, ``grid_subsets``)
-    named as now: an earlier release's file names them ``lambda``, ``gamma``, ``temperature``
-    (docs/results.md); silent, since the user gave no option to warn about."""
-    renamed = dict(sweep)
-    for key in ("ranges", "grid_fixed", "grid_subsets"):
-        if isinstance(sweep.get(key), list):
-            renamed[key] = [
-                [KNOB_ALIASES.get(pair[0], pair[0]), *pair[1:]] if isinstance(pair, list) and pair else pair for pair in sweep[key]
-            ]
-    return renamed
-
-
-@dataclass(frozen=True)
-class Range:
-    """A log-uniform (or uniform) interval [low, high]."""
-
-    low: float
-    high: float
-    log: bool = True
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
-            raise ValueError(f"range must have finite low < high; got [{self.low}, {self.high}]")
-        if self.log and self.low <= 0:
-            raise ValueError(f"a log-uniform range needs low > 0; got [{self.low}, {self.high}]")
-
-    def to_tune(self):
-        from ray import tune
-
-        return tune.loguniform(self.low, self.high) if self.log else tune.uniform(self.low, self.high)
-
-
-DEFAULT_RANGES = {
-    "conformal_weight": Range(0.01, 5.0),  # paper grid {0.01, 0.05, 0.1, 0.5, 1, 5}
-    "lr": Range(0.001, 0.1),  # paper grid {0.001, 0.005, 0.01, 0.05, 0.1}
-    "quantile_lr": Range(1e-4, 0.5),  # paper grid {1e-4, ..., 0.5}, per step
-    "sigmoid_temperature": Range(0.01, 1.0),  # not in the paper grid; the official code fixes 1.0
-}
-
-
-# The paper's grid: shared axes, then each method's own.
-PAPER_GRID = {
-    "batch_size": (64, 128),
-    "epochs": (30, 40, 60),
-    "lr": (0.001, 0.005, 0.01, 0.05, 0.1),
-    "milestones": ((3,), (25,), (25, 40)),
-    "lr_decay": (0.1, 0.97),
-    "conformal_weight": (0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
-    "quantile_lr": (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5),
-}
-# each method's axes: its card's ``grid_axes``
-
-
-# What every method's grid varies (the paper's grid, appendix D); a method adds its own axes.
-SHARED_GRID_AXES = ("batch_size", "epochs", "lr", "milestones", "lr_decay")
 # What every objective's constructor takes whatever its card says.
 COMMON_ARGUMENTS = ("alpha", "conformal_weight", "collective")
 # "base": the CE base model itself, evaluated without further training (the paper's table's CE
@@ -121,7 +43,7 @@ class MethodCard:
 
     name: str
     title: str
-    objective: Any  # the Objective subclass (or a callable returning one), or "module:Class"
+    objective: Any  # the Objective subclass, or a function of no arguments returning it (a literal import)
     fields: tuple[str, ...] = ()
     arguments: Mapping[str, str] = field(default_factory=dict)
     knobs: tuple[str, ...] = ("lr",)
@@ -132,10 +54,7 @@ class MethodCard:
     marker: str | None = None
 
     def objective_class(self):
-        if not isinstance(self.objective, str):
-            return self.objective
-        module, _, name = self.objective.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return self.objective if inspect.isclass(self.objective) else self.objective()
 
     def reads(self, field_name: str) -> bool:
         return field_name in self.fields
@@ -155,8 +74,7 @@ class MethodCard:
         return cls(**kwargs)
 
 
-_CARDS: dict[str, MethodCard] = {}  # in the report's order
-BUILT_IN_NAMES: tuple[str, ...] = ()  # set once the built-in cards are registered
+_CARDS = registry("method")  # in the report's order
 
 
 def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
@@ -167,8 +85,9 @@ def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
     knobs and grid axes must be among ``DEFAULT_RANGES`` and ``PAPER_GRID``."""
     if not card.name.isidentifier() or card.name == BASE_MODEL:
         raise ValueError(f"method name must be an identifier other than {BASE_MODEL!r}; got {card.name!r}")
-    shared = sorted(set(card.fields) - method_fields()) if BUILT_IN_NAMES else []
-    if card.name not in BUILT_IN_NAMES and shared:
+    outside = "method" in sealed()
+    shared = sorted(set(card.fields) - method_fields()) if outside else []
+    if not built_in("method", card.name) and shared:
         # a field every method reads would leave every other method's config hash
         raise ValueError(
             f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}); got {', '.join(shared)}"
@@ -183,16 +102,11 @@ def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
             f"method {card.name}: knobs must be among {', '.join(DEFAULT_RANGES)} and grid axes among {', '.join(PAPER_GRID)}; got"
             f" {', '.join(unknown)}"
         )
-    if card.name in _CARDS and not replace and _CARDS[card.name] != card:
-        raise ValueError(f"method {card.name!r} is registered already (pass replace=True to change it)")
-    _CARDS[card.name] = card
-    return card
+    return register("method", card, replace)
 
 
 def unregister_method(name: str) -> None:
-    if name in BUILT_IN_NAMES:
-        raise ValueError(f"method {name!r} is built in")
-    _CARDS.pop(name, None)
+    unregister("method", name)
 
 
 def method_card(name: str) -> MethodCard:
@@ -206,14 +120,9 @@ def method_names() -> tuple[str, ...]:
     return tuple(sorted(_CARDS))
 
 
-def cards() -> tuple[MethodCard, ...]:
+def method_cards() -> tuple[MethodCard, ...]:
     """Every card, in the report's order (the built-in ones, then others as registered)."""
     return tuple(_CARDS.values())
-
-
-def outside_cards() -> tuple[MethodCard, ...]:
-    """The cards registered from outside the package: what a sweep ships to its trials."""
-    return tuple(card for name, card in _CARDS.items() if name not in BUILT_IN_NAMES)
 
 
 def reads(method: str, field_name: str) -> bool:
@@ -231,11 +140,60 @@ def method_fields() -> frozenset[str]:
 
 
 # -- the built-in methods, in the report's order ---------------------------------------------------
+# Each objective is reached through a function holding a literal import: the objectives import torch, the cards must not.
+def _cross_entropy():
+    from dpsm_ray.objectives.ce import CrossEntropy
+
+    return CrossEntropy
+
+
+def _cut():
+    from dpsm_ray.objectives.cut import CUT
+
+    return CUT
+
+
+def _conftr():
+    from dpsm_ray.objectives.conftr import ConfTr
+
+    return ConfTr
+
+
+def _conftr_published():
+    from dpsm_ray.objectives.conftr import ConfTrPublished
+
+    return ConfTrPublished
+
+
+def _dpsm():
+    from dpsm_ray.objectives.dpsm import DPSM
+
+    return DPSM
+
+
+def _confts():
+    from dpsm_ray.objectives.confts import ConfTS
+
+    return ConfTS
+
+
+def _vr_conftr():
+    from dpsm_ray.objectives.vr_conftr import VRConfTr
+
+    return VRConfTr
+
+
+def _rwce():
+    from dpsm_ray.objectives.rwce import RankWeightedCE
+
+    return RankWeightedCE
+
+
 _BUILT_IN_CARDS = (
     MethodCard(
         "ce",
         "CE",
-        "dpsm_ray.objectives.ce:CrossEntropy",
+        _cross_entropy,
         paper=True,
         colour="tab:blue",
         marker="o",
@@ -243,7 +201,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "cut",
         "CUT",
-        "dpsm_ray.objectives.cut:CUT",
+        _cut,
         fields=("conformal_weight", "sort_temperature", "cut_score", "ce_batch"),
         arguments={"cut_score": "score"},
         knobs=("conformal_weight", "lr"),
@@ -255,7 +213,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "conftr",
         "ConfTr",
-        "dpsm_ray.objectives.conftr:ConfTr",
+        _conftr,
         fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "conftr_split"),
         arguments={"conftr_split": "split"},
         knobs=("conformal_weight", "lr", "sigmoid_temperature"),
@@ -267,7 +225,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "conftr_published",
         "ConfTr (published)",
-        "dpsm_ray.objectives.conftr:ConfTrPublished",
+        _conftr_published,
         fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "size_target", "ce_weight"),
         # its size weight sits inside a logarithm, where it only shifts the loss: not a knob
         knobs=("lr", "sigmoid_temperature"),
@@ -278,7 +236,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "dpsm",
         "DPSM",
-        "dpsm_ray.objectives.dpsm:DPSM",
+        _dpsm,
         fields=("conformal_weight", "sigmoid_temperature", "quantile_lr", "q_init", "dpsm_split", "ce_batch"),
         arguments={"dpsm_split": "split"},
         knobs=("conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"),
@@ -293,7 +251,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "confts",
         "ConfTS",
-        "dpsm_ray.objectives.confts:ConfTS",
+        _confts,
         # trains one temperature, the network frozen: the model learning rate (lr) is T's, on log T
         colour="black",
         marker="<",
@@ -301,7 +259,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "vr_conftr",
         "VR-ConfTr",
-        "dpsm_ray.objectives.vr_conftr:VRConfTr",
+        _vr_conftr,
         fields=("conformal_weight", "sigmoid_temperature", "vr_neighbours"),
         arguments={"vr_neighbours": "neighbours"},
         knobs=("conformal_weight", "lr", "sigmoid_temperature"),  # ConfTr's; m stays the authors' 4
@@ -312,7 +270,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "rwce",
         "RWCE",
-        "dpsm_ray.objectives.rwce:RankWeightedCE",
+        _rwce,
         fields=("rank_exponent",),
         colour="slateblue",
         marker="p",
@@ -320,15 +278,27 @@ _BUILT_IN_CARDS = (
 )
 for _card in _BUILT_IN_CARDS:
     register_method(_card)
+seal("method")
 BUILT_IN = {card.name: card for card in _BUILT_IN_CARDS}
-BUILT_IN_NAMES = tuple(BUILT_IN)
 
 
 def paper_grid(method: str, fixed: dict[str, object] | None = None, subsets: dict[str, tuple] | None = None) -> dict[str, tuple]:
     """The paper grid's axes for ``method`` (config field -> values), with some axes fixed to
     one value or cut down to a subset of their values."""
-    fixed, subsets = fixed or {}, subsets or {}
-    for axis in (*fixed, *subsets):
-        if axis not in PAPER_GRID:
-            raise ValueError(f"grid axis must be one of {', '.join(PAPER_GRID)}; got {axis!r}")
-    return {axis: (fixed[axis],) if axis in fixed else tuple(subsets.get(axis, PAPER_GRID[axis])) for axis in method_card(method).grid_axes}
+    return grid_of(method_card(method).grid_axes, fixed, subsets)
+
+
+def build_objective(method: str, *, seed: int = 0, collective=None, **values) -> Objective:
+    """The objective of ``method`` (its card) from config field values
+    (``alpha``, ``conformal_weight``, ``quantile_lr`` ...); a field the method does not read is
+    ignored, one left out takes the objective's default.  ``seed`` is the run seed: DPSM's random
+    q_0 and CUT's APS uniforms derive from it."""
+    unknown = set(values) - method_fields() - {"alpha", "conformal_weight"}
+    if unknown:
+        raise TypeError(f"build_objective: no method reads {', '.join(sorted(unknown))}")
+    return method_card("ce" if method == BASE_MODEL else method).build(values, seed=seed, collective=collective)
+
+
+# the built-in methods (``method_names()`` adds registered ones), and the paper's table: what a sweep runs by default
+METHODS = tuple(sorted(BUILT_IN))
+PAPER_METHODS = tuple(name for name in METHODS if BUILT_IN[name].paper)

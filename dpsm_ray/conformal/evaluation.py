@@ -10,7 +10,8 @@ import torch
 from dpsm_ray.conformal.metrics import (
     accuracy, class_counts, class_coverage, class_set_size, coverage, covered, covgap, prediction_sets, set_size, sscv, wsc,
 )
-from dpsm_ray.conformal.quantile import check_alpha, conformal_quantile
+from dpsm_ray.conformal.levels import check_alpha
+from dpsm_ray.conformal.quantile import conformal_quantile
 from dpsm_ray.conformal.scores import example_uniforms, label_scores
 
 EVAL_COLUMNS = ("score", "split", "alpha", "n_cal", "n_test", "q", "coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")

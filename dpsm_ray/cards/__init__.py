@@ -1,0 +1,83 @@
+"""The cards: one record per method, dataset, model and score -- what each is, and the one place
+every list of them reads (config validation, the CLI's choices and ``--help``, the sweep's search
+and GPU packing, the report's order, names and colours, the predictor, ``evaluate``).
+
+    methods.py   MethodCard, register_method: the training objectives (dpsm_ray/objectives/)
+    knobs.py     the knobs a search varies, their default ranges, the paper's grid
+    datasets.py  DatasetCard, register_dataset; load_splits
+    models.py    ModelCard, register_model; build_model
+    scores.py    ScoreCard, register_score; score_matrix
+    registry.py  what the four share: built-in or registered from outside, and the outside ones
+
+A card of the package reaches its code through a small function holding a literal import, run only
+when a run needs it (as Ray's search-algorithm table): the cards import neither torch nor Ray, so
+the command line answers ``--help`` and checks its options before either loads.  A card defined
+outside the package joins through its axis's ``register_*`` (docs/extending.md), and a sweep
+sends those cards to its trials.
+"""
+
+from dpsm_ray.cards.knobs import (
+    DEFAULT_RANGES,
+    KNOB_ALIASES,
+    PAPER_GRID,
+    SHARED_GRID_AXES,
+    Range,
+    knob_name,
+    with_current_knob_names,
+)
+from dpsm_ray.cards.methods import (
+    BASE_MODEL,
+    BUILT_IN as BUILT_IN_METHODS,
+    METHODS,
+    PAPER_METHODS,
+    MethodCard,
+    build_objective,
+    method_card,
+    method_cards,
+    method_fields,
+    method_names,
+    paper_grid,
+    reads,
+    register_method,
+    unregister_method,
+)
+from dpsm_ray.cards.models import (
+    ModelCard,
+    build_model,
+    check_model,
+    check_outputs,
+    import_factory,
+    is_factory,
+    model_card,
+    model_cards,
+    model_choices,
+    model_names,
+    pretrainable_models,
+    register_model,
+)
+from dpsm_ray.cards.datasets import (
+    DatasetCard,
+    check_data_present,
+    check_dataset,
+    dataset_card,
+    dataset_names,
+    default_model,
+    load_splits,
+    register_dataset,
+    split_sizes,
+)
+from dpsm_ray.cards.scores import ScoreCard, check_score, register_score, score_card, score_functions, score_matrix, score_names
+from dpsm_ray.cards.registry import built_in, outside_cards, unregister
+
+
+def register_card(card, *, replace: bool = True):
+    """Register a card of any axis (what a trial does with the cards its sweep sends)."""
+    for kind, register in (
+        (MethodCard, register_method),
+        (DatasetCard, register_dataset),
+        (ModelCard, register_model),
+        (ScoreCard, register_score),
+    ):
+        if isinstance(card, kind):
+            return register(card, replace=replace)
+    raise TypeError(f"not a card: {card!r}")

@@ -1,0 +1,256 @@
+"""One card per dataset: its sizes, its loader, its default model, the files it needs.  A
+researcher's folder or table is ``folder:PATH`` / ``table:FILE`` (``dpsm_ray.own_data``); a dataset
+of their own code joins through ``register_dataset`` (docs/extending.md).
+
+Known without importing torch: a built-in card reaches its loader through a small function holding
+a literal import, run only when a run loads the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from dpsm_ray import catalog, own_data
+from dpsm_ray.cards.models import model_names, registry as _registry
+from dpsm_ray.cards.registry import register, seal
+
+
+@dataclass(frozen=True)
+class DatasetCard:
+    """A dataset: ``--dataset NAME``, ``NAME:key=value,...`` where it has ``options``, or
+    ``NAME:PATH[:key=value,...]`` where it takes a ``path`` (a researcher's folder or table).
+
+    ``sizes(spec)``: the four splits' sizes, known without loading the data (a ValueError naming
+    the bad option or file otherwise); ``load(spec, data_root=..., seed=..., download=...,
+    data_workers=...)`` returns its ``dpsm_ray.data.DataSplits``; ``check_files(spec, data_root,
+    download)`` raises FileNotFoundError naming a missing path (None: it needs no files) and does
+    any one-time work (decoding into a cache): the driver runs it before anything starts.
+    ``options``: the option names with their defaults (None: the name takes none).
+    ``fingerprint(spec)``: a hash of the files it reads, for data that can change under the same
+    name (a cached base model is keyed by it too).
+    """
+
+    name: str
+    title: str
+    sizes: Callable[[str], dict[str, int]]
+    load: Callable[..., Any]
+    default_model: str
+    check_files: Callable[[str, str | None, bool], Any] | None = None
+    options: Mapping[str, float] | None = None
+    path: bool = False
+    fingerprint: Callable[[str], str] | None = None
+
+
+_DATASETS = _registry("dataset")
+
+
+def register_dataset(card: DatasetCard, *, replace: bool = False) -> DatasetCard:
+    """Make ``card``'s dataset known to validation, sweeps and the CLI in this process."""
+    if card.default_model not in model_names():
+        raise ValueError(
+            f"dataset {card.name}: default_model must be a registered model ({', '.join(model_names())}); got {card.default_model!r}"
+        )
+    return register("dataset", card, replace)
+
+
+def dataset_names() -> tuple[str, ...]:
+    return tuple(_DATASETS)
+
+
+def dataset_card(spec: str) -> DatasetCard:
+    """The card of ``spec`` (``NAME`` or ``NAME:options``); ValueError naming the choices."""
+    name = spec.partition(":")[0]
+    if name not in _DATASETS:
+        raise ValueError(f"dataset must be one of {', '.join(_DATASETS)}; got {spec!r}")
+    return _DATASETS[name]
+
+
+def split_sizes(spec: str) -> dict[str, int]:
+    """Sizes of the four splits of ``spec``, known without loading any data (for the image
+    datasets, the paper's sizes: a smaller copy on disk gets them scaled down); ValueError naming
+    the bad part of ``spec``."""
+    card = dataset_card(spec)
+    if card.options is None and not card.path and spec != card.name:
+        takes = [name for name, other in _DATASETS.items() if other.options is not None and not other.path]
+        paths = [f"{name}:PATH" for name, other in _DATASETS.items() if other.path]
+        raise ValueError(
+            f"dataset must be one of {', '.join(_DATASETS)} (only {', '.join(takes)} take options, and {', '.join(paths)} a path); got"
+            f" {spec!r}"
+        )
+    return dict(card.sizes(spec))
+
+
+def check_dataset(spec: str) -> str:
+    """``spec`` if it names a dataset with valid options; ValueError naming the bad part."""
+    split_sizes(spec)
+    return spec
+
+
+def default_model(spec: str) -> str:
+    """The model ``--model auto`` picks for ``spec``."""
+    return dataset_card(spec).default_model
+
+
+def check_data_present(spec: str, data_root: str | None = None, download: bool = False) -> None:
+    """Raise ``FileNotFoundError`` (naming the expected path and ``--download``) if dataset
+    ``spec`` needs files that are not under ``data_root``; the bundled and generated datasets
+    always pass.  Reads no data: the CLI and the sweep call it before anything starts."""
+    check_dataset(spec)
+    card = dataset_card(spec)
+    if card.check_files is not None:
+        card.check_files(spec, data_root, download)
+
+
+def load_splits(spec: str, data_root: str | None = None, *, seed: int, download: bool = False, data_workers: int = 4):
+    """The four splits of dataset ``spec`` (its card's loader, a ``dpsm_ray.data.DataSplits``),
+    stratified and disjoint, chosen by ``seed``.  The image datasets are read from (or, with
+    ``download``, fetched into) ``data_root``; the fonts from the font files under it (default
+    /usr/share/fonts); ``data_workers`` DataLoader processes decode the file-based ones."""
+    check_dataset(spec)
+    if not isinstance(data_workers, int) or isinstance(data_workers, bool) or data_workers < 0:
+        raise ValueError(f"data_workers must be an integer >= 0; got {data_workers!r}")
+    return dataset_card(spec).load(spec, data_root=data_root, seed=seed, download=download, data_workers=data_workers)
+
+
+# -- the built-in datasets -------------------------------------------------------------------------
+# Each loader holds a literal import: the data modules import torch, the cards must not.
+def _load_digits(spec, *, seed, **_):
+    from dpsm_ray.data.tabular import load_digits
+
+    return load_digits(seed)
+
+
+def _load_synthetic(spec, *, seed, **_):
+    from dpsm_ray.data.tabular import load_synthetic
+
+    return load_synthetic(spec, seed)
+
+
+def _load_glyphs(spec, *, seed, **_):
+    from dpsm_ray.data.glyphs import load_glyphs
+
+    return load_glyphs(spec, seed)
+
+
+def _load_fonts(spec, *, data_root, seed, **_):
+    from dpsm_ray.data.fonts import load_fonts
+
+    return load_fonts(spec, data_root, seed)
+
+
+def _fonts_present(spec, data_root, download):
+    from dpsm_ray.data.fonts import find_faces
+
+    find_faces(data_root)
+
+
+def _load_image_dataset(spec, *, data_root, seed, download, data_workers):
+    from dpsm_ray.data.vision import LOADERS
+
+    return LOADERS[spec](data_root, seed, download, data_workers)
+
+
+def _image_files_present(spec, data_root, download):
+    from dpsm_ray.data.vision import check_data_present
+
+    check_data_present(spec, data_root, download)
+
+
+def _folder_check(spec, data_root, download):
+    from dpsm_ray.data.folder import check_folder
+
+    check_folder(spec)
+
+
+def _load_folder(spec, *, seed, **_):
+    from dpsm_ray.data.folder import load_folder
+
+    return load_folder(spec, seed)
+
+
+def _load_table(spec, *, seed, **_):
+    from dpsm_ray.data.table import load_table
+
+    return load_table(spec, seed)
+
+
+def _paper_sizes(spec):
+    return dict(catalog.PAPER_SIZES[spec])
+
+
+def _synthetic_sizes(spec):
+    size = catalog.parse_synthetic(spec)["size"]
+    return {split: int(size * fraction) for split, fraction in catalog.SYNTHETIC_FRACTIONS.items()}
+
+
+for _card in (
+    DatasetCard("digits", "scikit-learn's 8x8 digits", lambda spec: dict(catalog.DIGITS_SIZES), _load_digits, "mlp"),
+    DatasetCard("synthetic", "Gaussian classes (generated)", _synthetic_sizes, _load_synthetic, "mlp", options=catalog.SYNTHETIC_DEFAULTS),
+    DatasetCard(
+        "glyphs",
+        "procedural stroke glyphs (generated)",
+        lambda spec: catalog.glyph_sizes(catalog.parse_glyphs(spec)),
+        _load_glyphs,
+        "lenet",
+        options=catalog.GLYPHS_DEFAULTS,
+    ),
+    DatasetCard(
+        "fonts",
+        "characters rendered from real typefaces",
+        lambda spec: catalog.font_sizes(catalog.parse_fonts(spec)),
+        _load_fonts,
+        "lenet",
+        check_files=_fonts_present,
+        options=catalog.FONTS_DEFAULTS,
+    ),
+    DatasetCard(
+        "fashion_mnist",
+        catalog.IMAGE_TITLES["fashion_mnist"],
+        _paper_sizes,
+        _load_image_dataset,
+        "mlp_bn",
+        check_files=_image_files_present,
+    ),
+    DatasetCard(
+        "cifar100", catalog.IMAGE_TITLES["cifar100"], _paper_sizes, _load_image_dataset, "resnet110", check_files=_image_files_present
+    ),
+    DatasetCard(
+        "caltech101", catalog.IMAGE_TITLES["caltech101"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
+    ),
+    DatasetCard(
+        "inaturalist", catalog.IMAGE_TITLES["inaturalist"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
+    ),
+    DatasetCard(
+        "inaturalist2018",
+        catalog.IMAGE_TITLES["inaturalist2018"],
+        _paper_sizes,
+        _load_image_dataset,
+        "resnet50",
+        check_files=_image_files_present,
+    ),
+    DatasetCard(
+        "folder",
+        "your images (an ImageFolder tree)",
+        own_data.folder_sizes,
+        _load_folder,
+        "resnet20",
+        check_files=_folder_check,
+        options=own_data.FOLDER_DEFAULTS,
+        path=True,
+        fingerprint=own_data.folder_fingerprint,
+    ),
+    DatasetCard(
+        "table",
+        "your features (a Parquet, CSV or .npz table)",
+        own_data.table_sizes,
+        _load_table,
+        "mlp",
+        check_files=lambda spec, data_root, download: own_data.table_sizes(spec),
+        options=own_data.TABLE_DEFAULTS,
+        path=True,
+        fingerprint=own_data.table_fingerprint,
+    ),
+):
+    register_dataset(_card)
+seal("dataset")
