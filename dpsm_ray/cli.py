@@ -182,6 +182,8 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.no_token and args.token_file:
         parser.exit(2, f"{parser.prog}: error: --no-token and --token-file exclude each other\n")
+    if not 0 <= args.batch_wait_ms <= 1000:
+        parser.exit(2, f"{parser.prog}: error: --batch-wait-ms must be between 0 and 1000; got {args.batch_wait_ms:g}\n")
     try:  # a bad directory, a taken port or an unusable token file fails here, in one line, before Ray starts
         Predictor.load(args.predictor, device="cpu", trust_code=args.trust_code)
         check_port(args.host, args.port)
@@ -200,6 +202,10 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         token=token,
         token_file=token_file,
         trust_code=args.trust_code,
+        batch_rows=args.batch_rows,
+        batch_wait_ms=args.batch_wait_ms,
+        max_ongoing=args.max_ongoing,
+        torch_threads=args.torch_threads,
     )
     return 0
 
@@ -442,13 +448,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-batch", type=positive_int, default=4096, help="most inputs in one request; more get status 413 (default: %(default)s)"
     )
-    # the three below measured with bench/serve_load.py on 2 cores (docs/predictor.md)
+    # the four below measured with bench/serve_load.py on 2 cores (docs/predictor.md)
     serve.add_argument(
         "--max-ongoing",
         type=positive_int,
-        default=128,
-        help="requests a replica holds at once, their inputs batched; more wait in Serve's queue (default: %(default)s; Serve's own 5 "
-        "collapses throughput as clients are added)",
+        default=1024,
+        help="requests a replica holds at once, their inputs batched (default: %(default)s); beyond it Serve's router retries with "
+        "back-off and throughput collapses (its own default, 5: 12 requests/s with 32 clients, against ~200)",
     )
     serve.add_argument(
         "--batch-rows", type=positive_int, default=512, help="most inputs of concurrent requests in one forward pass (default: %(default)s)"
@@ -457,8 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-wait-ms",
         type=float,
         default=2.0,
-        help="how long a forward pass waits for more requests while it holds fewer than --batch-rows inputs; 0: never (requests that "
-        "arrive during a pass still share the next) (default: %(default)s)",
+        help="how long a request that finds no forward pass running waits for others to share its pass (while they hold fewer than "
+        "--batch-rows inputs); the requests that arrive during a pass share the next one at once (default: %(default)s)",
     )
     serve.add_argument(
         "--torch-threads",
