@@ -270,219 +270,281 @@ def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFram
 
 
 def drawings(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> Iterator[tuple[Figure, object]]:
+    """``draw_figures``'s figures in the report's order, each drawn when the caller asks for it."""
     import matplotlib
 
     matplotlib.use("Agg")
+    yield coverage_box_figure(evals, context.alpha)
+    yield apss_box_figure(evals)
+    if not epochs.empty:  # load() has kept a sweep's final stage only: the curves of the chosen configurations
+        curves = epoch_curves(epochs)
+        yield losses_figure(curves, context)
+        if curves.quantile_methods and {"upper_gap", "lower_gap"} <= set(curves.columns):
+            yield loss_gaps_figure(curves)
+        if curves.quantile_methods:
+            yield q_error_figure(curves, context)
+        if curves.quantile_methods and "train_set_size_q" in curves.columns:
+            yield set_size_gap_figure(curves)
+    if not classes.empty:
+        yield class_coverage_figure(classes, context.alpha)
+
+
+# --- box plots: one panel per score, one box per method -----------------------------------------
+
+
+def box_row(axes, data: dict, methods: list[str], scores: list[str], label: str, target: float | None) -> str:
+    """A row of panels, one per score, of ``data`` (score -> one array per method), on one y
+    scale, a dashed line at ``target`` if given, ``label`` on the first; returns the scale."""
+    scale = apply_scale(axes, [v for s in scores for v in data[s]])
+    for ax, score in zip(axes, scores):
+        boxes(ax, data[score], methods)
+        if target is not None:
+            ax.axhline(target, color="black", linestyle="--", linewidth=1)
+        ax.set_title(score.upper())
+    axes[0].set_ylabel(wrapped(label + ("" if scale == "linear" else f", {scale} scale")))
+    return scale
+
+
+def evals_boxes(evals: pd.DataFrame, metric: str, label: str, alpha: float | None = None) -> tuple[object, str]:
+    """``evals``' ``metric`` in a row of box panels, a dashed 1 − ``alpha`` (if given) in them and
+    in the legend; returns the figure and its y scale."""
+    import matplotlib.pyplot as plt
+
+    methods = ordered(evals["method"], method_order())
+    scores = ordered(evals["score"], score_names())
+    fig, axes = plt.subplots(1, len(scores), figsize=(panels_width(len(scores)), 2.8), squeeze=False, sharey=True, layout="constrained")
+    data = {s: [evals[(evals.method == m) & (evals.score == s)][metric].to_numpy() for m in methods] for s in scores}
+    scale = box_row(axes[0], data, methods, scores, label, None if alpha is None else 1 - alpha)
+    legend_below(fig, method_handles(methods, "box") + ([target_handle(alpha)] if alpha is not None else []))
+    return fig, scale
+
+
+def coverage_box_figure(evals: pd.DataFrame, alpha: float) -> tuple[Figure, object]:
+    """Paper figure 1, top: the final models' test coverage per score against 1 − α."""
+    fig, _ = evals_boxes(evals, "coverage", COVERAGE_LABEL, alpha)
+    counts = counts_text(evals, ordered(evals["method"], method_order()))
+    means = evals.groupby(["method", "score"])["coverage"].mean()
+    low, high = means.idxmin(), means.idxmax()
+    caption = (
+        f"Test coverage of each method's final models per score (paper figure 1, top); {counts}. Dashed: 1 − α = {1 - alpha:g}."
+        f" Mean coverage ranges from {means[low]:.3f} ({name_of(low[0])}, {low[1].upper()}) to {means[high]:.3f}"
+        f" ({name_of(high[0])}, {high[1].upper()})."
+    )
+    return Figure("coverage_box", "Coverage", caption), fig
+
+
+def apss_box_figure(evals: pd.DataFrame) -> tuple[Figure, object]:
+    """Paper figure 1, bottom: the final models' average prediction set size per score."""
+    fig, scale = evals_boxes(evals, "set_size", SIZE_LABEL)
+    counts = counts_text(evals, ordered(evals["method"], method_order()))
+    means = evals.groupby(["method", "score"])["set_size"].mean()
+    lowest = "; ".join(
+        f"{s.upper()} {name_of(means.xs(s, level='score').idxmin())} ({means.xs(s, level='score').min():.3f})"
+        for s in ordered(evals["score"], score_names())
+    )
+    caption = (
+        "Test average prediction set size per score (paper figure 1, bottom; lower is better at equal"
+        f" coverage){scale_note(scale)}; {counts}. Lowest mean: {lowest}."
+    )
+    return Figure("apss_box", "Average prediction set size", caption), fig
+
+
+def class_coverage_figure(classes: pd.DataFrame, alpha: float) -> tuple[Figure, object]:
+    """Paper figures 5-6: each class's coverage (top row) and set size (bottom row) per score."""
+    import matplotlib.pyplot as plt
+
+    # one value per final model and class: its mean over the re-splits
+    per_class = classes.groupby(["method", "score", "run_id", "label"])[["coverage", "set_size"]].mean().reset_index()
+    methods = ordered(per_class["method"], method_order())
+    scores = ordered(per_class["score"], score_names())
+    fig, axes = plt.subplots(2, len(scores), figsize=(panels_width(len(scores)), 4.6), squeeze=False, sharey="row", layout="constrained")
+    for row, (metric, label) in enumerate((("coverage", "class-conditional test coverage"), ("set_size", "class-wise " + SIZE_LABEL))):
+        data = {
+            s: [per_class[(per_class.method == m) & (per_class.score == s)][metric].dropna().to_numpy() for m in methods]
+            for s in scores
+        }
+        box_row(axes[row], data, methods, scores, label, 1 - alpha if metric == "coverage" else None)
+    legend_below(fig, method_handles(methods, "box") + [target_handle(alpha)])
+    shape = per_class.groupby("method").agg(models=("run_id", "nunique"), labels=("label", "nunique"))
+    splits = classes.groupby("method").split.nunique()
+    behind = "; ".join(f"{name_of(m)} {shape.labels[m]} classes x {shape.models[m]} models" for m in methods)
+    worst = per_class.groupby(["method", "score"]).coverage.min()
+    lowest = per_class.loc[per_class.coverage.idxmin()] if per_class.coverage.notna().any() else None
+    names = classes.dropna(subset=["class_name"]).drop_duplicates("label").set_index("label").class_name if "class_name" in classes else {}
+    lowest_class = f", class {names[lowest.label]!r}" if lowest is not None and lowest.label in names else ""
+    caption = (
+        "Each class's test coverage (top) and average set size (bottom), per final model, averaged over its"
+        f" {'/'.join(str(v) for v in sorted(set(splits)))} re-splits (paper figures 5-6); each box: {behind}. Dashed: 1 − α ="
+        f" {1 - alpha:g}. Lowest class coverage: {worst.min():.3f} ({name_of(worst.idxmin()[0])},"
+        f" {worst.idxmin()[1].upper()}{lowest_class})."
+    )
+    return Figure("class_coverage", "Class-conditional coverage", caption), fig
+
+
+# --- curves over the epochs ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Curves:
+    """epochs.parquet's curves, each averaged over a method's runs at every epoch."""
+
+    mean: pd.DataFrame  # method, epoch and ``columns``
+    columns: list[str]  # the EPOCH_CURVES the rows have (older files lack some)
+    methods: list[str]  # in the paper's order
+    quantile_methods: list[str]  # the methods with a quantile to learn or estimate: ConfTr's batch τ, DPSM's q
+    runs: pd.Series  # method -> how many runs its curves average
+
+    def of(self, method: str) -> pd.DataFrame:
+        return self.mean[self.mean.method == method]
+
+
+def epoch_curves(epochs: pd.DataFrame) -> Curves:
+    columns = [c for c in EPOCH_CURVES if c in epochs.columns]
+    mean = epochs.groupby(["method", "epoch"], sort=True)[columns].mean().reset_index()
+    methods = ordered(mean["method"], method_order())
+    return Curves(mean, columns, methods, [m for m in methods if m in ("conftr", "dpsm")], epochs.groupby("method").run_id.nunique())
+
+
+def losses_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
+    """Paper figure 2(a)(b): the upper-level (training) loss and the lower-level pinball loss per epoch."""
+    import matplotlib.pyplot as plt
+
+    fig, (upper, lower) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
+    lower_methods = [m for m in curves.methods if curves.of(m).lower_loss.notna().any()]
+    for method in curves.methods:
+        line(upper, curves.of(method), "upper_loss", method)
+    for method in lower_methods:
+        line(lower, curves.of(method), "lower_loss", method)
+    upper_scale = apply_scale(upper, [curves.of(m).upper_loss.to_numpy() for m in curves.methods])
+    lower_scale = apply_scale(lower, [curves.of(m).lower_loss.to_numpy() for m in lower_methods])
+    upper.set_ylabel(wrapped("upper-level loss CE + λ·L_c (training batches)"))
+    lower.set_ylabel(wrapped("lower-level pinball loss at q / τ (training batches)"))
+    upper.set_title("Upper-level loss")
+    lower.set_title("Lower-level loss" + ("" if lower_methods else ": no method with a quantile"))
+    for ax in (upper, lower):
+        ax.set_xlabel("epoch")
+    legend_below(fig, method_handles(curves.methods))
+    weights = context.conformal_weight or {}
+    weight_text = (
+        "; λ of the chosen configurations: " + ", ".join(f"{name_of(m)} {weights[m]}" for m in curves.methods if m in weights)
+        if weights
+        else ""
+    )
+    runs_text = ", ".join(f"{name_of(m)} {curves.runs[m]}" for m in curves.methods)
+    caption = (
+        "Epoch means of the training objective (left) and of the pinball loss at q (DPSM) or the batch τ (ConfTr)"
+        f" (right){panel_notes([upper_scale, lower_scale])} on the training batches, averaged over each method's final models"
+        f" ({runs_text}) (paper figure 2(a)(b)){weight_text}."
+    )
+    return Figure("losses", "Training losses", caption), fig
+
+
+def loss_gaps_figure(curves: Curves) -> tuple[Figure, object]:
+    """Paper figure 2(c)(d): the upper and lower losses at the learned quantile minus at Q_n."""
+    import matplotlib.pyplot as plt
+
+    methods = curves.quantile_methods
+    fig, (upper, lower) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
+    for method in methods:
+        line(upper, curves.of(method), "upper_gap", method)
+        line(lower, curves.of(method), "lower_gap", method)
+    scales = [apply_scale(ax, [curves.of(m)[c].to_numpy() for m in methods]) for ax, c in ((upper, "upper_gap"), (lower, "lower_gap"))]
+    for ax in (upper, lower):
+        ax.axhline(0, color="black", linestyle=":", linewidth=1)
+        ax.set_xlabel("epoch")
+    upper.set_ylabel(wrapped("upper loss at q − at Q_n (training split)"))
+    lower.set_ylabel(wrapped("pinball loss at q − at Q_n (training split)"))
+    upper.set_title("Upper-level gap")
+    lower.set_title("Lower-level gap (never negative)")
+    legend_below(fig, method_handles(methods))
+    measured = "; ".join(
+        f"{name_of(m)}'s upper gap {change_text(curves.of(m), 'upper_gap', towards_zero=True)}, "
+        f"its lower gap {change_text(curves.of(m), 'lower_gap', towards_zero=True)}"
+        for m in methods
+    )
+    caption = (
+        "The upper and lower losses over the training split at the learned quantile minus at its Q_n (paper figure 2(c)(d); "
+        f"the paper's DPSM gaps fall towards 0){panel_notes(scales)}. Measured here: {measured}."
+    )
+    return Figure("loss_gaps", "Optimisation gaps", caption), fig
+
+
+def q_error_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
+    """Paper figure 3(a): |q − Q_n| per epoch, against Q_n of the training split (solid) and of D1 (dashed)."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    alpha = context.alpha
-    methods = ordered(evals["method"], method_order())
-    scores = ordered(evals["score"], score_names())
-    counts = counts_text(evals, methods)
-
-    for metric, title, label in (("coverage", "Coverage", COVERAGE_LABEL), ("set_size", "Average prediction set size", SIZE_LABEL)):
-        fig, axes = plt.subplots(1, len(scores), figsize=(panels_width(len(scores)), 2.8), squeeze=False, sharey=True, layout="constrained")
-        data = {s: [evals[(evals.method == m) & (evals.score == s)][metric].to_numpy() for m in methods] for s in scores}
-        scale = apply_scale(axes[0], [v for s in scores for v in data[s]])
-        for ax, score in zip(axes[0], scores):
-            boxes(ax, data[score], methods)
-            if metric == "coverage":
-                ax.axhline(1 - alpha, color="black", linestyle="--", linewidth=1)
-            ax.set_title(score.upper())
-        axes[0][0].set_ylabel(wrapped(label + ("" if scale == "linear" else f", {scale} scale")))
-        legend_below(fig, method_handles(methods, "box") + ([target_handle(alpha)] if metric == "coverage" else []))
-        means = evals.groupby(["method", "score"])[metric].mean()
-        if metric == "coverage":
-            low, high = means.idxmin(), means.idxmax()
-            caption = (
-                f"Test coverage of each method's final models per score (paper figure 1, top); {counts}. Dashed: 1 − α = {1 - alpha:g}."
-                f" Mean coverage ranges from {means[low]:.3f} ({name_of(low[0])}, {low[1].upper()}) to {means[high]:.3f}"
-                f" ({name_of(high[0])}, {high[1].upper()})."
-            )
-            yield Figure("coverage_box", title, caption), fig
-        else:
-            lowest = "; ".join(
-                f"{s.upper()} {name_of(means.xs(s, level='score').idxmin())} ({means.xs(s, level='score').min():.3f})" for s in scores
-            )
-            caption = (
-                "Test average prediction set size per score (paper figure 1, bottom; lower is better at equal"
-                f" coverage){scale_note(scale)}; {counts}. Lowest mean: {lowest}."
-            )
-            yield Figure("apss_box", title, caption), fig
-
-    # load() has kept a sweep's final stage only: the curves of the chosen configurations
-    if not epochs.empty:
-        columns = [c for c in EPOCH_CURVES if c in epochs.columns]
-        mean = epochs.groupby(["method", "epoch"], sort=True)[columns].mean().reset_index()
-        curve_methods = ordered(mean["method"], method_order())
-        runs = epochs.groupby("method").run_id.nunique()
-        runs_text = ", ".join(f"{name_of(m)} {runs[m]}" for m in curve_methods)
-        quantile_methods = [m for m in curve_methods if m in ("conftr", "dpsm")]
-
-        fig, (upper, lower) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
-        lower_methods = [m for m in curve_methods if mean[mean.method == m].lower_loss.notna().any()]
-        for method in curve_methods:
-            line(upper, mean[mean.method == method], "upper_loss", method)
-        for method in lower_methods:
-            line(lower, mean[mean.method == method], "lower_loss", method)
-        upper_scale = apply_scale(upper, [mean[mean.method == m].upper_loss.to_numpy() for m in curve_methods])
-        lower_scale = apply_scale(lower, [mean[mean.method == m].lower_loss.to_numpy() for m in lower_methods])
-        upper.set_ylabel(wrapped("upper-level loss CE + λ·L_c (training batches)"))
-        lower.set_ylabel(wrapped("lower-level pinball loss at q / τ (training batches)"))
-        upper.set_title("Upper-level loss")
-        lower.set_title("Lower-level loss" + ("" if lower_methods else ": no method with a quantile"))
-        for ax in (upper, lower):
-            ax.set_xlabel("epoch")
-        legend_below(fig, method_handles(curve_methods))
-        weights = context.conformal_weight or {}
-        weight_text = (
-            "; λ of the chosen configurations: " + ", ".join(f"{name_of(m)} {weights[m]}" for m in curve_methods if m in weights)
-            if weights
-            else ""
+    methods = curves.quantile_methods
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 2.8), layout="constrained")
+    series = []
+    for method in methods:
+        part = curves.of(method)
+        if "q_error_train" in curves.columns:
+            line(ax, part, "q_error_train", method)
+            series.append(part.q_error_train.to_numpy())
+        line(ax, part, "q_error", method, linestyle="--", label=None)
+        series.append(part.q_error.to_numpy())
+    scale = apply_scale(ax, series)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("|q − Q_n| (HPS score units)")
+    ax.set_title("Quantile estimation error")
+    keys = [Line2D([], [], color="black", label="Q_n of training split")] if "q_error_train" in curves.columns else []
+    keys.append(Line2D([], [], color="black", linestyle="--", label="Q_n of D1"))
+    legend_below(fig, method_handles(methods) + keys)
+    column = "q_error_train" if "q_error_train" in curves.columns else "q_error"
+    measured = "; ".join(
+        f"{name_of(m)} ({'learned q' if m == 'dpsm' else 'batch τ'}) {change_text(curves.of(m), column)}" for m in methods
+    )
+    q_init = (context.q_init or {}).get("dpsm")
+    start = (
+        ""
+        if "dpsm" not in methods
+        else (
+            f" DPSM's q_0: {', '.join(f'{v} ({Q_INIT_WORDS.get(v, v)})' for v in q_init)}."
+            if q_init
+            else " DPSM's q_0: not recorded in these files."
         )
-        caption = (
-            "Epoch means of the training objective (left) and of the pinball loss at q (DPSM) or the batch τ (ConfTr)"
-            f" (right){panel_notes([upper_scale, lower_scale])} on the training batches, averaged over each method's final models"
-            f" ({runs_text}) (paper figure 2(a)(b)){weight_text}."
-        )
-        yield Figure("losses", "Training losses", caption), fig
+    )
+    caption = (
+        "|q − Q_n| with Q_n over the whole training split (solid, paper figure 3(a)) and over D1, the half q is fitted on"
+        f" (dashed){scale_note(scale)}; ConfTr's is the mean over its batch quantiles τ.{start} Against Q_n of the"
+        f" {'training split' if column == 'q_error_train' else 'D1 half'}: {measured}."
+    )
+    return Figure("q_error", "Quantile estimation error", caption), fig
 
-        if quantile_methods and {"upper_gap", "lower_gap"} <= set(columns):
-            fig, (upper, lower) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
-            for method in quantile_methods:
-                line(upper, mean[mean.method == method], "upper_gap", method)
-                line(lower, mean[mean.method == method], "lower_gap", method)
-            scales = [
-                apply_scale(ax, [mean[mean.method == m][c].to_numpy() for m in quantile_methods])
-                for ax, c in ((upper, "upper_gap"), (lower, "lower_gap"))
-            ]
-            for ax in (upper, lower):
-                ax.axhline(0, color="black", linestyle=":", linewidth=1)
-                ax.set_xlabel("epoch")
-            upper.set_ylabel(wrapped("upper loss at q − at Q_n (training split)"))
-            lower.set_ylabel(wrapped("pinball loss at q − at Q_n (training split)"))
-            upper.set_title("Upper-level gap")
-            lower.set_title("Lower-level gap (never negative)")
-            legend_below(fig, method_handles(quantile_methods))
-            measured = "; ".join(
-                f"{name_of(m)}'s upper gap {change_text(mean[mean.method == m], 'upper_gap', towards_zero=True)}, "
-                f"its lower gap {change_text(mean[mean.method == m], 'lower_gap', towards_zero=True)}"
-                for m in quantile_methods
-            )
-            caption = (
-                "The upper and lower losses over the training split at the learned quantile minus at its Q_n (paper figure 2(c)(d); "
-                f"the paper's DPSM gaps fall towards 0){panel_notes(scales)}. Measured here: {measured}."
-            )
-            yield Figure("loss_gaps", "Optimisation gaps", caption), fig
 
-        if quantile_methods:
-            fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 2.8), layout="constrained")
-            series = []
-            for method in quantile_methods:
-                part = mean[mean.method == method]
-                if "q_error_train" in columns:
-                    line(ax, part, "q_error_train", method)
-                    series.append(part.q_error_train.to_numpy())
-                line(ax, part, "q_error", method, linestyle="--", label=None)
-                series.append(part.q_error.to_numpy())
-            scale = apply_scale(ax, series)
-            ax.set_xlabel("epoch")
-            ax.set_ylabel("|q − Q_n| (HPS score units)")
-            ax.set_title("Quantile estimation error")
-            keys = [Line2D([], [], color="black", label="Q_n of training split")] if "q_error_train" in columns else []
-            keys.append(Line2D([], [], color="black", linestyle="--", label="Q_n of D1"))
-            legend_below(fig, method_handles(quantile_methods) + keys)
-            column = "q_error_train" if "q_error_train" in columns else "q_error"
-            measured = "; ".join(
-                f"{name_of(m)} ({'learned q' if m == 'dpsm' else 'batch τ'}) {change_text(mean[mean.method == m], column)}"
-                for m in quantile_methods
-            )
-            q_init = (context.q_init or {}).get("dpsm")
-            start = (
-                ""
-                if "dpsm" not in quantile_methods
-                else (
-                    f" DPSM's q_0: {', '.join(f'{v} ({Q_INIT_WORDS.get(v, v)})' for v in q_init)}."
-                    if q_init
-                    else " DPSM's q_0: not recorded in these files."
-                )
-            )
-            caption = (
-                "|q − Q_n| with Q_n over the whole training split (solid, paper figure 3(a)) and over D1, the half q is fitted on"
-                f" (dashed){scale_note(scale)}; ConfTr's is the mean over its batch quantiles τ.{start} Against Q_n of the"
-                f" {'training split' if column == 'q_error_train' else 'D1 half'}: {measured}."
-            )
-            yield Figure("q_error", "Quantile estimation error", caption), fig
+def set_size_gap_figure(curves: Curves) -> tuple[Figure, object]:
+    """Paper figure 3(c): the training split's set size at q against the validation set size, and their difference."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-        if quantile_methods and "train_set_size_q" in columns:
-            fig, (sizes, gaps) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
-            for method in quantile_methods:
-                part = mean[mean.method == method]
-                line(sizes, part, "train_set_size_q", method)
-                line(sizes, part, "val_set_size", method, linestyle="--", label=None)
-                line(gaps, part.assign(gap=(part.train_set_size_q - part.val_set_size).abs()), "gap", method)
-            size_scale = apply_scale(
-                sizes, [mean[mean.method == m][c].to_numpy() for m in quantile_methods for c in ("train_set_size_q", "val_set_size")]
-            )
-            for ax in (sizes, gaps):
-                ax.set_xlabel("epoch")
-            sizes.set_ylabel("average set size (classes)")
-            gaps.set_ylabel(wrapped("|training − validation| set size (classes)"))
-            sizes.set_title(wrapped("Training split at q (solid), validation (dashed)"))
-            gaps.set_title("Their difference")
-            keys = [
-                Line2D([], [], color="black", label="training split at q"),
-                Line2D([], [], color="black", linestyle="--", label="validation split"),
-            ]
-            legend_below(fig, method_handles(quantile_methods) + keys)
-            last = mean.sort_values("epoch").groupby("method").tail(1).set_index("method")
-            measured = ", ".join(f"{name_of(m)} {abs(last.train_set_size_q[m] - last.val_set_size[m]):.3f}" for m in quantile_methods)
-            caption = (
-                "The training split's hard set size at the learned quantile against the validation set size (paper figure 3(c), its"
-                f" learning-bound proxy; the paper has DPSM's gap below ConfTr's){scale_note(size_scale)}. Gap at the last epoch:"
-                f" {measured}."
-            )
-            yield Figure("set_size_gap", "Training against validation set size", caption), fig
-
-    if not classes.empty:
-        # one value per final model and class: its mean over the re-splits
-        per_class = classes.groupby(["method", "score", "run_id", "label"])[["coverage", "set_size"]].mean().reset_index()
-        class_methods = ordered(per_class["method"], method_order())
-        class_scores = ordered(per_class["score"], score_names())
-        fig, axes = plt.subplots(
-            2, len(class_scores), figsize=(panels_width(len(class_scores)), 4.6), squeeze=False, sharey="row", layout="constrained"
-        )
-        for row, (metric, label) in enumerate((("coverage", "class-conditional test coverage"), ("set_size", "class-wise " + SIZE_LABEL))):
-            data = {
-                s: [per_class[(per_class.method == m) & (per_class.score == s)][metric].dropna().to_numpy() for m in class_methods]
-                for s in class_scores
-            }
-            scale = apply_scale(axes[row], [v for s in class_scores for v in data[s]])
-            for column, score in enumerate(class_scores):
-                ax = axes[row][column]
-                boxes(ax, data[score], class_methods)
-                if metric == "coverage":
-                    ax.axhline(1 - alpha, color="black", linestyle="--", linewidth=1)
-                ax.set_title(score.upper())
-            axes[row][0].set_ylabel(wrapped(label + ("" if scale == "linear" else f", {scale} scale")))
-        legend_below(fig, method_handles(class_methods, "box") + [target_handle(alpha)])
-        shape = per_class.groupby("method").agg(models=("run_id", "nunique"), labels=("label", "nunique"))
-        splits = classes.groupby("method").split.nunique()
-        behind = "; ".join(f"{name_of(m)} {shape.labels[m]} classes x {shape.models[m]} models" for m in class_methods)
-        worst = per_class.groupby(["method", "score"]).coverage.min()
-        lowest = per_class.loc[per_class.coverage.idxmin()] if per_class.coverage.notna().any() else None
-        names = (
-            classes.dropna(subset=["class_name"]).drop_duplicates("label").set_index("label").class_name if "class_name" in classes else {}
-        )
-        lowest_class = f", class {names[lowest.label]!r}" if lowest is not None and lowest.label in names else ""
-        caption = (
-            "Each class's test coverage (top) and average set size (bottom), per final model, averaged over its"
-            f" {'/'.join(str(v) for v in sorted(set(splits)))} re-splits (paper figures 5-6); each box: {behind}. Dashed: 1 − α ="
-            f" {1 - alpha:g}. Lowest class coverage: {worst.min():.3f} ({name_of(worst.idxmin()[0])},"
-            f" {worst.idxmin()[1].upper()}{lowest_class})."
-        )
-        yield Figure("class_coverage", "Class-conditional coverage", caption), fig
+    methods = curves.quantile_methods
+    fig, (sizes, gaps) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
+    for method in methods:
+        part = curves.of(method)
+        line(sizes, part, "train_set_size_q", method)
+        line(sizes, part, "val_set_size", method, linestyle="--", label=None)
+        line(gaps, part.assign(gap=(part.train_set_size_q - part.val_set_size).abs()), "gap", method)
+    size_scale = apply_scale(sizes, [curves.of(m)[c].to_numpy() for m in methods for c in ("train_set_size_q", "val_set_size")])
+    for ax in (sizes, gaps):
+        ax.set_xlabel("epoch")
+    sizes.set_ylabel("average set size (classes)")
+    gaps.set_ylabel(wrapped("|training − validation| set size (classes)"))
+    sizes.set_title(wrapped("Training split at q (solid), validation (dashed)"))
+    gaps.set_title("Their difference")
+    keys = [
+        Line2D([], [], color="black", label="training split at q"),
+        Line2D([], [], color="black", linestyle="--", label="validation split"),
+    ]
+    legend_below(fig, method_handles(methods) + keys)
+    last = curves.mean.sort_values("epoch").groupby("method").tail(1).set_index("method")
+    measured = ", ".join(f"{name_of(m)} {abs(last.train_set_size_q[m] - last.val_set_size[m]):.3f}" for m in methods)
+    caption = (
+        "The training split's hard set size at the learned quantile against the validation set size (paper figure 3(c), its"
+        f" learning-bound proxy; the paper has DPSM's gap below ConfTr's){scale_note(size_scale)}. Gap at the last epoch:"
+        f" {measured}."
+    )
+    return Figure("set_size_gap", "Training against validation set size", caption), fig
 
 
 def search_figures(results: Path, sweep: dict | None) -> tuple[Iterator[tuple[Figure, object]] | None, str]:
@@ -521,11 +583,11 @@ def draw_search(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
 
 
 def search_drawings(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
+    """``draw_search``'s figures, method by method in the paper's order: its history, then its importances."""
     import matplotlib
 
     matplotlib.use("Agg")
     import optuna
-    from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     floor = 1 - sweep["base"]["alpha"] - sweep.get("coverage_slack", 0.0)
@@ -542,35 +604,54 @@ def search_drawings(results: Path, sweep: dict) -> Iterator[tuple[Figure, object
             complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
             if not complete:
                 continue
-            infeasible = [t for t in complete if any(v > 0 for v in t.constraints.values())]  # constraint: floor - coverage
-            states = pd.Series([t.state.name.lower() for t in trials]).value_counts()
-            # Optuna's plots set the ggplot style globally: for them only, the report's style back for the rest
-            with matplotlib.rc_context(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ax = plot_optimization_history(study, target_name="validation set size (classes)")
-            restyle_history(ax, method, floor)
-            ax.figure.set_size_inches(COLUMN_WIDTH, 2.6)
-            ax.figure.set_layout_engine("constrained")
-            caption = (
-                f"{name_of(method)}'s search ({len(trials)} trials: {', '.join(f'{n} {s}' for s, n in states.items())}): each complete"
-                f" trial's validation set size (the objective), {len(infeasible)} of {len(complete)} infeasible (validation coverage below"
-                f" {floor:g}, crossed), and the best feasible value so far."
-            )
-            yield Figure(f"search_{method}", f"Search: {name_of(method)}", caption), ax.figure
+            yield history_figure(study, method, trials, floor)
             params = sorted({p for t in complete for p in t.params})
             if len(complete) >= 3 and len(params) >= 2:
-                with matplotlib.rc_context(), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    ax = plot_param_importances(study, target_name="validation set size")
-                restyle_importances(ax, method)
-                ax.figure.set_size_inches(COLUMN_WIDTH, 1.0 + 0.3 * len(params))
-                ax.figure.set_layout_engine("constrained")
-                caption = (
-                    f"How much each of {name_of(method)}'s searched parameters ({', '.join(params)}) explains the validation set size of"
-                    f" its {len(complete)} complete trials (Optuna's default importance evaluator, PED-ANOVA; normalised to sum to 1). With"
-                    f" {len(complete)} trials this is a rough guide."
-                )
-                yield Figure(f"importance_{method}", f"Parameter importance: {name_of(method)}", caption), ax.figure
+                yield importance_figure(study, method, complete, params)
+
+
+def history_figure(study, method: str, trials: list, floor: float) -> tuple[Figure, object]:
+    """Optuna's optimisation history of ``method``'s study (``trials``: all of them), restyled: each
+    complete trial's validation set size, the infeasible ones (coverage below ``floor``) crossed."""
+    import matplotlib
+    import optuna
+    from optuna.visualization.matplotlib import plot_optimization_history
+
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    infeasible = [t for t in complete if any(v > 0 for v in t.constraints.values())]  # constraint: floor - coverage
+    states = pd.Series([t.state.name.lower() for t in trials]).value_counts()
+    # Optuna's plots set the ggplot style globally: for them only, the report's style back for the rest
+    with matplotlib.rc_context(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ax = plot_optimization_history(study, target_name="validation set size (classes)")
+    restyle_history(ax, method, floor)
+    ax.figure.set_size_inches(COLUMN_WIDTH, 2.6)
+    ax.figure.set_layout_engine("constrained")
+    caption = (
+        f"{name_of(method)}'s search ({len(trials)} trials: {', '.join(f'{n} {s}' for s, n in states.items())}): each complete"
+        f" trial's validation set size (the objective), {len(infeasible)} of {len(complete)} infeasible (validation coverage below"
+        f" {floor:g}, crossed), and the best feasible value so far."
+    )
+    return Figure(f"search_{method}", f"Search: {name_of(method)}", caption), ax.figure
+
+
+def importance_figure(study, method: str, complete: list, params: list[str]) -> tuple[Figure, object]:
+    """Optuna's parameter importances for ``method``'s study (``complete``: its complete trials), restyled."""
+    import matplotlib
+    from optuna.visualization.matplotlib import plot_param_importances
+
+    with matplotlib.rc_context(), warnings.catch_warnings():  # as history_figure's: Optuna's ggplot style for its plot only
+        warnings.simplefilter("ignore")
+        ax = plot_param_importances(study, target_name="validation set size")
+    restyle_importances(ax, method)
+    ax.figure.set_size_inches(COLUMN_WIDTH, 1.0 + 0.3 * len(params))
+    ax.figure.set_layout_engine("constrained")
+    caption = (
+        f"How much each of {name_of(method)}'s searched parameters ({', '.join(params)}) explains the validation set size of"
+        f" its {len(complete)} complete trials (Optuna's default importance evaluator, PED-ANOVA; normalised to sum to 1). With"
+        f" {len(complete)} trials this is a rough guide."
+    )
+    return Figure(f"importance_{method}", f"Parameter importance: {name_of(method)}", caption), ax.figure
 
 
 OPTUNA_INFEASIBLE = "#cccccc"  # how plot_optimization_history draws infeasible trials (unlabelled)
