@@ -1,6 +1,7 @@
 """The ``dpsm-ray`` command.
 
     dpsm-ray train --dataset digits --method dpsm --epochs 30 --seed 0 --out runs/dpsm
+    dpsm-ray sweep --dataset fonts --methods ce,dpsm --trials-per-knob 4 [--config FILE.yaml]
     dpsm-ray report results/digits
     dpsm-ray export results/digits --method dpsm --out predictors/dpsm
     dpsm-ray calibrate --model mlp --weights model.pt --dataset digits --out predictors/mine
@@ -66,42 +67,27 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import pandas as pd
 
     from dpsm_ray.cards import check_data_present
-    from dpsm_ray.files import CorruptFileError, is_disk_full
     from dpsm_ray.results import write_run
     from dpsm_ray.results.tables import format_summary, summarise
+    from dpsm_ray.sweep.exits import exit_codes
     from dpsm_ray.train import run_training
-    from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
+    from dpsm_ray.train.ray_session import leaving_ray_as_it_was
 
     for line in calibration_warnings(config):
         print(f"warning: {line}", file=sys.stderr)
     out = Path(args.out).resolve() if args.out else None
-    again = "; run the same command again to continue from the last checkpoint" if out is not None else ""
+    again = "run the same command again to continue from the last checkpoint" if out is not None else "nothing was saved (without --out)"
     ray_options = {"resource_timeout_s": args.resource_timeout} if config.workers else {}
     predictor = None
-    with leaving_ray_as_it_was():
-        try:
-            check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
-            result = run_training(config, out, **ray_options)
-            if out is not None:
-                from dpsm_ray.predict.export import chance_line, predictor_for_run
+    with exit_codes(parser, again=again, where=lambda: out, flag=flag_for), leaving_ray_as_it_was():
+        check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
+        result = run_training(config, out, **ray_options)
+        if out is not None:
+            from dpsm_ray.predict.export import chance_line, predictor_for_run
 
-                write_run(out, result)
-                predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out)})
-                predictor.save(out / PREDICTOR_DIR, overwrite=True)  # a rerun of the same --out (it resumed) replaces it
-        except ConfigError as error:
-            fail(parser, error)
-        except (
-            FileNotFoundError,
-            InsufficientResources,
-            CorruptFileError,
-        ) as error:  # a missing dataset or weights file; workers that cannot start
-            parser.exit(2, f"{parser.prog}: error: {error}\n")
-        except KeyboardInterrupt:
-            parser.exit(3, f"{parser.prog}: interrupted{again}\n")
-        except Exception as error:
-            if not is_disk_full(error):
-                raise
-            parser.exit(3, f"{parser.prog}: error: {str(error).splitlines()[-1]}{again}\n")
+            write_run(out, result)
+            predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out)})
+            predictor.save(out / PREDICTOR_DIR, overwrite=True)  # a rerun of the same --out (it resumed) replaces it
     print(f"{config.method} on {config.dataset}, alpha={config.alpha}: test metrics over {config.eval_splits} calibration/test re-splits")
     print(format_summary(summarise(pd.DataFrame(result.evals))))
     if out is None:
@@ -266,6 +252,13 @@ def cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dpsm_ray.sweep.cli import GENERIC_DEFAULTS, main as sweep_main
+    from dpsm_ray.sweep.options import GENERIC
+
+    return sweep_main(GENERIC, SWEEP_DESCRIPTION, GENERIC_DEFAULTS, args.arguments)
+
+
 def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.files import CorruptFileError
     from dpsm_ray.results.report import write_report
@@ -280,6 +273,11 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
+SWEEP_DESCRIPTION = (
+    "A sweep of any dataset and methods: the CE base model, each method's Optuna search on validation data under the coverage "
+    "constraint, each pick re-trained with --final-seeds seeds, the report and the predictors; the options of the sweep scripts "
+    "(sweeps/*.py), at the service's defaults. --config FILE.yaml (or a sweep's RESULTS/sweep.json) sets any of them."
+)
 TRUST_CODE_HELP = (
     "load a predictor whose model is a researcher's own factory (PKG.MODULE:FACTORY): importing it runs that code; only for predictors you"
     " trust"
@@ -291,6 +289,18 @@ def build_parser() -> argparse.ArgumentParser:
                                      allow_abbrev=False)
     parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True)
+    add_train_command(commands)
+    add_sweep_command(commands)
+    add_report_command(commands)
+    add_export_command(commands)
+    add_calibrate_command(commands)
+    add_predict_command(commands)
+    add_serve_command(commands)
+    return parser
+
+
+def add_train_command(commands) -> None:
+    """``dpsm-ray train``: every TrainConfig field, the preset, where its workers run, --out."""
     train = commands.add_parser(
         "train",
         allow_abbrev=False,
@@ -309,6 +319,22 @@ def build_parser() -> argparse.ArgumentParser:
                        "trained model as a conformal predictor (predictor/) here; running again with the same directory resumes from the "
                        "checkpoint. Without it nothing is saved")
     train.set_defaults(handler=cmd_train, parser=train)
+
+
+def add_sweep_command(commands) -> None:
+    """``dpsm-ray sweep``: listed here; its options are its own parser's (``dpsm_ray.sweep.cli``)."""
+    sweep = commands.add_parser(
+        "sweep",
+        allow_abbrev=False,
+        add_help=False,  # its own parser's --help (dpsm-ray sweep --help) lists every option
+        help="search each method with Ray Tune + Optuna and re-train its pick: any dataset, from options or a config file",
+        description=SWEEP_DESCRIPTION,
+    )
+    sweep.add_argument("arguments", nargs=argparse.REMAINDER, help="the options (dpsm-ray sweep --help), or --config FILE.yaml")
+
+
+def add_report_command(commands) -> None:
+    """``dpsm-ray report DIR``."""
     report = commands.add_parser(
         "report",
         allow_abbrev=False,
@@ -322,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("directory", metavar="DIR", help="a sweep's results directory or a training run's --out directory")
     report.set_defaults(handler=cmd_report, parser=report)
 
+
+def add_export_command(commands) -> None:
+    """``dpsm-ray export RESULTS --method M``."""
     export = commands.add_parser(
         "export",
         allow_abbrev=False,
@@ -338,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write (predictor.json and weights.pt)")
     export.set_defaults(handler=cmd_export, parser=export)
 
+
+def add_calibrate_command(commands) -> None:
+    """``dpsm-ray calibrate``: a model trained elsewhere, its weights and labelled data."""
     calibrate = commands.add_parser(
         "calibrate",
         allow_abbrev=False,
@@ -366,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--overwrite", action="store_true", help="replace a predictor already in --out")
     calibrate.set_defaults(handler=cmd_calibrate, parser=calibrate)
 
+
+def add_predict_command(commands) -> None:
+    """``dpsm-ray predict PREDICTOR --input PATH --out FILE``."""
     predict = commands.add_parser(
         "predict",
         allow_abbrev=False,
@@ -410,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     predict.set_defaults(handler=cmd_predict, parser=predict)
 
+
+def add_serve_command(commands) -> None:
+    """``dpsm-ray serve PREDICTOR``."""
     serve = commands.add_parser(
         "serve",
         allow_abbrev=False,
@@ -479,12 +517,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     serve.set_defaults(handler=cmd_serve, parser=serve)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from dpsm_ray.sweep.options import parse_strictly
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sweep"]:  # its own parser takes every option after it (argparse would claim --help and unknown ones first)
+        return cmd_sweep(argparse.Namespace(arguments=argv[1:]), None)
     parser = build_parser()
     args = parse_strictly(parser, argv)
     skip_final_collection()

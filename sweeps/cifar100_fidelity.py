@@ -15,9 +15,39 @@ CPU dry run (ResNet-20, 128 training images, one epoch, 2 seeds) on whatever CIF
 
 import sys
 
-from dpsm_ray.sweep.study import cli, fidelity_arms
+from dpsm_ray.results.studies import Arm
+from dpsm_ray.sweep.study import cli
 from dpsm_ray.train.base_model import BASE_RECIPES
-from dpsm_ray.train.presets import DPSM_CODE_SHARED
+from dpsm_ray.train.presets import DPSM_CODE_SHARED, preset_values
+
+# The fidelity study's arms, defined here because `ray submit` sends this one file to the cluster's head:
+# sweeps/fidelity.py takes them from this file.
+def fidelity_arms(published: bool = False) -> tuple[Arm, ...]:
+    """The study's arms (docs/fidelity.md): the base model, CE fine-tuned, DPSM three ways (its
+    official code's settings, this project's defaults, the tex's Algorithm 1 as this project read
+    it before), ConfTr and CUT at their defaults, and, with ``published``, ConfTr as Stutz et al.
+    published it (from scratch, their recipe: the Fashion-MNIST one)."""
+    arms = [
+        Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": "base", "epochs": 0}),
+        Arm("ce", "CE fine-tuned", {"method": "ce"}),
+        Arm(
+            "dpsm_official", "DPSM as its official code trains it", {"method": "dpsm", **preset_values("official", "dpsm", schedule=False)}
+        ),
+        Arm("dpsm", "DPSM at this project's defaults", {"method": "dpsm"}),
+        # the tex's Algorithm 1 as this project followed it before it trained as the official code does: CE on B1 only, T 0.1, lambda 0.5
+        Arm(
+            "dpsm_tex",
+            "DPSM, CE on B1 only (the tex), T 0.1, lambda 0.5",
+            {"method": "dpsm", "ce_batch": "half", "sigmoid_temperature": 0.1, "conformal_weight": 0.5},
+        ),
+        Arm("conftr", "ConfTr as the DPSM paper describes it", {"method": "conftr"}),
+        Arm("cut", "CUT", {"method": "cut"}),
+    ]
+    if published:
+        arms.append(Arm("conftr_published", "ConfTr as published (Stutz et al.), from scratch",
+                        {"method": "conftr_published", **preset_values("official", "conftr_published")}))
+    return tuple(arms)
+
 
 # Four trials share a GPU (--trials-per-gpu auto for ResNet-110).  Four ResNet-110 DPSM trials of a
 # sweep at batch 128 on the default fast path (graph, bf16, channels_last) trained 8722 images/s

@@ -10,7 +10,7 @@ docs/fidelity.md, written before any of its results.
                                                                          # the tables again, from the committed results
     python sweeps/decisive.py ... --quick --arms base,ce,dpsm_l05       # a smoke run
 
-The arms (dpsm_ray/sweep/study.py, ``decisive_arms``): the CE base model and CE fine-tuned; DPSM
+The arms (``decisive_arms`` below): the CE base model and CE fine-tuned; DPSM
 with its size term on (CE on the whole batch, T 0.1) against ConfTr and CUT at lambda 0.5 and 0.1;
 from DPSM at lambda 0.5 each of the tex's three changes alone; DPSM and ConfTr at batch 32 and 512
 beside the batch-128 arms.  Every fine-tuning arm starts, for seed s, from seed s's CE base model,
@@ -22,8 +22,62 @@ commit: ``--report-from`` regenerates the tables from it).
 
 import sys
 
-from dpsm_ray.sweep.study import DECISIVE_ANALYSIS, cli, decisive_arms
+from dpsm_ray.results.studies import Arm
+from dpsm_ray.sweep.study import cli
 from dpsm_ray.train.presets import DPSM_CODE_SHARED
+
+
+def decisive_arms() -> tuple[Arm, ...]:
+    """The decisive test's fixed arms (docs/fidelity.md, written before its results): the base
+    model and CE fine-tuned; DPSM with its size term on (CE on the whole batch, T 0.1) against
+    ConfTr and CUT (CUT has no T) at lambda 0.5 and 0.1; from DPSM at lambda 0.5 each of the tex's
+    three changes alone (CE on B1 only; T 1; lambda 0.05); DPSM and ConfTr at lambda 0.5 with batch
+    32 and 512 (the lambda 0.5 arms are batch 128, the study's schedule).  In the order they run:
+    the lambda 0.1 arms last, as the criterion's budget rule cuts them first."""
+    on = {"method": "dpsm", "ce_batch": "full", "sigmoid_temperature": 0.1}
+    conftr = {"method": "conftr", "sigmoid_temperature": 0.1}
+    def mechanism(weight: float, tag: str) -> list[Arm]:
+        return [
+            Arm(f"dpsm_{tag}", f"DPSM, size term on: CE on the whole batch, T 0.1, lambda {weight:g}", {**on, "conformal_weight": weight}),
+            Arm(f"conftr_{tag}", f"ConfTr, T 0.1, lambda {weight:g}", {**conftr, "conformal_weight": weight}),
+            Arm(f"cut_{tag}", f"CUT, lambda {weight:g}", {"method": "cut", "conformal_weight": weight}),
+        ]
+
+    arms = [
+        Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": "base", "epochs": 0}),
+        Arm("ce", "CE fine-tuned", {"method": "ce"}),
+    ]
+    arms += mechanism(0.5, "l05")
+    arms += [
+        Arm(
+            "dpsm_l05_ceb1",
+            "DPSM lambda 0.5 T 0.1, CE on B1 only (the tex's change alone)",
+            {**on, "conformal_weight": 0.5, "ce_batch": "half"},
+        ),
+        Arm("dpsm_l05_t1", "DPSM lambda 0.5, T 1 (the tex's change alone)", {**on, "conformal_weight": 0.5, "sigmoid_temperature": 1.0}),
+        Arm("dpsm_l005", "DPSM T 0.1, lambda 0.05 (the tex's change alone)", {**on, "conformal_weight": 0.05}),
+    ]
+    for batch in (32, 512):
+        arms += [
+            Arm(f"dpsm_l05_b{batch}", f"DPSM lambda 0.5 T 0.1, batch {batch}", {**on, "conformal_weight": 0.5, "batch_size": batch}),
+            Arm(
+                f"conftr_l05_b{batch}", f"ConfTr lambda 0.5 T 0.1, batch {batch}", {**conftr, "conformal_weight": 0.5, "batch_size": batch}
+            ),
+        ]
+    # last: the criterion's budget rule cuts them first (docs/fidelity.md)
+    return tuple(arms + mechanism(0.1, "l01"))
+
+
+# the decisive test's analysis: its comparisons, the batch-size prediction's pairs, the mechanism's triples
+DECISIVE_ANALYSIS = {
+    "comparisons": (("dpsm_l05", "conftr_l05"), ("dpsm_l05", "cut_l05"), ("dpsm_l01", "conftr_l01"), ("dpsm_l01", "cut_l01"),
+                    ("dpsm_l05_ceb1", "dpsm_l05"), ("dpsm_l05_t1", "dpsm_l05"), ("dpsm_l005", "dpsm_l05"),
+                    ("searched_dpsm", "searched_ce"), ("searched_dpsm", "searched_conftr"), ("searched_dpsm", "searched_cut")),
+    "batch_pairs": ((32, "dpsm_l05_b32", "conftr_l05_b32"), (128, "dpsm_l05", "conftr_l05"), (512, "dpsm_l05_b512", "conftr_l05_b512")),
+    "mechanism": (("dpsm_l05", "conftr_l05", "cut_l05"), ("dpsm_l01", "conftr_l01", "cut_l01")),
+}
+
+
 
 # diagnostics over the whole training split: the batch-size prediction reads |q - Q_n|
 EVALUATION = {"val_splits": 5, "eval_splits": 10, "diagnostic_examples": 0, "workers": 0, "cpus_per_worker": 1, "data_workers": 0, "seed": 0}

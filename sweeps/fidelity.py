@@ -6,7 +6,7 @@ Fashion-MNIST (real, from Debian's dataset-fashion-mnist) and the glyphs (docs/f
     python sweeps/fidelity.py ... --quick            # a smoke run: small subset, 2 epochs, 2 seeds
     python sweeps/fidelity.py ... --out DIR --resume --seeds N --arms base,ce,dpsm_official
 
-Every arm (a method and its settings, no search: dpsm_ray/sweep/study.py) runs with every seed;
+Every arm (a method and its settings, no search: ``fidelity_arms`` in sweeps/cifar100_fidelity.py) runs with every seed;
 each fine-tuning arm starts from that seed's CE base model, fine-tuned as the official DPSM code
 fine-tunes (40 epochs, batch 128, lr restarted at 0.1 and divided by 10 at epoch 25).  The ``base``
 arm is those base models, evaluated as they are: the paper's table's CE column.
@@ -23,7 +23,8 @@ arm is those base models, evaluated as they are: the paper's table's CE column.
 
 import sys
 
-from dpsm_ray.sweep.study import cli, fidelity_arms
+from cifar100_fidelity import fidelity_arms  # the arms, defined once beside the cluster study (sweeps/)
+from dpsm_ray.sweep.study import cli
 from dpsm_ray.train.presets import DPSM_CODE_SHARED
 
 # diagnostics over the whole training split (the paper's Q_n; the default samples 10000 examples)

@@ -14,11 +14,24 @@ import pandas as pd
 import pytest
 
 from dpsm_ray.results.stats import detectable_effect
-from dpsm_ray.results.studies import Study, analyse, analyse_tables, markdown_report, read_compact
-from dpsm_ray.sweep.study import DECISIVE_ANALYSIS, decisive_arms, searched_arms
+from dpsm_ray.results.studies import Arm, Study, analyse, analyse_tables, markdown_report, read_compact
+from dpsm_ray.sweep.study import searched_arms
 from dpsm_ray.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def sweep_script(name: str):
+    """A script of sweeps/ as a module: the studies keep their arms there, as data."""
+    sys.path.insert(0, str(ROOT / "sweeps"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
+decisive = sweep_script("decisive")
+DECISIVE_ANALYSIS, decisive_arms = decisive.DECISIVE_ANALYSIS, decisive.decisive_arms
 SEEDS = (0, 1, 2)
 # per arm: the HPS set size of each seed (APS: the same plus 0.1), identical on both re-splits
 SIZES = {
@@ -31,8 +44,6 @@ SIZES = {
 
 
 def study(common=None) -> Study:
-    from dpsm_ray.results.studies import Arm
-
     arms = {arm.name: arm for arm in decisive_arms()}
     chosen = tuple(arms.get(name) or Arm(name, name, {"method": name.split("_")[1]}) for name in SIZES)
     return Study(name="decisive-test", common=common or TrainConfig(dataset="digits", alpha=0.1, eval_splits=2), arms=chosen, seeds=SEEDS, **DECISIVE_ANALYSIS)
@@ -144,7 +155,7 @@ def test_the_tables_regenerate_from_the_compact_results(tmp_path):
 def test_report_now_without_a_study_is_a_one_line_error(tmp_path):
     printed = subprocess.run([sys.executable, str(ROOT / "sweeps" / "decisive.py"), "--dataset", "fashion_mnist", "--out", str(tmp_path / "none"),
                               "--report-now"], capture_output=True, text=True, timeout=120)
-    assert printed.returncode == 2 and printed.stderr.strip().endswith(f"--report-now: no study in {tmp_path / 'none'} (no study.json)")
+    assert printed.returncode == 2 and printed.stderr.strip().endswith(f"--report-now: no study in {tmp_path / 'none'} (no sweep.json naming arms)")
     assert not (tmp_path / "none").exists()
 
 
@@ -156,11 +167,6 @@ def test_arms_naming_a_searched_arm_without_its_sweep_says_what_it_needs(tmp_pat
 
 
 def test_every_decisive_arm_is_a_valid_configuration_on_both_datasets():
-    sys.path.insert(0, str(ROOT / "sweeps"))
-    try:
-        import decisive
-    finally:
-        sys.path.pop(0)
     for name, definition in decisive.DATASETS.items():
         common = TrainConfig.from_dict(definition["common"])
         the_study = Study(name=name, common=common, arms=definition["arms"], seeds=(0,))
@@ -216,33 +222,45 @@ def test_a_sweep_that_differs_from_the_study_is_refused_naming_the_setting(tmp_p
 def test_each_search_config_searches_at_the_study_s_settings(dataset):
     """sweeps/decisive-DATASET-search.yaml, read as the sweep reads it: its base shares every
     setting the searched arms need with the study (searched_arms would refuse it otherwise)."""
-    sys.path.insert(0, str(ROOT / "sweeps"))
-    try:
-        import decisive
-        import digits
-    finally:
-        sys.path.pop(0)
-    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, build_parser, spec_from_args
-    from dpsm_ray.sweep.options import parse_with_config
+    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, GENERIC_DEFAULTS, build_parser, spec_from_args
+    from dpsm_ray.sweep.options import GENERIC, parse_with_config
     from dpsm_ray.sweep.study import SHARED_WITH_THE_SWEEP
 
-    parser = build_parser("digits", "", digits.DEFAULTS)
-    args = parse_with_config(parser, "digits", CONFIG_OPTIONS, ["--config", str(ROOT / "sweeps" / f"decisive-{dataset}-search.yaml")])
-    spec = spec_from_args("digits", args, digits.DEFAULTS)
+    def read(name, defaults):  # as `dpsm-ray sweep --config FILE` (or a sweep script's --config) reads it
+        args = parse_with_config(build_parser(name, "", defaults), name, CONFIG_OPTIONS, ["--config", str(ROOT / "sweeps" / f"decisive-{dataset}-search.yaml")])
+        return spec_from_args(name, args, defaults)
+
+    spec = read(GENERIC, GENERIC_DEFAULTS)
     study = TrainConfig.from_dict(decisive.DATASETS[dataset]["common"])
     assert {name: getattr(spec.base, name) for name in SHARED_WITH_THE_SWEEP} == {name: getattr(study, name) for name in SHARED_WITH_THE_SWEEP}
     assert spec.methods == ("ce", "conftr", "cut", "dpsm") and spec.trials == 8 and not spec.grid and spec.seed == study.seed
+    # the committed searches ran as `python sweeps/digits.py --config FILE`: the same sweep, only its name differs
+    digits = sweep_script("digits")
+    assert {**read("digits", digits.DEFAULTS).describe(), "name": GENERIC} == spec.describe()
 
 
-def test_a_resumed_study_may_add_arms_or_run_a_subset_but_never_change_one():
-    from dpsm_ray.sweep.study import continues
+def test_a_resumed_study_may_add_arms_or_run_a_subset_but_never_change_one(tmp_path):
+    """A study is a sweep whose stages are its arms (the one driver, sweep.json its marker): resumed,
+    it may add arms (the searched ones, once their sweep is done) or run a subset (--arms), and an arm
+    of the same name must not change."""
+    import dataclasses
 
-    stored = {"name": "s", "common": {"alpha": 0.1}, "seeds": [0, 1], "arms": {"ce": {"method": "ce"}, "dpsm": {"method": "dpsm"}}}
-    assert continues(stored, stored)
-    assert continues(stored, {**stored, "arms": {**stored["arms"], "searched_dpsm": {"method": "dpsm", "lr": 0.03}}})  # the searched arms, added
-    assert not continues(stored, {**stored, "arms": {"ce": {"method": "ce"}, "dpsm": {"method": "dpsm", "conformal_weight": 0.5}}})  # an arm changed
-    assert continues(stored, {**stored, "arms": {"ce": {"method": "ce"}}})  # a subset (--arms): the others keep what they have
-    assert not continues(stored, {**stored, "seeds": [0, 1, 2]}) and not continues(stored, {**stored, "common": {"alpha": 0.05}})
+    from dpsm_ray.sweep.spec import ResultsDirUnusable, check_results_dir, sweep_file
+    from dpsm_ray.sweep.study import study_spec
+
+    first = Study(name="s", common=TrainConfig(dataset="digits", alpha=0.1), arms=(Arm("ce", "CE", {"method": "ce"}), Arm("dpsm", "DPSM", {"method": "dpsm"})),
+                  seeds=(0, 1))
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep_file(study_spec(first), tmp_path)))
+    def resumed(**changes):
+        return check_results_dir(study_spec(dataclasses.replace(first, **changes)), tmp_path, resume=True)
+
+    added = resumed(arms=(*first.arms, Arm("searched_dpsm", "searched", {"method": "dpsm", "lr": 0.03})))
+    assert list(added["arms"]) == ["ce", "dpsm", "searched_dpsm"]  # the arms run now, and those it has had
+    assert list(resumed(arms=first.arms[:1])["arms"]) == ["ce", "dpsm"]  # a subset: the others keep what they have
+    for changes, named in [({"arms": (first.arms[0], Arm("dpsm", "DPSM", {"method": "dpsm", "conformal_weight": 0.5}))}, "arm dpsm:"),
+                           ({"seeds": (0, 1, 2)}, "--final-seeds: 2 there, 3 here"), ({"common": TrainConfig(dataset="digits", alpha=0.05)}, "--alpha")]:
+        with pytest.raises(ResultsDirUnusable, match=re.escape(named)):
+            resumed(**changes)
 
 
 # docs/fidelity.md quotes each decisive study's tables between these lines, as the command prints them

@@ -16,10 +16,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from dpsm_ray.cards.knobs import DEFAULT_RANGES, PAPER_GRID, SHARED_GRID_AXES, knob_name, paper_grid as grid_of
 from dpsm_ray.cards.registry import built_in, register, registry, seal, sealed, unregister
+
+if TYPE_CHECKING:
+    from dpsm_ray.objectives.base import Objective
 
 # What every objective's constructor takes whatever its card says.
 COMMON_ARGUMENTS = ("alpha", "conformal_weight", "collective")

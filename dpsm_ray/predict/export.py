@@ -26,6 +26,7 @@ from dpsm_ray.predict.predictor import INFO_FILE, Predictor, PredictorError, pic
 from dpsm_ray.results.layout import (
     CHECKPOINT_FILE,
     INDEX_FILE,
+    CoverageFloor,
     PREDICTORS,
     Ledger,
     ResultsInUse,
@@ -157,7 +158,7 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
 
     results = Path(results)
     settings = read_sweep_settings(results)
-    floor = 1 - settings["base"]["alpha"] - settings["coverage_slack"]
+    floor = CoverageFloor.of(settings)
     ledger = Ledger(results)
     loaded = {}  # the final models share their data split: load it once
     entries, exported = [], []
@@ -193,7 +194,7 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
             "val_coverage": metrics.get("val_coverage"),
             "test": info["test"],
         })
-    index = {"rule": CHOICE_RULE, "coverage_floor": floor, "predictors": entries, "chosen": choose(entries, floor)}
+    index = {"rule": CHOICE_RULE, "coverage_floor": floor.value, "predictors": entries, "chosen": choose(entries, floor)}
     write_checked_json(results / PREDICTORS / INDEX_FILE, index)
     if exported:
         log(
@@ -203,12 +204,12 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto") ->
     return index
 
 
-def choose(entries: list[dict], floor: float) -> dict[str, str]:
+def choose(entries: list[dict], floor: CoverageFloor) -> dict[str, str]:
     """``{method: predictor name}`` by ``CHOICE_RULE``."""
     chosen = {}
     for method in dict.fromkeys(entry["method"] for entry in entries):
         mine = [e for e in entries if e["method"] == method]
-        reaching = [e for e in mine if e["val_coverage"] is not None and e["val_coverage"] >= floor]
+        reaching = [e for e in mine if floor.feasible(e["val_coverage"])]
         if reaching:
             best = min(reaching, key=lambda e: (e["val_set_size"], e["seed"]))
         else:

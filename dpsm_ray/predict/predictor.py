@@ -28,9 +28,12 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from dpsm_ray import __version__
 from dpsm_ray.cards import check_score, model_card, model_choices, score_card, score_matrix, score_names
@@ -272,7 +275,7 @@ class Predictor:
             raise InputError(f"{where}: the predictor takes the {len(names)} features it trained on, by name; {' and '.join(parts)}")
         return list(names)
 
-    def named_inputs(self, records) -> "numpy.ndarray":
+    def named_inputs(self, records) -> np.ndarray:
         """Inputs given as one mapping per input, ``{feature name: number}`` in any order, as a float64
         array ``[n, F]`` in the model's order.  ``InputError`` for a predictor without feature names,
         a record that is not a mapping, missing or unexpected names, or a value that is not a number."""

@@ -32,6 +32,7 @@ import pandas as pd
 from dpsm_ray.files import atomic_write
 from dpsm_ray.cards import BUILT_IN_METHODS, method_card, method_names
 from dpsm_ray.cards import score_names
+from dpsm_ray.results.layout import OPTUNA_DB, CoverageFloor
 from dpsm_ray.results.tables import figure_name, method_order, ordered
 
 FORMATS = ("png", "pdf")
@@ -564,7 +565,7 @@ def search_figures(results: Path, sweep: dict | None) -> tuple[Iterator[tuple[Fi
                 " optuna.db only)."
             ),
         )
-    if not (results / "optuna.db").exists():
+    if not (results / OPTUNA_DB).exists():
         return None, "No search figures: there is no optuna.db in this directory."
     return (
         draw_search(results, sweep),
@@ -590,10 +591,10 @@ def search_drawings(results: Path, sweep: dict) -> Iterator[tuple[Figure, object
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    floor = 1 - sweep["base"]["alpha"] - sweep.get("coverage_slack", 0.0)
+    floor = CoverageFloor.of(sweep).value
     with tempfile.TemporaryDirectory() as scratch:  # never open the sweep's own database: a copy
-        copy = Path(scratch) / "optuna.db"
-        shutil.copyfile(results / "optuna.db", copy)
+        copy = Path(scratch) / OPTUNA_DB
+        shutil.copyfile(results / OPTUNA_DB, copy)
         storage = f"sqlite:///{copy}"
         for method in ordered(list(sweep.get("studies", {})), method_order()):
             try:

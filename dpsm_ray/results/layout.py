@@ -2,7 +2,14 @@
 (docs/results.md).  Everything else asks this module for a path or a file's content.
 
     RESULTS/sweep.json                    the sweep's settings (``read_sweep``, ``read_sweep_settings``)
+    RESULTS/study.json                    an earlier release's study settings (read, never written: a study is
+                                          a sweep now, its settings in sweep.json)
     RESULTS/finished.json                 written last: the sweep has nothing left to do
+    RESULTS/{trials,epochs,evals,classes}.parquet   the rows, rebuilt from the ledger (``PARQUET``;
+                                          read through ``Results``), their sha256 in manifest.json
+    RESULTS/optuna.db                     the searches' Optuna studies (SQLite, unless elsewhere)
+    RESULTS/base_models/                  the cached CE base models
+    RESULTS/tune/                         Ray Tune's own state (never needed to resume)
     RESULTS/runs/<stage>/<index>/         one trial (``Ledger``):
                                  checkpoint.pt   the trial's training state (rank 0, every epoch)
                                  epochs.json     its epoch rows so far
@@ -15,7 +22,9 @@
                                           names each method's chosen one (``read_index``)
     RESULTS/.lock                         held by the process that writes the directory (``ResultsLock``)
 
-A single run's directory (``dpsm-ray train --out``) holds the same ``checkpoint.pt``.
+A single run's directory (``dpsm-ray train --out``) holds the same ``checkpoint.pt`` and Parquet files.
+``Results(DIR)`` reads any of them -- a sweep's, a study's, a single run's: their settings, their
+rows, and the coverage floor that makes a trial feasible (``CoverageFloor``, the one rule).
 
 **The ledger.**  The sweep's own record of its trials is the single source of truth for what has
 run.  A trial *ended* exactly when its ``record.json`` exists.  Everything else is derived from these
@@ -37,9 +46,18 @@ import socket
 import time
 from pathlib import Path
 
-from dpsm_ray.files import read_checked_json, write_checked_json
+from dataclasses import dataclass
+from functools import cached_property
+
+from dpsm_ray.files import CorruptFileError, read_checked_json, write_checked_json
 
 SWEEP_FILE = "sweep.json"
+STUDY_FILE = "study.json"
+PARQUET = {name: f"{name}.parquet" for name in ("trials", "epochs", "evals", "classes")}
+MANIFEST = "manifest.json"  # the Parquet files' sha256 (dpsm_ray.results.store)
+OPTUNA_DB = "optuna.db"
+BASE_MODELS = "base_models"
+TUNE = "tune"
 FINISHED_FILE = "finished.json"  # written last, once the report is: the sweep has nothing left to do
 RUNS = "runs"
 RECORD_FILE = "record.json"
@@ -227,3 +245,114 @@ def describe_holder(holder: dict | None) -> str:
     if holder is None:
         return "holder unknown"
     return f"pid {holder['pid']} on {holder.get('host', '?')}, since {holder.get('since', '?')}"
+
+
+# --- the coverage floor and the one reader -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoverageFloor:
+    """What makes a trial feasible: validation coverage >= 1 - alpha - slack.  The one place this
+    rule is computed -- the search's Optuna constraint, trials.parquet's ``feasible``, the pick,
+    the predictors' choice and a study's arms read it from here."""
+
+    alpha: float
+    slack: float = 0.0
+
+    @property
+    def value(self) -> float:
+        return 1 - self.alpha - self.slack
+
+    def feasible(self, val_coverage: float | None) -> bool | None:
+        """Whether ``val_coverage`` reaches the floor; None where there is no coverage (a failed trial)."""
+        if val_coverage is None or val_coverage != val_coverage:  # NaN
+            return None
+        return val_coverage >= self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def of(cls, settings: dict) -> CoverageFloor:
+        """The floor of a sweep's settings (sweep.json: ``base.alpha``, ``coverage_slack``) or a
+        study's (``common.alpha``: studies take no slack)."""
+        if "base" in settings:
+            return cls(settings["base"]["alpha"], settings.get("coverage_slack", 0.0))
+        return cls(settings["common"]["alpha"])
+
+
+class Results:
+    """One reader over a results directory: a sweep's, a study's or a single run's (``dpsm-ray
+    train --out``).  Its settings, its rows as DataFrames (each file checked against the manifest,
+    read once), and its coverage floor.  A file that is not there reads as an empty frame; one that
+    cannot be read raises ``CorruptFileError`` naming it."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        self._frames: dict = {}
+
+    def path(self, name: str) -> Path:
+        """The path of a Parquet file by its short name (``trials``, ``epochs``, ``evals``, ``classes``)."""
+        return self.directory / PARQUET[name]
+
+    @cached_property
+    def settings(self) -> dict | None:
+        """sweep.json's (knobs under their current names) or study.json's content; None for a
+        single run's directory, or a file that cannot be read."""
+        if (self.directory / STUDY_FILE).exists():
+            try:
+                return read_checked_json(self.directory / STUDY_FILE)
+            except (OSError, CorruptFileError):
+                return None
+        return read_sweep(self.directory)
+
+    @cached_property
+    def sweep(self) -> dict | None:
+        """sweep.json's content: None for a study's or a single run's directory."""
+        return read_sweep(self.directory)
+
+    @property
+    def floor(self) -> CoverageFloor | None:
+        return CoverageFloor.of(self.settings) if self.settings is not None else None
+
+    def unrecorded(self) -> list[str]:
+        """Check every Parquet file against the manifest (``CorruptFileError`` for one changed after
+        it was written); returns those written before checksums were recorded."""
+        from dpsm_ray.results.store import verify_manifest
+
+        return verify_manifest(self.directory)
+
+    def frame(self, name: str):
+        """Every row of ``trials``, ``epochs``, ``evals`` or ``classes`` (an empty frame without the file)."""
+        if name not in self._frames:
+            import pandas as pd
+
+            path = self.path(name)
+            try:
+                self._frames[name] = pd.read_parquet(path) if path.exists() else pd.DataFrame()
+            except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+                raise CorruptFileError(path, f"is not a readable Parquet file ({str(error).splitlines()[0][:160]})") from None
+        return self._frames[name]
+
+    def final(self, name: str):
+        """The rows of the final models: a sweep's final stage; a single run's rows, which name no stage."""
+        frame = self.frame(name)
+        if "stage" in frame and frame["stage"].notna().any():
+            return frame[frame["stage"] == "final"]
+        return frame
+
+    @property
+    def trials(self):
+        return self.frame("trials")
+
+    @property
+    def epochs(self):
+        return self.frame("epochs")
+
+    @property
+    def evals(self):
+        return self.frame("evals")
+
+    @property
+    def classes(self):
+        return self.frame("classes")

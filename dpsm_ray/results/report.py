@@ -20,13 +20,12 @@ import pandas as pd
 
 from dpsm_ray import cards
 from dpsm_ray.cards import score_card, score_names
-from dpsm_ray.files import CorruptFileError, write_text
+from dpsm_ray.files import write_text
 from dpsm_ray.cards import reads
 from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
-from dpsm_ray.results.layout import read_index, read_sweep
+from dpsm_ray.results.layout import MANIFEST, Results, read_index
 from dpsm_ray.results.provenance import chosen_configurations, search_outcomes, sweep_settings, versions_table
 from dpsm_ray.results.stats import T_LEVEL, paired_change
-from dpsm_ray.results.store import MANIFEST, verify_manifest
 from dpsm_ray.results.tables import (
     cell,
     chance_warning,
@@ -42,19 +41,6 @@ from dpsm_ray.results.tables import (
 # the metrics two scores must agree on, on every evaluation, to be called identical
 AGREEING = ("coverage", "set_size", "covgap", "sscv", "wsc")
 NOT_SIGNIFICANT = "not significant"
-
-
-def load(results: Path, name: str) -> pd.DataFrame:
-    path = results / name
-    if not path.exists():
-        return pd.DataFrame()
-    try:
-        frame = pd.read_parquet(path)
-    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
-        raise CorruptFileError(path, f"is not a readable Parquet file ({str(error).splitlines()[0][:160]})") from None
-    if "stage" in frame and frame["stage"].notna().any():
-        frame = frame[frame["stage"] == "final"] if name != "trials.parquet" else frame
-    return frame
 
 
 # --- DPSM against the baselines ------------------------------------------------------------
@@ -287,27 +273,23 @@ def console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> t
 def headline(results_dir: str | os.PathLike) -> str:
     """What the end of a sweep printed -- its headline tables, from the Parquet files alone --
     without drawing or writing anything (a finished sweep asked again shows this)."""
-    results = Path(results_dir)
-    return console_tables(load(results, "evals.parquet"), load(results, "classes.parquet"), brief=True)[0]
+    reader = Results(results_dir)
+    return console_tables(reader.final("evals"), reader.final("classes"), brief=True)[0]
 
 
 def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = False) -> str:
     """Print the tables, write ``report.md``, ``report.tex`` and ``figures/*.png`` / ``*.pdf``;
     returns the text printed.  ``brief`` (the end of a sweep): the headline tables only, the rest
     in report.md, and the predictors in one line."""
-    results = Path(results_dir)
-    for name in verify_manifest(results):
+    reader = Results(results_dir)
+    results = reader.directory
+    for name in reader.unrecorded():
         log(f"warning: {results / name} has no checksum in {results / MANIFEST} (written by an earlier version); it is read unchecked")
-    evals = load(results, "evals.parquet")
+    evals = reader.final("evals")
     if evals.empty:
-        raise FileNotFoundError(f"no evaluation rows in {results / 'evals.parquet'}: is this a finished run or sweep directory?")
+        raise FileNotFoundError(f"no evaluation rows in {reader.path('evals')}: is this a finished run or sweep directory?")
     alpha = float(evals.alpha.iloc[0])
-    epochs, classes, trials, sweep = (
-        load(results, "epochs.parquet"),
-        load(results, "classes.parquet"),
-        load(results, "trials.parquet"),
-        read_sweep(results),
-    )
+    epochs, classes, trials, sweep = reader.final("epochs"), reader.final("classes"), reader.trials, reader.sweep
     search_written = drawing_search_figures(results, sweep)  # while this process writes the rest
     text, (size, details, found, note, chance, missing) = console_tables(evals, classes, brief)
     log(text)
@@ -443,7 +425,7 @@ def print_search_figures(results: str) -> None:
     written, as JSON on stdout."""
     import dataclasses
 
-    figures, _ = write_search_figures(Path(results), read_sweep(Path(results)))
+    figures, _ = write_search_figures(Path(results), Results(results).sweep)
     print(json.dumps([dataclasses.asdict(figure) for figure in figures]))
 
 

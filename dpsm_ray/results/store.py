@@ -22,9 +22,9 @@ from dpsm_ray.files import (
     write_checked_json,
     write_json,
 )
+from dpsm_ray.results.layout import MANIFEST, PARQUET
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, arrow_schema
 
-MANIFEST = "manifest.json"
 
 
 def table(rows: list[dict] | pd.DataFrame, columns: dict[str, pa.DataType]) -> pa.Table:
@@ -98,6 +98,6 @@ def write_run(out_dir: str | os.PathLike, result) -> None:
     key = run_key(result.config)
     write_json(out / "config.json", {**result.config.to_dict(), "run_id": key["run_id"], "split_sizes": result.split_sizes})
     write_json(out / "splits.json", result.split_ids)
-    write_parquet(out / "epochs.parquet", [{**key, **row} for row in result.epochs], EPOCHS)
-    write_parquet(out / "evals.parquet", [{**key, **row} for row in result.evals], EVALS)
-    write_parquet(out / "classes.parquet", [{**key, **row} for row in result.classes], CLASSES)
+    write_parquet(out / PARQUET["epochs"], [{**key, **row} for row in result.epochs], EPOCHS)
+    write_parquet(out / PARQUET["evals"], [{**key, **row} for row in result.evals], EVALS)
+    write_parquet(out / PARQUET["classes"], [{**key, **row} for row in result.classes], CLASSES)

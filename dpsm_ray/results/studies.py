@@ -16,10 +16,10 @@ from pathlib import Path
 
 from dpsm_ray.cards import score_names
 from dpsm_ray.config import TrainConfig
+from dpsm_ray.results.layout import BASE_MODELS, Results
 from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
 
 REFERENCES = ("ce", "base")  # every arm is compared with CE fine-tuned and with the base model
-STUDY_FILE = "study.json"
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Study:
         """``arm``'s configuration (seed 0), with the base-model cache of ``results``; validated."""
         values = {**self.common.to_dict(), **arm.settings, "split_seed": self.common.seed, "evaluate_test": True}
         if results is not None:
-            values["cache_dir"] = str(results / "base_models")
+            values["cache_dir"] = str(results / BASE_MODELS)
         return TrainConfig.from_dict(values).with_absolute_paths()
 
     def describe(self) -> dict:
@@ -79,14 +79,15 @@ def write_compact(study: Study, results: Path) -> Path:
 
     from dpsm_ray.files import write_json, write_text
 
-    evals, epochs = pd.read_parquet(results / "evals.parquet"), pd.read_parquet(results / "epochs.parquet")
+    reader = Results(results)
+    evals, epochs = reader.evals, reader.epochs
     evals = evals[list(COMPACT_EVALS)].sort_values(["stage", "seed", "score", "split"])
     ordered = epochs.sort_values(["stage", "seed", "epoch"])
     runs = ordered.groupby(["stage", "seed"]).tail(1).set_index(["stage", "seed"])
     runs = runs.assign(q_error_train_all_epochs=ordered.groupby(["stage", "seed"]).q_error_train.mean()).reset_index()[list(COMPACT_RUNS)]
     failed = pd.DataFrame(columns=list(COMPACT_FAILED))
-    if (results / "trials.parquet").is_file():
-        trials = pd.read_parquet(results / "trials.parquet")
+    if not reader.trials.empty:
+        trials = reader.trials
         failed = trials[trials.status == "failed"][list(COMPACT_FAILED)].sort_values(["stage", "seed"])
     folder = results / "compact"
     folder.mkdir(exist_ok=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dpsm_ray.cards import default_model, model_card, model_cards
 from dpsm_ray.cards import PAPER_METHODS
-from dpsm_ray.sweep.options import check_storage, parse_tracking, parse_with_config, version_line
+from dpsm_ray.sweep.options import GENERIC, check_storage, parse_tracking, parse_with_config, version_line
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_range
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.timing import skip_final_collection
@@ -78,8 +78,23 @@ def parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
     return axis, parsed
 
 
+# ``dpsm-ray sweep``: a sweep of any dataset and methods, from options or a config file, at the
+# service's defaults (the sweep scripts in sweeps/ are the same command with their own)
+GENERIC_DEFAULTS = {"trials": 8, "final_seeds": 3, "config": {}}
+
+
 def build_parser(name: str, description: str, defaults: dict) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"sweeps/{name}.py", description=description, allow_abbrev=False)
+    prog = "dpsm-ray sweep" if name == GENERIC else f"sweeps/{name}.py"
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
+    add_sweep_options(parser, name, defaults)
+    add_search_options(parser, defaults)
+    add_running_options(parser, defaults)
+    add_config_options(parser, SWEEP_OPTIONS, defaults["config"])
+    return parser
+
+
+def add_sweep_options(parser: argparse.ArgumentParser, name: str, defaults: dict) -> None:
+    """What the sweep is: its config file, directory, budget, methods, seeds and coverage slack."""
     add = parser.add_argument
     add("--version", action="version", version=version_line("dpsm_ray"))
     add(
@@ -126,6 +141,11 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
         default=defaults.get("coverage_slack", 0.0),
         help="a trial is feasible if validation coverage >= 1 - alpha - slack (default: %(default)s)",
     )
+
+
+def add_search_options(parser: argparse.ArgumentParser, defaults: dict) -> None:
+    """How each method is searched: Optuna's ranges, sampler and scheduler, or the paper's grid."""
+    add = parser.add_argument
     add(
         "--range",
         action="append",
@@ -160,6 +180,11 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add("--optuna-storage", metavar="URL", default=os.environ.get(OPTUNA_STORAGE_ENV),
         help=f"SQLAlchemy URL of the Optuna studies, e.g. postgresql://user:PASSWORD@head/optuna; read from ${OPTUNA_STORAGE_ENV} when not "
         "given, and never written anywhere, so a resumed sweep needs it again (default: sqlite:///RESULTS/optuna.db)")
+
+
+def add_running_options(parser: argparse.ArgumentParser, defaults: dict) -> None:
+    """Where and how the trials run: concurrency, the cluster, retries, tracking, logs, data, GPU packing."""
+    add = parser.add_argument
     add("--concurrency", type=int, default=defaults.get("concurrency", 1), help="trials running at once (default: %(default)s)")
     add(
         "--address",
@@ -230,8 +255,6 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
         + packing_help()
         + "); --gpus-per-worker overrides (default: %(default)s)",
     )
-    add_config_options(parser, SWEEP_OPTIONS, defaults["config"])
-    return parser
 
 
 def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
@@ -257,7 +280,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
     workers = base.workers
     resources = {"cpu": base.cpus_per_worker, "gpu": base.gpus_per_worker} if workers == 0 else {"cpu": 0.1}
     return SweepSpec(
-        name=name,
+        name=getattr(args, "sweep_name", None) or name,
         base=base,
         methods=methods,
         trials=defaults["trials"] if args.trials is None else args.trials,
@@ -288,16 +311,17 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
 
 
 def main(name: str, description: str, defaults: dict, argv: list[str] | None = None) -> int:
-    """Parse, validate, run the sweep, print the table.  Exit status 0 when the sweep finished (or
-    had finished before: its report is printed again), 2 on bad input, 3 when it stopped before
-    the end and ``--resume`` continues it -- Ctrl-C included, wherever it lands."""
+    """Parse, validate, run the sweep, print the table.  Exit status (``dpsm_ray.sweep.exits``): 0
+    when the sweep finished (or had finished before: its table is printed again), 2 on bad input,
+    3 when it stopped before the end and ``--resume`` continues it -- Ctrl-C included, wherever it
+    lands."""
+    from dpsm_ray.sweep.exits import exit_codes
+
     parser = build_parser(name, description, defaults)
     args = parse_with_config(parser, name, CONFIG_OPTIONS, argv)
     skip_final_collection()
-    try:
+    with exit_codes(parser, where=lambda: Path(args.results_dir).resolve() if args.results_dir else None):
         return run(name, parser, args, defaults)
-    except KeyboardInterrupt:  # Ctrl-C between Tune experiments, while Ray starts or stops (Tune handles it during one)
-        parser.exit(3, f"{parser.prog}: interrupted; rerun with --resume to continue\n")
 
 
 def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, defaults: dict) -> int:
@@ -305,41 +329,23 @@ def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, de
         check_storage(vars(args))
         parse_tracking(args.tracking)
         spec = spec_from_args(name, args, defaults)
-    except ConfigError as error:
-        parser.exit(2, f"{parser.prog}: error: --{error.field.replace('_', '-')}={error.value!r} is invalid: {error.allowed}\n")
+    except ConfigError:
+        raise
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    from dpsm_ray.files import CorruptFileError, is_disk_full
     from dpsm_ray.sweep.progress import Progress
-    from dpsm_ray.sweep.protocol import SweepError, run_sweep
-    from dpsm_ray.sweep.spec import ResultsDirUnusable, SweepFinished
-    from dpsm_ray.train.ray_session import InsufficientResources, leaving_ray_as_it_was
+    from dpsm_ray.sweep.protocol import run_sweep
+    from dpsm_ray.sweep.spec import SweepFinished
+    from dpsm_ray.train.ray_session import leaving_ray_as_it_was
 
     if args.results_dir is None:
-        args.results_dir = default_results_dir(name, spec.base.dataset, spec.methods, defaults)
+        args.results_dir = default_results_dir(spec.name, spec.base.dataset, spec.methods, defaults)
     started = time.perf_counter()
     with leaving_ray_as_it_was():
         try:
             results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=Progress(lambda line: print(line, flush=True)))
         except SweepFinished as error:  # the command run a second time: show what the first one made
             return show_finished(Path(args.results_dir), str(error), parser.prog)
-        except ResultsDirUnusable as error:  # bad input: 3 says "--resume continues"
-            parser.exit(2, f"{parser.prog}: error: {error}\n")
-        except SweepError as error:
-            parser.exit(3, f"{parser.prog}: {error}\n")
-        except (InsufficientResources, ConnectionError, CorruptFileError) as error:
-            parser.exit(2, f"{parser.prog}: error: {error}\n")
-        except FileNotFoundError as error:
-            parser.exit(2, f"{parser.prog}: error: {error}\n")
-        except Exception as error:
-            if not is_disk_full(error):
-                raise
-            from dpsm_ray.files import free_space
-            from dpsm_ray.sweep.stage import disk_full_line
-
-            where = Path(args.results_dir).resolve()
-            parser.exit(3, f"{parser.prog}: {disk_full_line(error)} ({free_space(where)} free where {where} is); "
-                           "free some space and rerun with --resume to continue\n")
     print(f"sweep finished in {time.perf_counter() - started:.0f}s; results in {results}", file=sys.stdout)
     return 0
 
@@ -352,7 +358,7 @@ def default_results_dir(name: str, dataset: str, methods: tuple[str, ...], defau
     from dpsm_ray.own_data import split_path_spec
 
     stem = name
-    if dataset != defaults["config"]["dataset"]:
+    if dataset != defaults["config"].get("dataset"):
         family, path, _ = split_path_spec(dataset)
         own = family in ("folder", "table")
         stem = f"{family}-{Path(path).stem}" if own else dataset.replace(":", "-").replace(",", "-").replace("=", "")

@@ -13,10 +13,9 @@ from pathlib import Path
 
 from dpsm_ray.config import TRIAL_COLUMNS, TrainConfig
 from dpsm_ray.cards import reads
-from dpsm_ray.results.layout import Ledger
+from dpsm_ray.results.layout import PARQUET, CoverageFloor, Ledger
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
 from dpsm_ray.results.store import run_key, write_parquet
-from dpsm_ray.sweep.pick import feasible
 from dpsm_ray.train.loop import EPOCH_COLUMNS
 
 # The files a sweep writes (docs/results.md) and the TrainConfig fields each trials.parquet row spells
@@ -24,12 +23,13 @@ from dpsm_ray.train.loop import EPOCH_COLUMNS
 FILES = {"trials": TRIALS, "epochs": EPOCHS, "evals": EVALS, "classes": CLASSES}
 
 
-def collect(spec, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]]:
-    """Rows of each of FILES for the stage ``name`` (labelled ``stage`` in the files)."""
+def collect(sweep: str, floor: CoverageFloor, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]]:
+    """Rows of each of FILES for the stage ``name`` of the sweep (or study) named ``sweep``,
+    labelled ``stage`` in the files; ``floor`` says which trials are feasible."""
     trials, epochs, evals, classes = [], [], [], []
     for index, record in sorted(ledger.records(name).items()):
         config = TrainConfig.from_dict(record["config"])
-        key = {"sweep": spec.name, "stage": stage, "trial_id": record["trial_id"], **run_key(config)}
+        key = {"sweep": sweep, "stage": stage, "trial_id": record["trial_id"], **run_key(config)}
         rows = [row for row in ledger.epochs(name, index) if row["epoch"] <= record["epochs_completed"]]
         epochs += [{**key, **{c: row.get(c) for c in EPOCH_COLUMNS}} for row in rows]
         metrics = record["metrics"]
@@ -41,7 +41,7 @@ def collect(spec, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]
             "gpu_ids": record.get("gpu_ids"),
             "status": record["status"],
             "error": record["error"],
-            "feasible": feasible(metrics.get("val_coverage"), spec.coverage_floor) if record["status"] != "failed" else None,
+            "feasible": floor.feasible(metrics.get("val_coverage")) if record["status"] != "failed" else None,
             **metrics,
             "epochs_completed": len(rows),
             "wall_seconds": record["wall_seconds"],
@@ -65,12 +65,18 @@ def value_of(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def write_results(spec, results: Path) -> None:
-    """Rewrite every one of FILES from every stage so far."""
+def write_results(results: Path, sweep: str, floor: CoverageFloor, stages: list[tuple[str, str]]) -> None:
+    """Rewrite every one of FILES from the records of ``stages`` so far: ``(label in the files,
+    stage name under runs/)`` -- a sweep's searches and final stage, or a study's arms."""
     ledger = Ledger(results)
     rows = {name: [] for name in FILES}
-    for stage, name in [*(("search", f"search-{m}") for m in spec.methods), ("final", "final")]:
-        for file, part in collect(spec, ledger, stage, name).items():
+    for stage, name in stages:
+        for file, part in collect(sweep, floor, ledger, stage, name).items():
             rows[file] += part
     for file, schema in FILES.items():
-        write_parquet(results / f"{file}.parquet", rows[file], schema)
+        write_parquet(results / PARQUET[file], rows[file], schema)
+
+
+def sweep_stages(methods) -> list[tuple[str, str]]:
+    """A sweep's stages as ``write_results`` takes them: each method's search, then the final stage."""
+    return [*(("search", f"search-{m}") for m in methods), ("final", "final")]

@@ -25,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+GENERIC = "sweep"  # the name of the sweep ``dpsm-ray sweep`` runs, unless its --config names one
 OPTUNA_STORAGE_ENV = "DPSM_RAY_OPTUNA_STORAGE"  # as dpsm_ray.sweep.spec (not imported: it loads torch)
 STORAGE_OPTIONS = ("results_dir", "data_root", "optuna_storage")
 TRACKERS = ("mlflow",)
@@ -168,7 +169,7 @@ def config_defaults(parser: argparse.ArgumentParser, name: str, config_options, 
     from dpsm_ray.config import TrainConfig
 
     actions = {action.dest: action for action in parser._actions if action.dest not in ("help", "config")}
-    spec_keys = ("name", "base", "ranges", "grid_fixed", "grid_subsets")
+    spec_keys = ("name", "base", "ranges", "grid_fixed", "grid_subsets", "arms")
     where = f"--config {path}"
     defaults: dict = {}
     for key, value in data.items():
@@ -176,8 +177,13 @@ def config_defaults(parser: argparse.ArgumentParser, name: str, config_options, 
             continue
         if key not in actions and key not in spec_keys:
             raise ValueError(f"{where}: unknown key {key!r}; did you mean {nearest(key, [*actions, *spec_keys, *RECORDS])!r}?")
-        if key == "name":
-            if value != name:
+        if key == "arms":
+            if value:
+                raise ValueError(f"{where}: this file describes a study (its arms: {', '.join(value)}); run it with its study's script")
+        elif key == "name":
+            if name == GENERIC:
+                defaults["sweep_name"] = value  # dpsm-ray sweep runs any sweep under its own name
+            elif value != name:
                 raise ValueError(f"{where}: this file describes a sweep named {value!r}, not one of {parser.prog}")
         elif key == "base":
             if not isinstance(value, dict):

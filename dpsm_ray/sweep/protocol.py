@@ -9,6 +9,9 @@
    the sweep's ledger after every stage; every final model as a conformal predictor under
    ``predictors/`` (``dpsm_ray.predict.export``); and the report.
 
+A study is a sweep with given arms (``SweepSpec.arms``): no search, no pick -- each arm re-trained
+with every seed, its Parquet files written as a sweep's, the one driver, marker and resume.
+
 The driver holds an exclusive lock on the results directory while it runs.  Every trial's outcome
 is in the ledger (``dpsm_ray.results.layout``) the moment it ends, so ``resume=True`` after any
 interruption -- Ctrl-C, a kill, a full disk, a move of the whole directory -- runs exactly the
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
 from dpsm_ray.cards import BASE_MODEL
+from dpsm_ray.results.layout import BASE_MODELS, PARQUET, TUNE
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.space import DEFAULT_RANGES, grid_size, method_knobs
@@ -95,7 +99,7 @@ def holding(results: Path, config: TrainConfig, log):
 def before_ray(results: Path, demand: dict, address: str | None, log) -> None:
     """Once the directory is held: what an interrupted write left removed, and the trials' demand
     checked against what the machine or cluster could ever give (before Ray starts)."""
-    for leftover in remove_temporaries(results, skip=("tune",)):  # no writer is running: the lock says so
+    for leftover in remove_temporaries(results, skip=(TUNE,)):  # no writer is running: the lock says so
         log(f"removed {leftover}, a file an interrupted write left")
     check_before_start(demand, address)
 
@@ -147,17 +151,62 @@ def run_in_tune(
 
 
 def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, search_only: bool) -> Path:
-    from dpsm_ray.predict.export import export_sweep
-    from dpsm_ray.results.report import write_report
-    from dpsm_ray.results.store import MANIFEST, verify_manifest
-    from dpsm_ray.sweep.collect import FILES, write_results
+    if spec.arms:
+        return drive_arms(spec, results, settings, resume, log)
+    return drive_search(spec, results, settings, resume, log, search_only)
+
+
+def rebuild_if_changed(results: Path, log) -> None:
+    """A resumed sweep's Parquet files that changed after they were written are rebuilt from the
+    run records (their manifest removed, rewritten with them)."""
+    from dpsm_ray.results.layout import MANIFEST
+    from dpsm_ray.results.store import verify_manifest
+
+    try:
+        verify_manifest(results, list(PARQUET.values()))
+    except CorruptFileError as error:
+        log(f"warning: {error}; the results are rebuilt from the run records under {results / 'runs'}")
+        (results / MANIFEST).unlink(missing_ok=True)
+
+
+def drive_arms(spec: SweepSpec, results: Path, settings: dict, resume: bool, log) -> Path:
+    """A study: each arm a stage of given points (its seeds), in one Tune experiment -- the first arm
+    alone, its trials training each seed's base model (into the cache), then the others beside each
+    other, from those models.  Its Parquet files are written as a sweep's; its analysis is the
+    caller's (``dpsm_ray.sweep.study``)."""
+    from dpsm_ray.results.layout import read_sweep_settings
+    from dpsm_ray.sweep.collect import write_results
+    from dpsm_ray.sweep.stage import Stage
 
     if resume:
-        try:
-            verify_manifest(results, [f"{name}.parquet" for name in FILES])
-        except CorruptFileError as error:
-            log(f"warning: {error}; the results are rebuilt from the run records under {results / 'runs'}")
-            (results / MANIFEST).unlink(missing_ok=True)  # rewritten with the rebuilt files
+        rebuild_if_changed(results, log)
+    start_ray(spec.trial_demand(), spec.address, spec.resource_timeout, spec.worker_logs, log)
+    if not (results / SWEEP_FILE).exists() or read_sweep_settings(results) != settings:
+        write_json(results / SWEEP_FILE, settings)  # a new study, or arms added: a later resume must name them too
+    stages = [Stage(arm.name, spec.arm_config(arm, results), len(spec.seeds), ("seed",), points=[{"seed": seed} for seed in spec.seeds])
+              for arm in spec.arms]
+    for arm in spec.arms:
+        log(f"arm {arm.name}: {arm.title}, {len(spec.seeds)} seeds")
+    log.plan(sum(stage.total for stage in stages))
+    arm_stages = [(arm.name, arm.name) for arm in spec.arms]
+
+    def the_other_arms() -> list:
+        write_results(results, spec.name, spec.floor, arm_stages)
+        return stages[1:]
+
+    run(spec, results, stages[:1], log, name="study", then=the_other_arms if len(stages) > 1 else None)
+    write_results(results, spec.name, spec.floor, arm_stages)
+    write_json(results / FINISHED_FILE, {"finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "trials": log.total})
+    return results
+
+
+def drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, search_only: bool) -> Path:
+    from dpsm_ray.predict.export import export_sweep
+    from dpsm_ray.results.report import write_report
+    from dpsm_ray.sweep.collect import sweep_stages, write_results
+
+    if resume:
+        rebuild_if_changed(results, log)
     clock = Stopwatch()  # where this driver's time goes: finished.json's "seconds" (bench/sweep_overhead.py)
     with clock("ray_start"):
         start_ray(spec.trial_demand(), spec.address, spec.resource_timeout, spec.worker_logs, log)
@@ -180,7 +229,7 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     def then() -> list:
         """The final stage, once every search trial has ended: their Parquet rows, the pick."""
         with clock("collect"):
-            write_results(spec, results)
+            write_results(results, spec.name, spec.floor, sweep_stages(spec.methods))
         with clock("pick"):
             final = final_stage(spec, results, log)
         if final is None:
@@ -192,7 +241,7 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
     with clock("stages"):
         run(spec, results, searches, log, name="sweep", then=None if search_only else then)
     with clock("collect"):
-        write_results(spec, results)
+        write_results(results, spec.name, spec.floor, sweep_stages(spec.methods))
     if search_only:
         return results
     with clock("export"):
@@ -256,7 +305,7 @@ def with_base_model(config: TrainConfig, seed: int, results: Path, log) -> Train
     """``config`` for ``seed``, pointed at its cached base model under ``results/base_models``."""
     from dpsm_ray.train import resolve_base_model
 
-    return resolve_base_model(config.replace(seed=seed, cache_dir=str(results / "base_models")), log)
+    return resolve_base_model(config.replace(seed=seed, cache_dir=str(results / BASE_MODELS)), log)
 
 
 def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: dict, log):
@@ -322,7 +371,8 @@ def final_stage(spec: SweepSpec, results: Path, log):
     search trial of every method failed)."""
     from dpsm_ray.sweep.stage import Stage
 
-    chosen = {method: best_overrides(spec, results, method, log) for method in spec.methods}
+    chosen = {method: best_overrides(results, method, spec.grid_axes(method) if spec.grid else method_knobs(method), log)
+              for method in spec.methods}
     chosen = {method: overrides for method, overrides in chosen.items() if overrides is not None}
     if not chosen:
         return None

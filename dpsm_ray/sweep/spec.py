@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsm_ray.cards import PAPER_METHODS, knob_name, method_names, paper_grid
-from dpsm_ray.results.layout import FINISHED_FILE, SWEEP_FILE, UnreadableResults, package_versions, read_sweep_settings
+from dpsm_ray.results.layout import (
+    BASE_MODELS, FINISHED_FILE, OPTUNA_DB, SWEEP_FILE, CoverageFloor, UnreadableResults, package_versions, read_sweep_settings,
+)
+from dpsm_ray.results.studies import Arm
 from dpsm_ray.sweep.options import OPTUNA_STORAGE_ENV, masked
 from dpsm_ray.sweep.space import Range, method_knobs
 from dpsm_ray.config import MAX_SEED, ConfigError, TrainConfig
@@ -42,7 +45,12 @@ class SweepInterrupted(SweepError):
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """Everything that defines a sweep.  ``base`` holds the settings every trial shares."""
+    """Everything that defines a sweep.  ``base`` holds the settings every trial shares.
+
+    With ``arms``, the sweep is a study: no search and no pick, each arm (a method and its settings
+    over ``base``) re-trained with the seeds ``seed .. seed + final_seeds - 1`` -- its stages are
+    given, as the grid's and the final stage's are.  A study resumed may add arms or run a subset
+    of them, never change one."""
 
     name: str
     base: TrainConfig
@@ -66,6 +74,7 @@ class SweepSpec:
     seed: int = 0
     trial_resources: tuple[tuple[str, float], ...] = (("cpu", 1.0),)
     preset: str | None = None  # each method's objective settings from a preset (dpsm_ray/train/presets.py), under the search
+    arms: tuple[Arm, ...] = ()  # a study's fixed arms, in the order they run (the first alone: it trains the base models)
     # how the sweep runs, not what it computes: free to differ on --resume
     address: str | None = field(default=None, compare=False)
     # seconds a cluster may take to provide one trial's resources
@@ -83,8 +92,12 @@ class SweepSpec:
         for method in self.methods:
             if method not in method_names():
                 raise ConfigError("methods", method, f"must be among {', '.join(method_names())}")
-        if not self.methods:
+        if not self.methods and not self.arms:
             raise ConfigError("methods", self.methods, "must name at least one method")
+        if self.arms and self.methods:
+            raise ConfigError("methods", ",".join(self.methods), "must be empty in a study: its arms name their methods")
+        if len({arm.name for arm in self.arms}) < len(self.arms):
+            raise ConfigError("arms", ",".join(arm.name for arm in self.arms), "must name each arm once")
         if len(set(self.methods)) < len(self.methods):
             raise ConfigError("methods", ",".join(self.methods), "must name each method once")
         if self.trials < 1:
@@ -126,6 +139,11 @@ class SweepSpec:
         # trials run in directories of their own, so paths must be absolute
         base = self.base.replace(evaluate_test=False, split_seed=self.seed if self.base.split_seed is None else self.base.split_seed)
         object.__setattr__(self, "base", base.with_absolute_paths())
+        for arm in self.arms:
+            try:
+                self.arm_config(arm)
+            except ConfigError as error:
+                raise ConfigError(error.field, error.value, f"{error.allowed} (arm {arm.name})") from None
         for method in self.methods:  # every grid value and range bound must make a valid config
             for overrides in self.stage_points(method):
                 try:
@@ -135,6 +153,19 @@ class SweepSpec:
                         raise
                     option, text = self.option_setting(error.field, overrides[error.field])
                     raise ConfigError(option, text, f"{error.allowed} (sets {error.field}={error.value!r} for {method})") from None
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """The seeds every final model (or arm) is trained with."""
+        return tuple(range(self.seed, self.seed + self.final_seeds))
+
+    def arm_config(self, arm: Arm, results: Path | None = None) -> TrainConfig:
+        """``arm``'s configuration (seed ``seed``), evaluated on test data, its base models cached in
+        ``results``; validated."""
+        values = {**self.base.to_dict(), **arm.settings, "evaluate_test": True}
+        if results is not None:
+            values["cache_dir"] = str(results / BASE_MODELS)
+        return TrainConfig.from_dict(values).with_absolute_paths()
 
     def method_settings(self, method: str) -> dict:
         """What every trial of ``method`` sets over ``base``: the method, and the preset's settings
@@ -152,8 +183,13 @@ class SweepSpec:
         return run_demand(base.workers, base.cpus_per_worker, base.gpus_per_worker, own=dict(self.trial_resources))
 
     @property
+    def floor(self) -> CoverageFloor:
+        """What makes a trial feasible (validation coverage >= 1 - alpha - slack)."""
+        return CoverageFloor(self.base.alpha, self.coverage_slack)
+
+    @property
     def coverage_floor(self) -> float:
-        return 1 - self.base.alpha - self.coverage_slack
+        return self.floor.value
 
     def grid_axes(self, method: str) -> dict[str, tuple]:
         return paper_grid(method, dict(self.grid_fixed), dict(self.grid_subsets))
@@ -186,6 +222,7 @@ class SweepSpec:
         """What ``sweep.json`` records: the settings that decide the results."""
         payload = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.compare}
         payload["base"] = self.base.to_dict()
+        payload["arms"] = {arm.name: arm.settings for arm in self.arms}  # a resume matches arms by name
         return json.loads(json.dumps(payload, default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v)))
 
 
@@ -216,7 +253,7 @@ def optuna_storage_url(spec: SweepSpec, results: Path) -> str:
     """Where each method's Optuna study lives: ``--optuna-storage`` (any SQLAlchemy URL, e.g. a
     PostgreSQL on a cluster's head node) or a SQLite file in the results directory -- wherever
     that directory is now (a moved or copied sweep uses its own)."""
-    return spec.optuna_storage or f"sqlite:///{results / 'optuna.db'}"
+    return spec.optuna_storage or f"sqlite:///{results / OPTUNA_DB}"
 
 
 def claim_results_dir(results: Path) -> None:
@@ -263,7 +300,8 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
     Returns the sweep's ``sweep.json`` content (to be written, for a new sweep)."""
     if (results / SWEEP_FILE).exists():
         stored = read_sweep_file(results)
-        differences = settings_differences(stored, spec.describe())
+        described = spec.describe()
+        differences = settings_differences(stored, described)
         finished = (results / FINISHED_FILE).exists()
         if differences:
             state = "finished" if finished else "unfinished"
@@ -272,12 +310,18 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
                 f"give a new --results-dir for this one, or the options that sweep ran with to {'show' if finished else 'resume'} it "
                 f"(--config {results / SWEEP_FILE} --results-dir {results}{' --resume' * (not finished)})"
             )
+        added = sorted(set(described["arms"]) - set(stored.get("arms") or {}))
+        if not resume and added:
+            raise SweepError(f"the study in {results} has not run the arms {', '.join(added)}; pass --resume to run them beside what it "
+                             "holds")
         if not resume:
             if finished:
                 raise SweepFinished(f"{results} holds a finished sweep; choose another --results-dir to run one again")
             raise SweepError(
                 f"{results} already holds a sweep that has not finished; pass --resume to continue it, or choose another --results-dir"
             )
+        if spec.arms:  # the arms run now and those it has had: a later resume must name them too
+            return {**stored, "arms": {**(stored.get("arms") or {}), **described["arms"]}}
         if not spec.grid:
             check_same_storage(spec, stored.get("optuna_storage"))
             study_names(optuna_storage_url(spec, results))  # readable, before any Ray work starts
@@ -286,7 +330,7 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
         raise SweepError(f"--resume: no sweep to resume in {results}")
     planned = sweep_file(spec, results)
     if not spec.grid and (
-        spec.optuna_storage or (results / "optuna.db").exists()
+        spec.optuna_storage or (results / OPTUNA_DB).exists()
     ):  # a study of the same name would feed another sweep's trials to TPE
         taken = set(study_names(optuna_storage_url(spec, results))) & set(planned["studies"].values())
         if taken:
@@ -310,9 +354,11 @@ def settings_differences(stored: dict, described: dict) -> list[str]:
         text = json.dumps(value) if isinstance(value, (list, dict)) else repr(value)
         return text if len(text) <= 80 else text[:77] + "..."
 
-    pairs = [(k, stored.get(k), described[k]) for k in sorted(described) if k != "base"]
+    pairs = [(k, stored.get(k), described[k]) for k in sorted(described) if k not in ("base", "arms")]
+    stored_arms = stored.get("arms") or {}  # arms may be added, or a subset run: one of the same name must not change
+    pairs += [(f"arm {name}", stored_arms[name], settings) for name, settings in sorted(described["arms"].items()) if name in stored_arms]
     pairs += [(k, stored.get("base", {}).get(k), v) for k, v in sorted(described["base"].items()) if k not in RESUMABLE_CHANGES]
-    return [f"{SETTING_OPTIONS.get(k, '--' + k.replace('_', '-'))}: {shown(there)} there, {shown(here)} here"
+    return [f"{k if k.startswith('arm ') else SETTING_OPTIONS.get(k, '--' + k.replace('_', '-'))}: {shown(there)} there, {shown(here)} here"
             for k, there, here in pairs if there != here]
 
 

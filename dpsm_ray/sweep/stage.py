@@ -31,7 +31,7 @@ from ray.tune.search import Searcher
 
 from dpsm_ray.files import DiskFullError, is_disk_full
 from dpsm_ray import cards
-from dpsm_ray.results.layout import Ledger
+from dpsm_ray.results.layout import TUNE, Ledger
 from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers
 from dpsm_ray.timing import process_started_at
@@ -65,7 +65,7 @@ class Stage:
     study: MethodStudy | None = None
     points: list[dict] | None = None
     asha: tuple[int, int] | None = None  # (grace period, reduction factor)
-    coverage_floor: float = 0.0
+    coverage_floor: float = 0.0  # CoverageFloor's value: the Optuna constraint is floor - coverage
 
 
 def trial_config(params: dict) -> TrainConfig:
@@ -163,7 +163,7 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
         ),
         run_config=tune.RunConfig(
             name=name,
-            storage_path=str(results / "tune"),
+            storage_path=str(results / TUNE),
             verbose=0,
             callbacks=[recorder, *callbacks],
             stop=stopper,
@@ -312,7 +312,7 @@ def out_of_space_line(error: BaseException, seen: str | None, results: Path) -> 
     if seen is not None:
         return seen
     if shutil.disk_usage(results).free < NEARLY_FULL_BYTES:
-        return str(DiskFullError(results / "tune"))
+        return str(DiskFullError(results / TUNE))
     return None
 
 

@@ -19,7 +19,7 @@ from dpsm_ray.files import cache_home
 from dpsm_ray.cards import method_fields
 from dpsm_ray.cards import dataset_card
 from dpsm_ray.config import TrainConfig
-from dpsm_ray.results.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
+from dpsm_ray.results.layout import BASE_MODELS, CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
 from dpsm_ray.train.ray_train import RAY_TRAIN_DIR
 
 # CE training recipes (the official code's CIFAR recipes; the 224-pixel models use
@@ -80,7 +80,7 @@ def base_config(config: TrainConfig) -> TrainConfig:
 
 
 def default_cache_dir() -> Path:
-    return cache_home() / "base_models"
+    return cache_home() / BASE_MODELS  # the same layout as a results directory's cache
 
 
 def cache_entry(config: TrainConfig, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -1,5 +1,6 @@
 """Parquet files carry their sha256 in a manifest, and a changed byte is named (issue 21, item 9)."""
 
+import math
 import subprocess
 import sys
 
@@ -8,7 +9,8 @@ import pytest
 from dpsm_ray.files import CorruptFileError
 from dpsm_ray.results import store
 from dpsm_ray.results.schema import EVALS
-from dpsm_ray.results.store import MANIFEST, read_manifest, verify_manifest, write_parquet
+from dpsm_ray.results.layout import MANIFEST
+from dpsm_ray.results.store import read_manifest, verify_manifest, write_parquet
 
 ROW = {"sweep": "s", "stage": "final", "trial_id": "t", "run_id": "r", "dataset": "digits", "model": "mlp", "method": "dpsm", "seed": 0,
        "score": "hps", "split": 0, "alpha": 0.1, "n_cal": 200, "n_test": 297, "q": 0.9, "coverage": 0.9, "set_size": 1.1,
@@ -73,3 +75,34 @@ def test_the_report_names_a_results_file_it_cannot_read(tmp_path):
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert f"{tmp_path / 'evals.parquet'} is not a readable Parquet file" in run.stderr
     assert not (tmp_path / MANIFEST).exists()
+
+
+# --- Results: the one reader of a results directory, and the coverage floor -----------------------------------------------------
+
+def test_the_coverage_floor_is_one_rule_for_sweeps_and_studies():
+    from dpsm_ray.results.layout import CoverageFloor
+
+    floor = CoverageFloor(0.1, 0.02)
+    assert math.isclose(floor.value, 0.88) and f"{floor:g}" == "0.88"
+    assert floor.feasible(0.88) and floor.feasible(0.95) and floor.feasible(0.879) is False
+    assert floor.feasible(None) is None and floor.feasible(float("nan")) is None  # a failed trial has no coverage
+    assert CoverageFloor.of({"base": {"alpha": 0.05}, "coverage_slack": 0.01}) == CoverageFloor(0.05, 0.01)
+    assert CoverageFloor.of({"common": {"alpha": 0.1}}).value == 0.9  # a study's arms take no slack
+
+
+def test_results_reads_every_file_of_a_sweep_once_and_names_a_corrupt_one(tmp_path):
+    from fabricated import fabricate
+
+    from dpsm_ray.files import CorruptFileError
+    from dpsm_ray.results.layout import CoverageFloor, Results
+
+    reader = Results(fabricate(tmp_path / "r"))
+    assert reader.sweep["name"] == "hand" and reader.floor == CoverageFloor(0.1, 0.02) and reader.unrecorded() == []
+    assert set(reader.trials.stage) == {"search", "final"} and set(reader.final("trials").stage) == {"final"}
+    assert reader.evals is reader.frame("evals") and len(reader.final("evals")) == len(reader.evals)
+    assert Results(tmp_path / "empty").evals.empty and Results(tmp_path / "empty").settings is None
+    reader.path("epochs").write_bytes(b"not parquet")
+    with pytest.raises(CorruptFileError, match="epochs.parquet does not match the sha256"):
+        Results(reader.directory).unrecorded()
+    with pytest.raises(CorruptFileError, match="epochs.parquet is not a readable Parquet file"):
+        Results(reader.directory).epochs

@@ -1,6 +1,6 @@
 """trials.parquet's rows from hand-written run records (no Ray): a knob a method does not read is null."""
 
-from types import SimpleNamespace
+from dpsm_ray.results.layout import CoverageFloor
 
 from dpsm_ray.config import TRIAL_COLUMNS
 from dpsm_ray.sweep.collect import collect
@@ -18,7 +18,7 @@ def test_a_knob_the_method_does_not_read_is_null(tmp_path):
     ledger = Ledger(tmp_path)
     for index, method in enumerate(("ce", "cut", "conftr", "dpsm")):
         ledger.write_record("search-all", index, record(method, index))
-    rows = {row["method"]: row for row in collect(SimpleNamespace(name="hand", coverage_floor=0.88), ledger, "search", "search-all")["trials"]}
+    rows = {row["method"]: row for row in collect("hand", CoverageFloor(0.1, 0.02), ledger, "search", "search-all")["trials"]}
     # CE reads none of the conformal knobs, though its config holds lambda 0.5 and T 0.1
     ce = rows["ce"]
     assert [ce[c] for c in ("conformal_weight", "sigmoid_temperature", "quantile_lr", "sort_temperature", "q_init", "cut_score", "ce_batch")] == [None] * 7

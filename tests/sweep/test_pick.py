@@ -9,6 +9,8 @@ from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.config import TrainConfig
 
+KNOBS = ("conformal_weight", "lr", "quantile_lr", "sigmoid_temperature")  # DPSM's: what its search sets
+
 
 def test_ties_for_the_best_configuration_go_to_the_trial_proposed_first(tmp_path):
     """Equal validation set size and coverage are common on a ~300-point validation split; Tune's
@@ -23,11 +25,11 @@ def test_ties_for_the_best_configuration_go_to_the_trial_proposed_first(tmp_path
     ]
     write_parquet(tmp_path / "trials.parquet", rows, TRIALS)
     lines = []
-    chosen = best_overrides(spec, tmp_path, "dpsm", lines.append)
+    chosen = best_overrides(tmp_path, "dpsm", KNOBS, lines.append)
     assert chosen["lr"] == 0.0257 and "search trial 1 " in lines[0]
     # without a feasible trial: the highest coverage, ties again to the first proposed
     write_parquet(tmp_path / "trials.parquet", [{**row, "feasible": False} for row in rows], TRIALS)
-    assert best_overrides(spec, tmp_path, "dpsm", lines.append)["lr"] == 0.0257
+    assert best_overrides(tmp_path, "dpsm", KNOBS, lines.append)["lr"] == 0.0257
 
 
 def test_a_trial_asha_stopped_is_picked_only_if_it_was_ahead_at_the_same_epoch_budget(tmp_path):
@@ -50,11 +52,11 @@ def test_a_trial_asha_stopped_is_picked_only_if_it_was_ahead_at_the_same_epoch_b
     lines = []
 
     write_parquet(tmp_path / "trials.parquet", [finished, behind, further_ahead_but_infeasible], TRIALS)
-    assert best_overrides(spec, tmp_path, "dpsm", lines.append)["lr"] == 0.01  # behind at its budget: the finished trial stays
+    assert best_overrides(tmp_path, "dpsm", KNOBS, lines.append)["lr"] == 0.01  # behind at its budget: the finished trial stays
     write_parquet(tmp_path / "trials.parquet", [finished, behind, ahead], TRIALS)
-    assert best_overrides(spec, tmp_path, "dpsm", lines.append)["lr"] == 0.03  # 1.05 after 2 epochs against the pick's 1.10
+    assert best_overrides(tmp_path, "dpsm", KNOBS, lines.append)["lr"] == 0.03  # 1.05 after 2 epochs against the pick's 1.10
     assert "trial s2, stopped after 2 epochs, was 0.050 ahead" in "\n".join(lines)
     # no finished feasible trial: the feasible stopped one that ran longest
     longer = trial("s4", 4, "stopped", 0.05, 1.30, 6)
     write_parquet(tmp_path / "trials.parquet", [trial("f", 0, "ok", 0.01, 0.95, 10, feasible=False), ahead, longer], TRIALS)
-    assert best_overrides(spec, tmp_path, "dpsm", lines.append)["lr"] == 0.05
+    assert best_overrides(tmp_path, "dpsm", KNOBS, lines.append)["lr"] == 0.05

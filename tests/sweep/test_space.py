@@ -126,8 +126,8 @@ def test_a_method_whose_every_search_trial_failed_is_left_out_of_the_final_stage
     ]
     write_parquet(tmp_path / "trials.parquet", pd.DataFrame(rows), TRIALS)
     lines = []
-    assert best_overrides(spec, tmp_path, "ce", lines.append) == {"lr": 0.02}
-    assert best_overrides(spec, tmp_path, "dpsm", lines.append) is None
+    assert best_overrides(tmp_path, "ce", ("lr",), lines.append) == {"lr": 0.02}
+    assert best_overrides(tmp_path, "dpsm", ("lr",), lines.append) is None
     assert "every search trial of dpsm failed" in lines[-1] and "left out of the final stage" in lines[-1]
 
 

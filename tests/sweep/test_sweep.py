@@ -169,7 +169,7 @@ def test_report_table_and_figures(finished_sweep):
     printed = "\n".join(lines)
     assert "DPSM vs best baseline" in printed
     report = (results / "report.md").read_text()
-    table = [line for line in report.splitlines() if line.startswith(("| CE | ", "| DPSM | "))]
+    table = [line for line in report.split("\n## ")[0].splitlines() if line.startswith(("| CE | ", "| DPSM | "))]  # the first table
     assert len(table) >= 2 and all("±" in line for line in table)
     change = [line for line in report.splitlines() if line.startswith("| DPSM vs best baseline |")]
     assert len(change) == 1 and change[0].count("%") == 3
