@@ -50,6 +50,11 @@ def test_calibrating_a_run_s_weights_on_its_calibration_split_gives_the_run_s_pr
     assert main(["predict", str(out), "--input", str(tmp_path / "x.npz"), "--out", str(tmp_path / "sets.jsonl")]) == 0
     rows = [json.loads(line) for line in (tmp_path / "sets.jsonl").read_text().splitlines()]
     assert [r["set"] for r in rows] == reference.predict_sets(x).lists
+    # and serve's answer to POST /predict (dpsm_ray.predict.serving, the replica's code without Ray)
+    from dpsm_ray.predict.serving import answer
+
+    status, payload = answer(mine, json.dumps({"inputs": x.tolist()}).encode(), max_batch=4096)
+    assert status == 200 and payload["sets"] == reference.predict_sets(x).lists
 
 
 def test_from_model_in_python_then_recalibrate_equals_the_command(trained_run, tmp_path, capsys):
