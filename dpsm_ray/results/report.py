@@ -24,6 +24,7 @@ from dpsm_ray.files import write_text
 from dpsm_ray.cards import reads
 from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
 from dpsm_ray.results.layout import MANIFEST, Results, read_index
+from dpsm_ray.results.league import league_section
 from dpsm_ray.results.provenance import chosen_configurations, search_outcomes, sweep_settings, versions_table
 from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.tables import (
@@ -306,6 +307,7 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     if found:
         md += ["## DPSM against the baselines", "", markdown(comparison_table(found)), "", comparison_caption(found), ""]
         tex.append(latex_table(comparison_table(found), comparison_caption(found), "paired", align="llrrrrl"))
+    md += league_section(evals, trials, alpha, sweep)
     md += ["## All metrics", "", markdown(details), "", details_note, ""]
     tex.append(latex_table(details, f"All metrics. {details_note}", "metrics"))
 

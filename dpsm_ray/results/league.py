@@ -1,0 +1,148 @@
+"""The league (docs/league.md): every method a sweep searched and re-trained, ranked by its sets,
+each against CE fine-tuned per seed, with the criterion's verdict.
+
+From a sweep's final rows (``Results(DIR).final("evals")``) or from its compact copy
+(``compact/league-evals.csv`` and ``league-failed.csv``, small enough to commit): the tables
+regenerate from either, to the same text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from dpsm_ray.cards import BASE_MODEL
+from dpsm_ray.results.layout import Results
+from dpsm_ray.results.stats import T_LEVEL, paired_change
+from dpsm_ray.results.tables import method_name
+
+REFERENCE = "ce"  # every method is compared with CE fine-tuned, searched as carefully
+SCORES = ("hps", "aps", "raps")
+DECIDING = ("hps", "aps")  # the criterion's scores
+COVERAGE_TOLERANCE = 0.005  # coverage outside 1 - alpha +- this does not count as smaller
+MARGIN = -5.0  # percent: a gain that matters (the size the DPSM paper reports outside Caltech-101)
+COMPACT_EVALS = ("method", "seed", "score", "split", "set_size", "coverage", "accuracy")
+COMPACT_FAILED = ("method", "seed", "error")
+
+
+def write_league_compact(results: str | Path) -> Path:
+    """``RESULTS/compact/league-{evals,failed}.csv`` and ``league.json`` from the sweep's final rows."""
+    from dpsm_ray.files import write_json, write_text
+
+    reader = Results(results)
+    final, trials = reader.final("evals"), reader.final("trials")
+    evals = final[list(COMPACT_EVALS)].sort_values(["method", "seed", "score", "split"])
+    failed = trials[trials.status == "failed"] if not trials.empty else trials
+    folder = reader.directory / "compact"
+    folder.mkdir(exist_ok=True)
+    write_text(folder / "league-evals.csv", evals.to_csv(index=False, float_format="%.17g"))
+    failed = failed.reindex(columns=list(COMPACT_FAILED)).sort_values(["method", "seed"])
+    write_text(folder / "league-failed.csv", failed.to_csv(index=False))
+    dataset = (reader.sweep or {}).get("base", {}).get("dataset")
+    write_json(folder / "league.json", {"dataset": dataset, "alpha": float(final.alpha.iloc[0])})
+    return folder
+
+
+def read_league_compact(folder: str | Path):
+    """``(evals, failed, alpha, dataset)`` from a compact copy; FileNotFoundError naming what is missing."""
+    import pandas as pd
+
+    folder = Path(folder)
+    for name in ("league-evals.csv", "league-failed.csv", "league.json"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} is missing: give a league's compact/ folder (RESULTS/compact, or its copy under "
+                                    "docs/results/)")
+    meta = json.loads((folder / "league.json").read_text())
+    return pd.read_csv(folder / "league-evals.csv"), pd.read_csv(folder / "league-failed.csv"), meta["alpha"], meta["dataset"]
+
+
+def verdict(changes: dict, coverage: float, alpha: float) -> str:
+    """The criterion's verdict of one method against CE (docs/league.md)."""
+    if not abs(coverage - (1 - alpha)) <= COVERAGE_TOLERANCE:
+        return f"coverage {coverage:.4f} outside {1 - alpha:g} +- {COVERAGE_TOLERANCE:g}: not counted"
+    deciding = [changes[score] for score in DECIDING]
+    if any(math.isnan(c["high"]) for c in deciding):
+        return "no interval (fewer than two seeds)"
+    if any(c["low"] > 0 for c in deciding):
+        return "worse than CE"
+    if all(c["high"] < MARGIN for c in deciding):
+        return "beats CE, by a margin that matters"
+    if all(c["high"] < 0 for c in deciding):
+        return "beats CE"
+    return "ties CE at this resolution"
+
+
+def analyse_league(evals, failed, alpha: float, dataset: str | None = None) -> dict:
+    """Each method's sets, coverage and accuracy, its change against CE per seed (t interval and
+    detectable effect) and its verdict; the methods ordered by mean HPS set size; the answer."""
+    methods = sorted(set(evals.method))
+    rows = []
+    for method in methods:
+        mine = evals[evals.method == method]
+        row = {
+            "method": method,
+            "models": int(mine.seed.nunique()),
+            "coverage": float(mine[mine.score == "hps"].coverage.mean()),
+            "accuracy": float(mine[mine.score == "hps"].accuracy.mean()),
+            "size": {s: (float(mine[mine.score == s].set_size.mean()), float(mine[mine.score == s].set_size.std()))
+                     for s in SCORES if (mine.score == s).any()},
+        }
+        if method not in (REFERENCE, BASE_MODEL) and REFERENCE in methods:
+            row["changes"] = {s: paired_change(evals, method, REFERENCE, s, by="method") for s in SCORES if (mine.score == s).any()}
+            row["verdict"] = verdict(row["changes"], row["coverage"], alpha)
+        rows.append(row)
+    ranked = sorted((r for r in rows if r["method"] != BASE_MODEL), key=lambda r: r["size"]["hps"][0])
+    winners = [r for r in ranked if r.get("verdict", "").startswith("beats")]
+    answer = (f"{method_name(winners[0]['method'])} (the smallest HPS sets among the methods that beat CE)" if winners
+              else "CE fine-tuned, tuned as carefully, is as good as any of them here")
+    failures = {} if failed is None or failed.empty else failed.groupby("method").size().to_dict()
+    return {"dataset": dataset, "alpha": alpha, "ranked": ranked, "base": next((r for r in rows if r["method"] == BASE_MODEL), None),
+            "failed": {m: int(n) for m, n in failures.items()}, "answer": answer}
+
+
+def league_section(evals, trials, alpha: float, sweep: dict | None) -> list[str]:
+    """report.md's ``## The league`` for a sweep that re-trained CE and at least two other methods
+    (docs/league.md), else nothing."""
+    trained = set(evals.method) - {BASE_MODEL} if not evals.empty else set()
+    if REFERENCE not in trained or len(trained) < 3:
+        return []
+    failed = trials[(trials.stage == "final") & (trials.status == "failed")] if "stage" in trials else trials.iloc[:0]
+    analysis = analyse_league(evals, failed, alpha, (sweep or {}).get("base", {}).get("dataset"))
+    return ["## The league", "", league_markdown(analysis).rstrip(), "", "Its criterion and how to read it: docs/league.md.", ""]
+
+
+def change_text(change: dict) -> str:
+    if math.isnan(change["low"]):
+        return f"{change['mean']:+.1f}% (no interval)"
+    return f"{change['mean']:+.1f}% [{change['low']:+.1f}, {change['high']:+.1f}]"
+
+
+def league_markdown(analysis: dict) -> str:
+    """The league table and its verdicts, as docs/league.md quotes them."""
+    alpha = analysis["alpha"]
+    header = ["method", "models", "HPS", "APS", "RAPS", "coverage", "accuracy", "HPS vs CE", "APS vs CE", "detectable (HPS / APS)",
+              "verdict"]
+    lines = [f"The league on {analysis['dataset']} at alpha = {alpha:g}: mean ± SD of the test set size over seeds and re-splits; "
+             f"each method's change against searched CE fine-tuned, per seed, mean [{T_LEVEL:.0%} t interval]; methods by HPS set "
+             "size.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def cells(row: dict, ranked: bool) -> list[str]:
+        size = [f"{row['size'][s][0]:.3f} ± {row['size'][s][1]:.3f}" if s in row["size"] else "—" for s in SCORES]
+        changes = row.get("changes", {})
+        compared = [change_text(changes[s]) if s in changes else "—" for s in DECIDING]
+        detectable = " / ".join(f"{changes[s]['detectable']:.1f}%" for s in DECIDING) if changes else "—"
+        name = method_name(row["method"]) if ranked else "CE base model (not fine-tuned; not ranked)"
+        return [name, str(row["models"]), *size, f"{row['coverage']:.4f}", f"{row['accuracy']:.4f}", *compared, detectable,
+                row.get("verdict", "the reference" if row["method"] == REFERENCE else "—")]
+
+    for row in analysis["ranked"]:
+        lines.append("| " + " | ".join(cells(row, True)) + " |")
+    if analysis["base"] is not None:
+        lines.append("| " + " | ".join(cells(analysis["base"], False)) + " |")
+    if analysis["failed"]:
+        lines += ["", "Trials that ended without a model (a diverged loss, a crash): "
+                  + ", ".join(f"{method_name(m)} {n}" for m, n in sorted(analysis["failed"].items())) + "."]
+    lines += ["", f"**The answer on {analysis['dataset']}:** {analysis['answer']}."]
+    return "\n".join(lines) + "\n"

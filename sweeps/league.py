@@ -1,0 +1,64 @@
+"""The league: every conformal training method searched and re-trained under one protocol, ranked against CE.
+
+    python sweeps/league.py --dataset fashion_mnist          # the recipe of sweeps/league-fashion_mnist.yaml (docs/league.md)
+    python sweeps/league.py --dataset fonts                  # sweeps/league-fonts.yaml
+    python sweeps/league.py --dataset folder:PATH            # your own data, at the service's default recipe
+    python sweeps/league.py --dataset fashion_mnist --resume # after an interruption
+    python sweeps/league.py --report-from docs/results/league-fashion_mnist   # the table, from committed results
+
+A sweep (the service's own driver, every option of `dpsm-ray sweep`): the CE base model of each seed,
+each method's Optuna search with 2 trials per knob, its pick re-trained with 10 seeds; then the league
+table (dpsm_ray/results/league.py), printed, written to RESULTS/league.md and, with the rows it comes
+from, to RESULTS/compact/ (small enough to commit; --report-from regenerates the table from it).
+Options given here override the recipe's.
+"""
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from dpsm_ray.sweep.cli import GENERIC_DEFAULTS, main as sweep
+
+HERE = Path(__file__).resolve().parent
+RECIPES = {name: HERE / f"league-{name}.yaml" for name in ("fashion_mnist", "fonts")}
+# a dataset without a recipe: the service's defaults, and the league's protocol
+METHODS = "ce,conftr,cut,dpsm,confts,vr_conftr,rwce"
+PROTOCOL = ["--methods", METHODS, "--trials-per-knob", "2", "--final-seeds", "10", "--init", "base"]  # every method fine-tuned from one CE model
+
+
+def results_dir(dataset: str) -> str:
+    return "results/league-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset.replace(":", "-").split("/")[-1])
+
+
+def main(argv: list[str]) -> int:
+    from dpsm_ray.files import write_text
+    from dpsm_ray.results.league import analyse_league, league_markdown, read_league_compact, write_league_compact
+
+    front = argparse.ArgumentParser(prog="sweeps/league.py", description=__doc__.splitlines()[0], add_help=False, allow_abbrev=False)
+    front.add_argument("--dataset")
+    front.add_argument("--report-from", metavar="FOLDER")
+    front.add_argument("--results-dir")
+    known, rest = front.parse_known_args(argv)
+    if known.report_from:
+        if rest or known.dataset:
+            front.exit(2, f"{front.prog}: error: --report-from prints a committed league's table; it takes no other option\n")
+        try:
+            print(league_markdown(analyse_league(*read_league_compact(known.report_from))), end="")
+        except FileNotFoundError as error:
+            front.exit(2, f"{front.prog}: error: {error}\n")
+        return 0
+    if known.dataset is None:
+        front.exit(2, f"{front.prog}: error: --dataset is required: {', '.join(RECIPES)} (a recipe), or any dataset --dataset takes\n")
+    out = known.results_dir or results_dir(known.dataset)
+    recipe = ["--config", str(RECIPES[known.dataset])] if known.dataset in RECIPES else ["--dataset", known.dataset, *PROTOCOL]
+    status = sweep("league", __doc__.splitlines()[0], GENERIC_DEFAULTS, [*recipe, "--results-dir", out, *rest])
+    if status == 0 and "--help" not in rest:  # the table from the compact rows it is committed as: --report-from gives the same text
+        table = league_markdown(analyse_league(*read_league_compact(write_league_compact(out))))
+        write_text(Path(out) / "league.md", table)
+        print(table, end="")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,91 @@
+"""The league's table and verdicts (dpsm_ray/results/league.py, docs/league.md's criterion) by hand, its
+compact copy regenerating the same text, and the section a sweep's report gains."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from dpsm_ray.results.league import (
+    analyse_league,
+    league_markdown,
+    league_section,
+    read_league_compact,
+    verdict,
+)
+from dpsm_ray.results.stats import t_interval
+
+SEEDS = (0, 1, 2)
+
+
+def evals(sizes: dict, coverage: dict | None = None) -> pd.DataFrame:
+    """Per method, each seed's HPS set size (APS: the same x 1.1; RAPS as APS), on two re-splits that agree."""
+    rows = []
+    for method, per_seed in sizes.items():
+        for seed, size in zip(SEEDS, per_seed):
+            for score, factor in (("hps", 1.0), ("aps", 1.1), ("raps", 1.1)):
+                for split in (0, 1):
+                    rows.append({"method": method, "seed": seed, "score": score, "split": split, "set_size": size * factor,
+                                 "coverage": (coverage or {}).get(method, 0.9), "accuracy": 0.8})
+    return pd.DataFrame(rows)
+
+
+SIZES = {
+    "ce": (2.0, 2.2, 2.1),
+    "dpsm": (1.8, 2.0, 1.9),  # ~-9.5% every seed: beats CE
+    "cut": (1.97, 2.23, 2.07),  # -1.5%, +1.4%, -1.4%: ties
+    "conftr": (2.4, 2.6, 2.5),  # worse
+    "base": (2.5, 2.6, 2.55),
+}
+
+
+def test_each_method_s_change_against_ce_is_its_per_seed_mean_with_a_t_interval_by_hand():
+    analysis = analyse_league(evals(SIZES), None, 0.1, "hand")
+    dpsm = next(row for row in analysis["ranked"] if row["method"] == "dpsm")
+    per_seed = [100 * (d - c) / c for d, c in zip(SIZES["dpsm"], SIZES["ce"])]
+    mean, low, high = t_interval(per_seed)
+    assert math.isclose(dpsm["changes"]["hps"]["mean"], mean) and math.isclose(dpsm["changes"]["hps"]["low"], low)
+    assert math.isclose(dpsm["changes"]["aps"]["high"], high)  # APS is HPS x 1.1 for both: the same relative change
+    assert [row["method"] for row in analysis["ranked"]] == ["dpsm", "cut", "ce", "conftr"]  # by HPS set size, base not ranked
+    assert {row["method"]: row.get("verdict") for row in analysis["ranked"]} == {
+        "dpsm": "beats CE, by a margin that matters", "cut": "ties CE at this resolution", "ce": None, "conftr": "worse than CE"}
+    assert analysis["answer"].startswith("DPSM (the smallest HPS sets among the methods that beat CE)")
+    assert analysis["base"]["models"] == 3 and "changes" not in analysis["base"]
+
+
+def test_the_verdict_rule():
+    def change(low, high):
+        return {"mean": (low + high) / 2, "low": low, "high": high, "detectable": 1.0}
+
+    both = lambda low, high: {"hps": change(low, high), "aps": change(low, high)}
+    assert verdict(both(-9, -6), 0.9, 0.1) == "beats CE, by a margin that matters"
+    assert verdict(both(-6, -1), 0.9, 0.1) == "beats CE"
+    assert verdict({"hps": change(-9, -6), "aps": change(-3, 1)}, 0.9, 0.1) == "ties CE at this resolution"  # both scores must agree
+    assert verdict({"hps": change(-9, -6), "aps": change(0.5, 2)}, 0.9, 0.1) == "worse than CE"
+    assert verdict(both(-9, -6), 0.89, 0.1).startswith("coverage 0.8900 outside 0.9 +- 0.005")  # the precondition first
+    assert verdict({"hps": change(math.nan, math.nan), "aps": change(-9, -6)}, 0.9, 0.1) == "no interval (fewer than two seeds)"
+
+
+def test_no_method_beating_ce_answers_ce_and_low_coverage_does_not_count():
+    analysis = analyse_league(evals({"ce": SIZES["ce"], "dpsm": SIZES["dpsm"], "cut": SIZES["cut"]}, coverage={"dpsm": 0.85}), None, 0.1, "d")
+    assert {row["method"]: row.get("verdict", "") for row in analysis["ranked"]}["dpsm"].startswith("coverage 0.8500 outside")
+    assert analysis["answer"] == "CE fine-tuned, tuned as carefully, is as good as any of them here"
+
+
+def test_the_compact_copy_regenerates_the_same_table(tmp_path):
+    from fabricated import fabricate
+
+    from dpsm_ray.results.league import write_league_compact
+    from dpsm_ray.results.layout import Results
+
+    results = fabricate(tmp_path / "r")  # CE, CUT and DPSM re-trained with 3 seeds, and the base model
+    folder = write_league_compact(results)
+    regenerated = league_markdown(analyse_league(*read_league_compact(folder)))
+    reader = Results(results)
+    direct = league_markdown(analyse_league(reader.final("evals"), reader.final("trials").iloc[:0], 0.1, "digits"))
+    assert regenerated == direct and "| CE base model (not fine-tuned; not ranked) | 3 |" in regenerated
+    section = league_section(reader.final("evals"), reader.trials, 0.1, reader.sweep)
+    assert section[0] == "## The league" and section[2] == direct.rstrip()
+    assert league_section(reader.final("evals")[reader.final("evals").method.isin(["ce", "dpsm"])], reader.trials, 0.1, None) == []
+    with pytest.raises(FileNotFoundError, match="league-evals.csv is missing"):
+        read_league_compact(tmp_path)
