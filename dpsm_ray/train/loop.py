@@ -20,6 +20,7 @@ import functools
 import math
 import time
 import warnings
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -168,6 +169,22 @@ def label_scores_of(
 
 def train(config: TrainConfig, env) -> RunResult:
     """Train one model with ``config.method`` and evaluate it; see the module docstring."""
+    return run_to_end(training(config, env))
+
+
+def run_to_end(run: Generator[None, None, RunResult]) -> RunResult:
+    """What a ``training`` generator returns, once it has run every step."""
+    while True:
+        try:
+            next(run)
+        except StopIteration as done:
+            return done.value
+
+
+def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
+    """``train``, one training step at a time: the generator yields after every step and returns
+    the ``RunResult``.  Nothing else differs, so a trial group (``dpsm_ray.train.group``) can hand
+    the process to its next member between two steps and each member computes what it would alone."""
     torch.manual_seed(derive_seed(config.seed, "init"))
     clock = env.clock  # where the run's time goes (dpsm_ray.timing): parts outside the epochs' own
     with clock("load_data"):
@@ -249,7 +266,7 @@ def train(config: TrainConfig, env) -> RunResult:
         started = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
         with clock("train"):
-            stats, step = train_epoch(model, objective, data.train, d1, d2, epoch, config, env, make_step, step)
+            stats, step = yield from train_epoch(model, objective, data.train, d1, d2, epoch, config, env, make_step, step)
             sync_buffers(model, env.collective)
             with warnings.catch_warnings():
                 if isinstance(step, GraphStep):  # it updates the weights itself, reading the lr every batch
@@ -327,9 +344,9 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def train_epoch(
     model, objective: Objective, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env, make_step, step=None
-) -> tuple[dict, object]:
-    """One epoch of steps; returns its mean statistics and the step function (reused by the
-    next epoch; ``make_step(first_batch)`` builds it when ``step`` is None)."""
+) -> Generator[None, None, tuple[dict, object]]:
+    """One epoch of steps, yielding after each; returns its mean statistics and the step function
+    (reused by the next epoch; ``make_step(first_batch)`` builds it when ``step`` is None)."""
     rank, world = env.collective.rank, env.collective.world_size
     global_half = config.batch_size // 2
     if global_half % world:  # config.workers is checked up front; this is the process group that really runs
@@ -357,6 +374,7 @@ def train_epoch(
         steps += 1
         if config.debug_sync_checks:
             env.check_in_sync(model, objective)
+        yield
     means = {name: float(env.collective.mean(total / steps)) for name, total in totals.items()}
     if not math.isfinite(means["upper"]):
         raise DivergedError(f"training loss is {means['upper']} in epoch {epoch + 1} (method {config.method}, lr {config.lr})")
