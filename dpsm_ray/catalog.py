@@ -166,7 +166,13 @@ FONT_PACKAGES = (
     "fonts-croscore",
     "fonts-lato",
 )
-FONTS_DEFAULTS = {"classes": len(FONT_CLASSES), "train": 2, "eval": 3}  # renders of each class in each training / held-out font
+FONTS_NOISE = 50.0  # the renders' noise by default (standard deviation, 0..255 units; dpsm_ray/data/fonts.py)
+# renders of each class in each training / held-out font, and their noise
+FONTS_DEFAULTS = {"classes": len(FONT_CLASSES), "train": 2, "eval": 3, "noise": FONTS_NOISE}
+# fonts_transfer: K classes, ``shots`` training images a class from the held-out faces' renders (``eval``
+# a face, at ``noise``); the backbone it is made for is pretrained on
+# fonts:classes=B,eval=E,noise=S (the same renders; B: ``backbone_classes``)
+FONTS_TRANSFER_DEFAULTS = {"classes": 100, "shots": 40, "eval": 5, "noise": 20.0, "backbone_classes": len(FONT_CLASSES)}
 IMAGE_TITLES = {  # the image datasets read from files (dpsm_ray/data/vision.py)
     "cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)",
     "inaturalist2018": "iNaturalist 2018 (Fungi)", "fashion_mnist": "Fashion-MNIST",
@@ -220,15 +226,43 @@ def font_faces(split: str) -> list[tuple[str, str]]:
 
 
 def parse_fonts(spec: str) -> dict[str, float]:
-    """``fonts`` or ``fonts:classes=K,train=R,eval=R`` -> the options (defaults filled in): the
-    first K classes of FONT_CLASSES, R renders of each class in each training / held-out face."""
+    """``fonts`` or ``fonts:classes=K,train=R,eval=R,noise=S`` -> the options (defaults filled in):
+    the first K classes of FONT_CLASSES, R renders of each class in each training / held-out face,
+    each with Gaussian noise of standard deviation S (0..255 units)."""
     options = dataset_options(spec, FONTS_DEFAULTS)
-    if not (2 <= options["classes"] <= len(FONT_CLASSES) and options["train"] >= 1 and options["eval"] >= 1):
+    if not (2 <= options["classes"] <= len(FONT_CLASSES) and options["train"] >= 1 and options["eval"] >= 1 and options["noise"] >= 0):
         raise ValueError(
-            f"dataset: fonts needs 2 <= classes <= {len(FONT_CLASSES)}, train >= 1 and eval >= 1 (renders of a class in each face); got"
-            f" {options}"
+            f"dataset: fonts needs 2 <= classes <= {len(FONT_CLASSES)}, train >= 1 and eval >= 1 (renders of a class in each face),"
+            f" noise >= 0; got {options}"
         )
     return options
+
+
+def parse_fonts_transfer(spec: str) -> dict[str, float]:
+    """``fonts_transfer`` or ``fonts_transfer:classes=K,shots=N,eval=R,noise=S,backbone_classes=B``
+    -> the options (defaults filled in): the first K classes, N training images of each from the
+    held-out faces' R renders a face, and the rest of those renders for validation, calibration and
+    test; the renders are those of ``fonts:classes=B,eval=R,noise=S``, the backbone's data."""
+    options = dataset_options(spec, FONTS_TRANSFER_DEFAULTS)
+    held_out = len(font_faces("held_out")) * options["eval"]
+    if not (2 <= options["classes"] <= options["backbone_classes"] <= len(FONT_CLASSES) and options["eval"] >= 1
+            and options["noise"] >= 0 and 1 <= options["shots"] <= held_out - 5):
+        raise ValueError(
+            f"dataset: fonts_transfer needs 2 <= classes <= backbone_classes <= {len(FONT_CLASSES)}, eval >= 1, noise >= 0 and"
+            f" 1 <= shots <= {len(font_faces('held_out'))} * eval - 5 (a class's held-out renders, less 5 for validation, calibration"
+            f" and test); got {options}"
+        )
+    return options
+
+
+def font_transfer_sizes(options: dict[str, float]) -> dict[str, int]:
+    """The four splits' sizes: ``shots`` training images of each class; the rest of its held-out
+    renders cut into validation (a fifth) and calibration and test (halves of the rest)."""
+    rest = len(font_faces("held_out")) * options["eval"] - options["shots"]
+    val = rest // 5
+    cal = (rest - val) // 2
+    per_class = {"train": options["shots"], "val": val, "cal": cal, "test": rest - val - cal}
+    return {split: options["classes"] * count for split, count in per_class.items()}
 
 
 def font_sizes(options: dict[str, float]) -> dict[str, int]:

@@ -117,7 +117,9 @@ class TrainConfig:
     model: str = option("auto", models_help, sweep=True)
     pretrained_path: str | None = option(
         None,
-        lambda: f"local ImageNet weights (.pth state dict) for {'/'.join(pretrainable_models())}; nothing is downloaded",
+        lambda: f"a local weights file whose every tensor but the classifier head's starts {'/'.join(pretrainable_models())}:"
+        " torchvision's ImageNet state dict, or a run's model.pt (lenet: e.g. pretrained on fonts for fonts_transfer);"
+        " nothing is downloaded",
         type=str,
         path=True,
         sweep=True,

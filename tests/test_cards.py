@@ -26,7 +26,7 @@ def test_every_place_that_offers_a_choice_offers_the_cards():
     from dpsm_ray.config import ConfigError, TrainConfig, field_help
 
     names = {"dataset": cards.dataset_names(), "model": cards.model_names(), "score": cards.score_names()}
-    assert names["dataset"] == ("digits", "synthetic", "glyphs", "fonts", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018",
+    assert names["dataset"] == ("digits", "synthetic", "glyphs", "fonts", "fonts_transfer", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018",
                                 "folder", "table")
     assert names["score"] == ("hps", "aps", "raps")  # the report's order
     parser = build_parser()

@@ -101,6 +101,41 @@ def test_a_batch_is_standardised_by_the_training_split_and_shifted_only_when_tra
     assert torch.allclose(ink(shifted), ink(x), rtol=0.35)
 
 
+TRANSFER = "fonts_transfer:classes=6,backbone_classes=12,shots=4,eval=3,noise=20"
+BACKBONE = "fonts:classes=12,eval=3,noise=20"  # the data TRANSFER's backbone is pretrained on
+
+
+@needs_fonts
+def test_the_transfer_benchmark_cuts_the_held_out_renders_of_its_backbones_data(tmp_path, monkeypatch):
+    """fonts_transfer: every split from the held-out faces, ``shots`` training images a class, the
+    rest cut into validation, calibration and test; the renders and the pixel scale are those of
+    the backbone's data (one cache file for both), and the run seed chooses the cut."""
+    monkeypatch.setenv("DPSM_RAY_CACHE", str(tmp_path))
+    backbone = load_splits(BACKBONE, seed=0)
+    data, again, other = (load_splits(TRANSFER, seed=seed) for seed in (0, 0, 1))
+    assert len(list((tmp_path / "fonts").iterdir())) == 1  # the same renders: nothing rendered again
+    per_class = {"train": 4, "val": 18, "cal": 37, "test": 37}  # 32 faces x 3 renders = 96: 4, then 92 as 18 / 37 / 37
+    assert data.sizes() == split_sizes(TRANSFER) == {split: 6 * n for split, n in per_class.items()}
+    assert data.num_classes == 6 and data.class_names == tuple(FONT_CLASSES[:6])
+    arrays = fonts.rendered(fonts.parse_fonts(BACKBONE))
+    trained = len(font_faces("train"))
+    ids = {}
+    for split, count in per_class.items():
+        part = getattr(data, split)
+        ids[split] = set(part.ids.tolist())
+        assert (arrays["faces"][part.ids.numpy()] >= trained).all()  # held-out faces only
+        assert (torch.bincount(part.labels, minlength=6) == count).all() and part.labels.max() < 6
+    assert sum(map(len, ids.values())) == len(set().union(*ids.values())) == 6 * 96  # disjoint, every held-out render of the 6
+    assert (data.input_spec.mean, data.input_spec.std) == (backbone.input_spec.mean, backbone.input_spec.std)
+    assert torch.equal(data.train.source.inputs, backbone.train.source.inputs)  # the same images
+    assert torch.equal(data.train.ids, again.train.ids) and not torch.equal(data.train.ids, other.train.ids)
+    # the noise is an option of the renders: less noise, other images, the same glyphs' places
+    quiet = fonts.rendered({**fonts.parse_fonts(BACKBONE), "noise": 0.0})
+    assert quiet["images"].shape == arrays["images"].shape and np.array_equal(quiet["labels"], arrays["labels"])
+    assert (quiet["images"] == 0).mean() > 0.6 > (arrays["images"] == 0).mean()  # no noise: a black background
+    assert len(list((tmp_path / "fonts").iterdir())) == 2
+
+
 @needs_fonts
 def test_a_render_is_a_centred_white_glyph_on_black_and_the_jitter_moves_it():
     path = fonts.find_faces()[("DejaVu Sans", "Book")]
@@ -137,8 +172,14 @@ def test_missing_fonts_are_named_with_the_packages_that_install_them(tmp_path):
         check_data_present("fonts", data_root=str(tmp_path))
     with pytest.raises(ValueError, match=r"fonts needs 2 <= classes <= 141"):
         split_sizes("fonts:classes=500")
-    with pytest.raises(ValueError, match=r"unknown fonts option 'noise'"):
-        split_sizes("fonts:noise=1")
+    with pytest.raises(ValueError, match=r"unknown fonts option 'blur'"):
+        split_sizes("fonts:blur=1")
+    with pytest.raises(ValueError, match=r"fonts needs .* noise >= 0"):
+        split_sizes("fonts:noise=-1")
+    with pytest.raises(ValueError, match=r"fonts_transfer needs 2 <= classes <= backbone_classes"):
+        split_sizes("fonts_transfer:classes=120,backbone_classes=100")
+    with pytest.raises(ValueError, match=r"1 <= shots <= 32 \* eval - 5"):
+        split_sizes("fonts_transfer:shots=156")
 
 
 def test_the_readme_and_ci_install_exactly_the_font_packages():

@@ -139,6 +139,12 @@ def _load_fonts(spec, *, data_root, seed, **_):
     return load_fonts(spec, data_root, seed)
 
 
+def _load_fonts_transfer(spec, *, data_root, seed, **_):
+    from dpsm_ray.data.fonts import load_fonts_transfer
+
+    return load_fonts_transfer(spec, data_root, seed)
+
+
 def _fonts_present(spec, data_root, download):
     from dpsm_ray.data.fonts import find_faces
 
@@ -203,6 +209,15 @@ for _card in (
         "lenet",
         check_files=_fonts_present,
         options=catalog.FONTS_DEFAULTS,
+    ),
+    DatasetCard(
+        "fonts_transfer",
+        "few images of held-out typefaces, for a network pretrained on fonts (--pretrained-path)",
+        lambda spec: catalog.font_transfer_sizes(catalog.parse_fonts_transfer(spec)),
+        _load_fonts_transfer,
+        "lenet",
+        check_files=_fonts_present,
+        options=catalog.FONTS_TRANSFER_DEFAULTS,
     ),
     DatasetCard(
         "fashion_mnist",

@@ -134,8 +134,8 @@ def pretrainable_models() -> tuple[str, ...]:
 def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (3, 32, 32), pretrained_path=None):
     """A freshly initialised model ``name`` (its card's builder, a ``torch.nn.Module``) for inputs
     ``input_shape`` and ``num_classes`` outputs.  ``pretrained_path``: a local weights file for a
-    pretrainable model (``resnet50`` / ``densenet121``: an ImageNet state dict; every tensor but
-    the classifier head is loaded from it)."""
+    pretrainable model (``resnet50`` / ``densenet121``: an ImageNet state dict; ``lenet``: a run's
+    model.pt); every tensor but the classifier head's is loaded from it."""
     from torch import nn
 
     card = model_card(name)
@@ -215,7 +215,12 @@ def _cnn(input_shape, num_classes, pretrained_path=None):
 def _lenet(input_shape, num_classes, pretrained_path=None):
     from dpsm_ray.models.small import LeNet
 
-    return LeNet(input_shape, num_classes)
+    model = LeNet(input_shape, num_classes)
+    if pretrained_path is None:
+        return model
+    from dpsm_ray.models.weights import load_backbone
+
+    return load_backbone(model, "lenet", pretrained_path, LeNet.HEAD)
 
 
 def _cifar_resnet(depth: int):
@@ -276,7 +281,7 @@ for _card in (
         ModelCard(name, f"torchvision {name} (ImageNet architecture)", _imagenet(name), inputs="rgb", pretrainable=True, trials_per_gpu=1)
         for name in catalog.IMAGENET_HEADS
     ),
-    ModelCard("lenet", "LeNet-5", _lenet, inputs="image"),
+    ModelCard("lenet", "LeNet-5", _lenet, inputs="image", pretrainable=True),
     ModelCard(
         "torchvision",
         "any torchvision classification architecture, randomly initialised, its classifier for the dataset's classes",

@@ -7,7 +7,11 @@ and overlaid with noise (``CONTRAST``, ``NOISE``).
 
     fonts                               141 classes, 2 renders of each in each training face,
                                         3 in each held-out face
-    fonts:classes=20,train=1,eval=3     the first 20 classes; any of the three options
+    fonts:classes=20,train=1,eval=3     the first 20 classes; any of the options
+    fonts:noise=20                      less noise on every render (``NOISE``: 50)
+    fonts_transfer                      small data on pretrained features: 40 training images of each
+                                        of 100 classes from the held-out faces, for a network
+                                        pretrained on the training faces (``load_fonts_transfer``)
 
 **Split by design, not by image.**  The typefaces are grouped by design (``catalog.FONT_DESIGNS``:
 metric clones such as Arimo, Liberation Sans, Nimbus Sans and FreeSans are one design, and so are
@@ -44,9 +48,13 @@ from dpsm_ray.catalog import (
     FONT_CLASSES,
     FONT_DESIGNS,
     FONT_PACKAGES,
+    FONTS_DEFAULTS,
+    FONTS_NOISE,
     font_faces,
     font_sizes,
+    font_transfer_sizes,
     parse_fonts,
+    parse_fonts_transfer,
 )
 from dpsm_ray.files import atomic_write, cache_home, sha256_file
 
@@ -59,9 +67,9 @@ STROKES = (0, 1)  # extra stroke width at the rendering scale: thicker or not
 # Each image then degraded: its glyph dimmed to a fraction of full white, and Gaussian noise added
 # (standard deviation in 0..255 units).  Without them a LeNet reached 85% held-out accuracy and HPS
 # sets of 1.1 at alpha 0.1 in 8 epochs, past the paper's regime; with noise 40 / 60: 70% / 58%,
-# HPS 2.4 / 5.5 (docs/datasets.md).
+# HPS 2.4 / 5.5 (docs/datasets.md).  The noise is an option (``fonts:noise=S``); NOISE is its default.
 CONTRAST = (0.25, 1.0)
-NOISE = 50.0
+NOISE = FONTS_NOISE
 AUGMENT_PADDING = 2
 DATA_SEED = 1234  # the images are fixed by the options; only the split depends on the run seed
 RENDER_VERSION = 2  # bump when the rendering changes: it is part of the cache key (2: the dimming and noise)
@@ -144,9 +152,9 @@ def truetype(path: str, point_size: int):
     return ImageFont.truetype(path, point_size)
 
 
-def render_face(font_file: Path, classes: str, renders: int, rng: np.random.Generator) -> np.ndarray:
+def render_face(font_file: Path, classes: str, renders: int, rng: np.random.Generator, noise: float = NOISE) -> np.ndarray:
     """``renders`` jittered images of each of ``classes`` in one face: ``[len(classes) * renders,
-    SIZE, SIZE]``, class by class."""
+    SIZE, SIZE]``, class by class, each dimmed and overlaid with Gaussian noise of s.d. ``noise``."""
     images = np.empty((len(classes) * renders, SIZE, SIZE), dtype=np.uint8)
     for index in range(len(images)):
         glyph = render(
@@ -157,7 +165,7 @@ def render_face(font_file: Path, classes: str, renders: int, rng: np.random.Gene
             shift=(int(rng.integers(-SHIFT, SHIFT + 1)), int(rng.integers(-SHIFT, SHIFT + 1))),
             stroke=int(rng.choice(STROKES)),
         )
-        degraded = glyph * rng.uniform(*CONTRAST) + rng.normal(0.0, NOISE, size=glyph.shape)
+        degraded = glyph * rng.uniform(*CONTRAST) + rng.normal(0.0, noise, size=glyph.shape)
         images[index] = np.clip(np.rint(degraded), 0, 255)
     return images
 
@@ -168,10 +176,12 @@ def rendering_key(options: dict, faces: dict[tuple[str, str], Path]) -> str:
     import PIL
     from PIL import features
 
+    # the noise is hashed as a setting, so the keys made before it was an option still hold
+    counts = {k: int(v) for k, v in sorted(options.items()) if k != "noise"}
     payload = {
-        "options": {k: int(v) for k, v in sorted(options.items())}, "classes": FONT_CLASSES, "version": RENDER_VERSION, "seed": DATA_SEED,
+        "options": counts, "classes": FONT_CLASSES, "version": RENDER_VERSION, "seed": DATA_SEED,
         "pillow": PIL.__version__, "freetype": features.version("freetype2"),
-        "settings": [SIZE, SCALE, list(POINT_SIZES), ROTATION, SHIFT, list(STROKES), list(CONTRAST), NOISE],
+        "settings": [SIZE, SCALE, list(POINT_SIZES), ROTATION, SHIFT, list(STROKES), list(CONTRAST), float(options.get("noise", NOISE))],
         "faces": [[family, style, sha256_file(faces[(family, style)])] for family, style in font_faces("train") + font_faces("held_out")],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
@@ -194,7 +204,7 @@ def rendered(options: dict, root: str | os.PathLike | None = None, log=None) -> 
     images, labels, face_ids = [], [], []
     for index, face in enumerate(order):
         renders = int(options["train"] if index < len(font_faces("train")) else options["eval"])
-        images.append(render_face(faces[face], classes, renders, rng))
+        images.append(render_face(faces[face], classes, renders, rng, float(options.get("noise", NOISE))))
         labels.append(np.repeat(np.arange(len(classes), dtype=np.int64), renders))
         face_ids.append(np.full(len(classes) * renders, index, dtype=np.int64))
     arrays = {"images": np.concatenate(images), "labels": np.concatenate(labels), "faces": np.concatenate(face_ids)}
@@ -203,12 +213,14 @@ def rendered(options: dict, root: str | os.PathLike | None = None, log=None) -> 
     return arrays
 
 
-def held_out_parts(labels: np.ndarray, held_out: np.ndarray, sizes: dict[str, int], classes: int, seed: int) -> list[np.ndarray]:
-    """The held-out images' ids cut into validation, calibration and test, the same number of each
-    class in each (``sizes`` divided by ``classes``), at random by ``seed``."""
+def held_out_parts(
+    labels: np.ndarray, held_out: np.ndarray, sizes: dict[str, int], classes: int, seed: int, splits=("val", "cal", "test")
+) -> list[np.ndarray]:
+    """The held-out images' ids cut into ``splits`` (validation, calibration and test), the same
+    number of each class in each (``sizes`` divided by ``classes``), at random by ``seed``."""
     rng = np.random.default_rng([DATA_SEED, seed])
-    per_class = [sizes[split] // classes for split in ("val", "cal", "test")]
-    parts = [[], [], []]
+    per_class = [sizes[split] // classes for split in splits]
+    parts = [[] for _ in splits]
     for label in range(classes):
         ids = rng.permutation(held_out[labels[held_out] == label])
         bounds = np.cumsum([0, *per_class])
@@ -228,11 +240,6 @@ def fonts_transform(images, ids, augment: bool, seed: int, *, spec):
 
 
 def load_fonts(spec: str, data_root: str | os.PathLike | None, seed: int, log=None):
-    import torch
-
-    from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, pixel_statistics
-    from dpsm_ray.data.splits import DataSplits, Split, TensorSource
-
     options = parse_fonts(spec)
     classes = int(options["classes"])
     sizes = font_sizes(options)
@@ -240,10 +247,46 @@ def load_fonts(spec: str, data_root: str | os.PathLike | None, seed: int, log=No
     labels, faces = arrays["labels"], arrays["faces"]
     train = np.flatnonzero(faces < len(font_faces("train")))
     parts = [train, *held_out_parts(labels, np.flatnonzero(faces >= len(font_faces("train"))), sizes, classes, seed)]
-    mean, std = pixel_statistics(arrays["images"][train])
+    return font_splits(spec, arrays, parts, classes, train)
+
+
+def load_fonts_transfer(spec: str, data_root: str | os.PathLike | None, seed: int, log=None):
+    """``fonts_transfer``: small data on pretrained features, as Caltech-101's networks start from
+    ImageNet.  Every split comes from the held-out faces: ``shots`` training images of each of the
+    first ``classes`` classes, and the rest of its renders cut into validation, calibration and
+    test, at random by ``seed``.  The renders are those of ``fonts:classes=B,eval=E,noise=S``
+    (``backbone_options``: the same cache), and the inputs are standardised by that dataset's training faces, so a network
+    pretrained there (``--pretrained-path``: its model.pt; every layer but the head) sees the pixel
+    scale it learned on."""
+    options = parse_fonts_transfer(spec)
+    classes = int(options["classes"])
+    arrays = rendered(backbone_options(options), data_root, log=log)
+    labels, faces = arrays["labels"], arrays["faces"]
+    held_out = np.flatnonzero(faces >= len(font_faces("train")))
+    parts = held_out_parts(labels, held_out, font_transfer_sizes(options), classes, seed, ("train", "val", "cal", "test"))
+    return font_splits(spec, arrays, parts, classes, np.flatnonzero(faces < len(font_faces("train"))))
+
+
+def backbone_options(options: dict) -> dict:
+    """The ``fonts`` options whose renders ``fonts_transfer`` with ``options`` cuts -- the data its
+    backbone is pretrained on: ``backbone_classes`` classes, the default renders a training face,
+    its ``eval`` and ``noise``."""
+    classes, renders, noise = int(options["backbone_classes"]), int(options["eval"]), float(options["noise"])
+    return {**FONTS_DEFAULTS, "classes": classes, "eval": renders, "noise": noise}
+
+
+def font_splits(spec: str, arrays: dict, parts: list[np.ndarray], classes: int, statistics_of: np.ndarray):
+    """The four splits (``parts``: ids into ``arrays``), standardised by the pixel statistics of
+    the images ``statistics_of`` (the training faces')."""
+    import torch
+
+    from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, pixel_statistics
+    from dpsm_ray.data.splits import DataSplits, Split, TensorSource
+
+    mean, std = pixel_statistics(arrays["images"][statistics_of])
     input_spec = InputSpec((1, SIZE, SIZE), 255.0, mean, std, f"8-bit greyscale pixel values 0..255, white on black, [1, {SIZE}, {SIZE}]",
                            ImageSpec("L", SIZE))
-    source = TensorSource(torch.from_numpy(arrays["images"][:, None]).contiguous(), torch.from_numpy(labels),
+    source = TensorSource(torch.from_numpy(arrays["images"][:, None]).contiguous(), torch.from_numpy(arrays["labels"]),
                           functools.partial(fonts_transform, spec=input_spec))
     splits = [Split(name, torch.from_numpy(ids), source) for name, ids in zip(("train", "val", "cal", "test"), parts)]
     return DataSplits(spec, classes, (1, SIZE, SIZE), *splits, input_spec=input_spec, class_names=tuple(FONT_CLASSES[:classes]))
@@ -266,4 +309,4 @@ def identical_glyphs(faces: dict[tuple[str, str], Path], candidates: str) -> dic
     return counts
 
 
-__all__ = ["APT_LINE", "FONT_DESIGNS", "find_faces", "identical_glyphs", "load_fonts", "render", "rendered"]
+__all__ = ["APT_LINE", "FONT_DESIGNS", "find_faces", "identical_glyphs", "load_fonts", "load_fonts_transfer", "render", "rendered"]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import torch
 from torch import nn
+
+from dpsm_ray.models.weights import load_backbone as load_pretrained
 
 # the classifier layer of each architecture, replaced for the dataset's classes
 from dpsm_ray.catalog import IMAGENET_HEADS as HEADS
@@ -27,34 +28,9 @@ def imagenet_model(name: str, num_classes: int) -> nn.Module:
 
 
 def load_backbone(model: nn.Module, name: str, path: str | Path) -> nn.Module:
-    """Copy every tensor except the classifier head from the state dict saved at ``path``.
-
-    The head is left as initialised (its shape depends on the class count); every other tensor
-    must be in the file with the model's shape, so a file for another architecture fails loudly
-    instead of leaving a silently random backbone.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"pretrained weights not found at {path}: give a local torchvision state dict (.pth) for {name}")
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(saved, dict):
-        raise ValueError(f"pretrained weights at {path} must be a state dict (name -> tensor); got {type(saved).__name__}")
-    saved = {_current_key(key): value for key, value in saved.items()}
-    head = HEADS[name] + "."
-    backbone = {key: value for key, value in model.state_dict().items() if not key.startswith(head)}
-    # BatchNorm's step counters are absent from older torchvision files and not needed to predict
-    unfit = [
-        key
-        for key, value in backbone.items()
-        if not key.endswith("num_batches_tracked") and (key not in saved or saved[key].shape != value.shape)
-    ]
-    if unfit:
-        raise ValueError(
-            f"pretrained weights at {path} do not fit {name}: {len(unfit)} of its {len(backbone)} backbone tensors are missing or of"
-            f" another shape (first: {unfit[0]})"
-        )
-    model.load_state_dict({key: saved[key] for key in backbone if key in saved}, strict=False)
-    return model
+    """Copy every tensor except the classifier head from the torchvision state dict saved at
+    ``path`` (``dpsm_ray.models.weights.load_backbone``), its older DenseNet keys renamed."""
+    return load_pretrained(model, name, path, HEADS[name], rename=_current_key)
 
 
 def _current_key(key: str) -> str:

@@ -56,6 +56,8 @@ class LeNet(nn.Module):
     whose full-resolution features are averaged to 2x2), and the hidden layer gives it the
     capacity to fit 20 images of each of 100 classes under augmentation."""
 
+    HEAD = "net.9"  # the classifier a pretrained backbone's new head replaces (--pretrained-path)
+
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: int = 32, hidden: int = 256) -> None:
         super().__init__()
         if len(input_shape) != 3 or min(input_shape[1:]) < 4:

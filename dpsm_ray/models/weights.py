@@ -1,7 +1,8 @@
 """A researcher's own weights (``--init weights:FILE``): a state dict in a ``.pt``/``.pth`` file
 (read with ``torch.load(weights_only=True)``: tensors only, nothing unpickled that could run code) or
 a ``.safetensors`` file, loaded into the model whole: every key and every shape must match, and one
-line names the first few that do not."""
+line names the first few that do not.  A pretrained backbone (``--pretrained-path FILE``): every
+tensor but the classifier head's, from such a file (``load_backbone``)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,32 @@ def load_weights(model: nn.Module, path: str | Path, model_name: str, option: st
     if problems:
         raise ValueError(f"{option}{path} does not fit model {model_name} ({len(own)} tensors): {'; '.join(problems)}")
     model.load_state_dict(saved)
+
+
+def load_backbone(model: nn.Module, name: str, path: str | Path, head: str, rename=None) -> nn.Module:
+    """Copy every tensor of ``model`` except the classifier head's (the module ``head``) from the
+    state dict saved at ``path`` (an ImageNet file for torchvision's models, a run's ``model.pt``
+    for the small ones; ``rename`` maps an older file's keys to the model's).  The head is left as
+    initialised: its shape follows the class count.  Every other tensor must be in the file with the
+    model's shape, so a file for another architecture fails loudly instead of leaving a silently
+    random backbone."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pretrained weights not found at {path}: give a local state dict file of {name} (--pretrained-path)")
+    saved = read_state_dict(path, "--pretrained-path ")
+    if rename is not None:
+        saved = {rename(key): value for key, value in saved.items()}
+    backbone = {key: value for key, value in model.state_dict().items() if not key.startswith(head + ".")}
+    # BatchNorm's step counters are absent from older torchvision files and not needed to predict
+    unfit = [
+        key
+        for key, value in backbone.items()
+        if not key.endswith("num_batches_tracked") and (key not in saved or saved[key].shape != value.shape)
+    ]
+    if unfit:
+        raise ValueError(
+            f"pretrained weights at {path} do not fit {name}: {len(unfit)} of its {len(backbone)} backbone tensors are missing or of"
+            f" another shape (first: {unfit[0]})"
+        )
+    model.load_state_dict({key: saved[key] for key in backbone if key in saved}, strict=False)
+    return model

@@ -113,8 +113,27 @@ def test_weights_of_another_architecture_are_refused(tmp_path):
         build_model("resnet50", 10, pretrained_path=path)
 
 
+def test_a_lenet_backbone_from_a_runs_weights_gets_a_new_seeded_head(tmp_path):
+    """--pretrained-path for lenet: a run's model.pt of another class count; every tensor but the
+    head's is the file's, the head is the fresh one the seed gives; another model's file fails."""
+    path = tmp_path / "model.pt"
+    torch.manual_seed(0)
+    state = build_model("lenet", 12, input_shape=(1, 32, 32)).state_dict()
+    torch.save(state, path)
+    torch.manual_seed(5)
+    fresh = build_model("lenet", 6, input_shape=(1, 32, 32)).state_dict()
+    torch.manual_seed(5)
+    model = build_model("lenet", 6, input_shape=(1, 32, 32), pretrained_path=path).state_dict()
+    for key, value in model.items():
+        assert torch.equal(value, fresh[key] if key.startswith("net.9.") else state[key]), key
+    assert not torch.equal(model["net.0.weight"], fresh["net.0.weight"])
+    torch.save(build_model("cnn", 12, input_shape=(1, 32, 32)).state_dict(), tmp_path / "cnn.pt")
+    with pytest.raises(ValueError, match="do not fit lenet: 4 of its 6 backbone tensors are missing or of another shape \\(first: net.3.weight\\)"):
+        build_model("lenet", 6, input_shape=(1, 32, 32), pretrained_path=tmp_path / "cnn.pt")
+
+
 def test_pretrained_weights_are_only_for_the_imagenet_models(tmp_path):
-    with pytest.raises(ValueError, match="pretrained_path is for the models resnet50, densenet121; got model 'resnet110'"):
+    with pytest.raises(ValueError, match="pretrained_path is for the models resnet50, densenet121, lenet; got model 'resnet110'"):
         build_model("resnet110", 10, pretrained_path=tmp_path / "x.pth")
 
 
