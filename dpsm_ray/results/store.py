@@ -88,6 +88,29 @@ def run_key(config) -> dict:
     }
 
 
+def runtime(result) -> dict:
+    """What fixes a run's numbers besides its configuration (docs/fidelity.md, "Repeatability"):
+    the device, torch's thread count in the process that trained it, and the versions of Python and
+    of the libraries that compute it.  On one device with one thread and these versions, a
+    configuration gives the same rows bit for bit (tests/test_repeatability.py); another thread
+    count sums in another order, and the rows drift apart over the epochs."""
+    import platform
+
+    import numpy
+    import torch
+
+    from dpsm_ray import __version__
+
+    return {
+        "device": result.device,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "dpsm_ray": __version__,
+    }
+
+
 def write_run(out_dir: str | os.PathLike, result) -> None:
     """A finished run's files: config.json, splits.json, epochs.parquet, evals.parquet,
     classes.parquet, model.pt."""
@@ -96,7 +119,8 @@ def write_run(out_dir: str | os.PathLike, result) -> None:
     out = Path(out_dir)
     atomic_write(out / "model.pt", lambda handle: torch.save(result.model_state, handle))
     key = run_key(result.config)
-    write_json(out / "config.json", {**result.config.to_dict(), "run_id": key["run_id"], "split_sizes": result.split_sizes})
+    record = {**result.config.to_dict(), "run_id": key["run_id"], "split_sizes": result.split_sizes, "runtime": runtime(result)}
+    write_json(out / "config.json", record)
     write_json(out / "splits.json", result.split_ids)
     write_parquet(out / PARQUET["epochs"], [{**key, **row} for row in result.epochs], EPOCHS)
     write_parquet(out / PARQUET["evals"], [{**key, **row} for row in result.evals], EVALS)

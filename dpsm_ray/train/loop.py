@@ -79,6 +79,7 @@ class RunResult:
     split_sizes: dict[str, int] = field(default_factory=dict)
     split_ids: dict[str, list[int]] = field(default_factory=dict)
     model_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    device: str | None = None  # where it trained (config.json's runtime record)
 
 
 def load_data(config: TrainConfig, device: torch.device) -> DataSplits:
@@ -234,7 +235,10 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
     scheduler = lr_scheduler(optimizer, config)
     d1, d2 = halves(train_size, config.seed)
     result = RunResult(
-        config, split_sizes=data.sizes(), split_ids={n: getattr(data, n).ids.tolist() for n in ("train", "val", "cal", "test")}
+        config,
+        split_sizes=data.sizes(),
+        split_ids={n: getattr(data, n).ids.tolist() for n in ("train", "val", "cal", "test")},
+        device=str(env.device),
     )
 
     state = env.load_state()
