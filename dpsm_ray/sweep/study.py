@@ -94,6 +94,7 @@ SHARED_WITH_THE_SWEEP = (
     "dataset",
     "alpha",
     "model",
+    "pretrained_path",
     "init",
     "base_epochs",
     "base_lr",
@@ -213,9 +214,9 @@ def study_from_args(args, definition: dict, parser) -> Study:
     if args.quick:
         arms = shortened(arms, definition["quick"]["epochs"], definition["quick"]["milestones"])
     if args.searched_from:  # after the fixed arms
-        expected = TrainConfig.from_dict(
+        expected = TrainConfig.from_dict(  # paths absolute, as the sweep recorded its own
             {**common, **({"epochs": definition["quick"]["epochs"], "milestones": definition["quick"]["milestones"]} if args.quick else {})}
-        )
+        ).with_absolute_paths()
         try:
             searched = searched_arms(Path(args.searched_from), expected, log=lambda line: print(line, flush=True))
         except SweepError as error:

@@ -1,0 +1,66 @@
+"""Round two's arms and searches (sweeps/round_two.py, docs/fidelity.md "Round two"): what the
+criterion names, in the order its budget rule needs, at the settings its searches share."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpsm_ray.config import TrainConfig
+from dpsm_ray.results.studies import Study
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "sweeps"))
+try:
+    import round_two
+finally:
+    sys.path.pop(0)
+
+
+def configs(dataset: str) -> dict[str, TrainConfig]:
+    definition = round_two.DATASETS[dataset]
+    study = Study(name=dataset, common=TrainConfig.from_dict(definition["common"]), arms=definition["arms"], seeds=(0,))
+    return {arm.name: study.arm_config(arm) for arm in study.arms}
+
+
+@pytest.mark.parametrize("dataset", ["fonts_transfer", "fonts"])
+def test_the_sharp_arms_are_the_criterion_s_at_one_lr_in_the_cut_order(dataset):
+    arms = configs(dataset)
+    sharp = {name: config for name, config in arms.items() if name not in ("base", "ce")}
+    assert len(sharp) == 10 and {config.lr for config in sharp.values()} == {round_two.SHARP_LR}
+    grid = {(c.method, c.sigmoid_temperature if c.method != "cut" else None, c.conformal_weight) for c in sharp.values()}
+    assert grid == {(m, t, w) for m in ("dpsm", "conftr") for t in (0.01, 0.03) for w in (0.5, 0.1)} | {("cut", None, 0.5), ("cut", None, 0.1)}
+    assert all(c.ce_batch == "full" for c in sharp.values() if c.method == "dpsm")  # the size term on, as in the first round
+    assert all(c.diagnostic_examples == 0 and c.cpus_per_worker == 1 and c.data_workers == 0 for c in arms.values())
+    order = list(arms)
+    assert order[:2] == ["base", "ce"]
+    # the budget rule cuts the lambda 0.1 arms first, then the T 0.03 ones: they run last, in that order
+    lambda01 = [i for i, name in enumerate(order) if name.endswith("_l01")]
+    t003_l05 = [order.index(name) for name in ("dpsm_t003_l05", "conftr_t003_l05")]
+    assert min(lambda01) > max(t003_l05) > max(order.index(n) for n in ("dpsm_t001_l05", "conftr_t001_l05", "cut_l05"))
+    names = set(order)
+    assert all(set(t) <= names for t in round_two.ANALYSIS["mechanism"])
+    assert all(set(pair) <= names | {"searched_ce", "searched_conftr", "searched_cut", "searched_dpsm"} for pair in round_two.ANALYSIS["comparisons"])
+
+
+def test_the_transfer_study_fine_tunes_from_base_models_on_the_backbone():
+    arms = configs("fonts_transfer")
+    ce = arms["ce"]
+    assert ce.dataset == "fonts_transfer" and ce.model == "lenet" and ce.pretrained_path.endswith("runs/fonts-backbone/model.pt")
+    assert (ce.base_epochs, ce.base_milestones, ce.base_lr, ce.base_batch_size) == (30, (15, 25), 0.01, 64)
+    assert (ce.init, ce.epochs, ce.batch_size, ce.lr, ce.milestones) == ("base", 40, 128, 0.1, (25,))
+
+
+def test_the_transfer_search_config_searches_at_the_study_s_settings_with_the_fair_budget():
+    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, GENERIC_DEFAULTS, build_parser, spec_from_args
+    from dpsm_ray.sweep.options import GENERIC, parse_with_config
+    from dpsm_ray.sweep.study import SHARED_WITH_THE_SWEEP
+
+    config = ROOT / "sweeps" / "round_two-fonts_transfer-search.yaml"
+    args = parse_with_config(build_parser(GENERIC, "", GENERIC_DEFAULTS), GENERIC, CONFIG_OPTIONS, ["--config", str(config)])
+    spec = spec_from_args(GENERIC, args, GENERIC_DEFAULTS)
+    study = TrainConfig.from_dict(round_two.DATASETS["fonts_transfer"]["common"]).with_absolute_paths()  # as the study compares them
+    assert "pretrained_path" in SHARED_WITH_THE_SWEEP  # a search on another backbone is not this study's
+    assert {name: getattr(spec.base, name) for name in SHARED_WITH_THE_SWEEP} == {name: getattr(study, name) for name in SHARED_WITH_THE_SWEEP}
+    assert spec.methods == ("ce", "conftr", "cut", "dpsm") and spec.trials_per_knob == 2 and spec.seed == study.seed
+    assert {method: spec.search_trials(method) for method in spec.methods} == {"ce": 2, "conftr": 6, "cut": 4, "dpsm": 8}
