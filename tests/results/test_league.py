@@ -1,12 +1,14 @@
 """The league's table and verdicts (dpsm_ray/results/league.py, docs/league.md's criterion) by hand, its
 compact copy regenerating the same text, and the section a sweep's report gains."""
 
+import json
 import math
 
 import pandas as pd
 import pytest
 
 from dpsm_ray.results.league import (
+    COMPACT_SEARCH,
     analyse_league,
     league_markdown,
     league_section,
@@ -89,3 +91,12 @@ def test_the_compact_copy_regenerates_the_same_table(tmp_path):
     assert league_section(reader.final("evals")[reader.final("evals").method.isin(["ce", "dpsm"])], reader.trials, 0.1, None) == []
     with pytest.raises(FileNotFoundError, match="league-evals.csv is missing"):
         read_league_compact(tmp_path)
+    # every search trial, with the values its method searched: CE 2 (lr), CUT and DPSM 2 each, counted from 1
+    search = pd.read_csv(folder / "league-search.csv")
+    trials = reader.trials[reader.trials.stage == "search"]
+    assert len(search) == len(trials) == 6 and list(search.columns[:7]) == list(COMPACT_SEARCH) and search.columns[-1] == "error"
+    assert search.groupby("method").trial.apply(list).to_dict() == {"ce": [1, 2], "cut": [1, 2], "dpsm": [1, 2]}
+    assert search[search.method == "ce"][["conformal_weight", "sigmoid_temperature"]].isna().all().all()  # CE searched lr alone
+    for row in search.itertuples():
+        ran = json.loads(trials[(trials.method == row.method) & (trials.trial_index == row.trial - 1)].config_json.iloc[0])
+        assert row.lr == ran["lr"] and row.status == "ok" and row.feasible
