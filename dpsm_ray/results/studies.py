@@ -270,12 +270,19 @@ def markdown_report(analysis: dict) -> str:
              "calibration/test re-splits; set size mean ± std over seeds and re-splits.", ""]
     rows = [["arm", "models", *[f"{s.upper()} size" for s in scores], *[f"{s.upper()} coverage" for s in scores], "accuracy"]]
     seeds = len(analysis["seeds"])  # every seed some arm has a model of
+    outside = []  # (arm, score, coverage) outside the criterion's precondition
     for row in analysis["table"]:
         models = str(row["models"]) if row["models"] == seeds else f"{row['models']} of {seeds}"
         sizes = [f"{fmt(row[s]['set_size'])} ± {fmt(row[s]['set_size_std'])}" for s in scores]
-        coverages = [fmt(row[s]["coverage"], 3) for s in scores]
+        flagged = [s for s in scores if abs(row[s]["coverage"] - (1 - analysis["alpha"])) > COVERAGE_TOLERANCE]
+        outside += [(row["arm"], s, row[s]["coverage"]) for s in flagged]
+        coverages = [fmt(row[s]["coverage"], 3) + (" (outside)" if s in flagged else "") for s in scores]
         rows.append([f"{row['title']} (`{row['arm']}`)", models, *sizes, *coverages, fmt(row["accuracy"], 3)])
     lines += [markdown(rows), ""]
+    if outside:
+        said = "; ".join(f"`{arm}` {score.upper()} {coverage:.4f}" for arm, score, coverage in outside)
+        lines += [f"Outside the coverage precondition (1 - alpha ± {COVERAGE_TOLERANCE}: such a set size counts as smaller in no verdict): "
+                  f"{said}.", ""]
     if analysis["failed"]:
         grouped: dict[tuple[str, str], list[int]] = {}
         for failure in analysis["failed"]:
