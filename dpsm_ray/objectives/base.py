@@ -17,10 +17,13 @@ class ObjectiveOutput:
     """``loss`` carries the gradient; ``stats`` are detached scalars for logging:
     ``ce``, ``conformal`` (the unweighted L_c term), ``upper`` (ce + lambda * conformal),
     ``pinball`` (lower-level loss at ``quantile``) and ``quantile`` (DPSM's q or ConfTr's batch
-    tau; NaN where the method has none)."""
+    tau; NaN where the method has none).  ``parts``: the loss's two terms with their graphs, ``ce``
+    and ``size`` (lambda x L_c), where it is their sum: what the epoch diagnostics take the
+    gradient norm of (``dpsm_ray.train.loop.term_gradient_norms``); None where it is not."""
 
     loss: torch.Tensor
     stats: dict[str, torch.Tensor]
+    parts: dict[str, torch.Tensor] | None = None
 
 
 def hps_scores(logits: torch.Tensor) -> torch.Tensor:
@@ -99,7 +102,8 @@ class Objective:
 
     def _output(self, ce, conformal, pinball=None, quantile=None) -> ObjectiveOutput:
         nan = torch.full((), torch.nan, device=ce.device)
-        loss = ce + self.conformal_weight * conformal
+        size = self.conformal_weight * conformal
+        loss = ce + size
         stats = {
             "ce": ce.detach(),
             "conformal": conformal.detach(),
@@ -107,7 +111,7 @@ class Objective:
             "pinball": nan if pinball is None else pinball.detach(),
             "quantile": nan if quantile is None else quantile.detach(),
         }
-        return ObjectiveOutput(loss, stats)
+        return ObjectiveOutput(loss, stats, {"ce": ce, "size": size})
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

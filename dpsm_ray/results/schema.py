@@ -54,6 +54,12 @@ EPOCHS = {
     "lower_gap": pa.float64(),  # lower_loss_q - lower_loss_qn, >= 0
     "train_soft_size_q": pa.float64(),  # soft set size of the training split at q (figure 3(b))
     "train_set_size_q": pa.float64(),  # hard set size of the training split at q (figure 3(c))
+    # like for like with what a method learns from: the training scores augmented, in train mode
+    "q_dataset_train_mode": pa.float64(),  # their Q_n
+    "q_error_train_mode": pa.float64(),  # |q - Q_n| against it (ConfTr: batch taus recomputed from them)
+    # at the epoch's first batch, before its step (epoch 1: the run's first step)
+    "ce_grad_norm": pa.float64(),  # the gradient norm of the CE term
+    "size_grad_norm": pa.float64(),  # ... of the size term lambda x L_c (NaN where the loss is not CE + size)
     "val_coverage": pa.float64(),
     "val_set_size": pa.float64(),
     "val_accuracy": pa.float64(),

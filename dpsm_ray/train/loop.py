@@ -267,6 +267,9 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
 
     step = None
     for epoch in range(start_epoch, config.epochs):
+        probed = time.perf_counter()
+        with clock("evaluate"):  # before the epoch's first step: epoch 1's is the first step's gradient
+            gradients = term_gradient_norms(model, objective, data.train, d1, d2, epoch, config, env)
         started = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
         with clock("train"):
@@ -277,16 +280,17 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
                     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
                 scheduler.step()
         trained = time.perf_counter()  # the epoch's statistics are Python floats: the steps have finished
-        row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr, **stats}
+        row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr, **stats, **gradients}
         with clock("evaluate"):
             row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
+            row.update(train_mode_quantiles(model, objective, data.train, d1, epoch, config, env))
             diagnosed = time.perf_counter()
             row.update(validation_metrics(model, data.val, data.num_classes, config, env))
         ended = time.perf_counter()
         row.update(
-            epoch_seconds=ended - started,
+            epoch_seconds=ended - probed,
             train_seconds=trained - started,
-            diagnostics_seconds=diagnosed - trained,
+            diagnostics_seconds=diagnosed - trained + started - probed,
             validation_seconds=ended - diagnosed,
         )
         result.epochs.append(row)
@@ -479,6 +483,90 @@ def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, con
         "train_set_size_q": at_learned(lambda q: set_size(prediction_sets(scores, q))),
     })
     return row
+
+
+class Untouched:
+    """Within it, the run's state is measured, not changed: torch's RNG (dropout), the network's
+    buffers (BatchNorm's running statistics, which a forward in train mode updates) and the
+    objective's state tensors (DPSM's q, CUT's step count, which its call steps) are put back as
+    they were, in place -- a captured step finds them at the same addresses."""
+
+    def __init__(self, model: nn.Module, objective: Objective, device: torch.device) -> None:
+        self.net, self.objective, self.device = unwrap(model), objective, device
+
+    def __enter__(self):
+        self.rng = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
+        self.rng.__enter__()
+        self.training = self.net.training
+        self.saved = [(t, t.detach().clone()) for t in [*self.net.buffers(), *self.objective.state_tensors()]]
+        return self
+
+    def __exit__(self, *exc):
+        with torch.no_grad():
+            for tensor, value in self.saved:
+                tensor.copy_(value)
+        self.net.train(self.training)
+        return self.rng.__exit__(*exc)
+
+
+def term_gradient_norms(model, objective: Objective, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env) -> dict:
+    """The norm of the gradient of each term of the loss -- CE, and the size term lambda x L_c --
+    at the epoch's first batch, before its first step (epoch 1: the run's first step), in train
+    mode with the batch's augmentation: whether a configuration's size term is active, against
+    CE's.  Nothing of the run changes (``Untouched``).  NaN where the method's loss is not CE plus a
+    size term (``ObjectiveOutput.parts``: ConfTS, RWCE, ConfTr as published) or the run spans
+    several workers (their steps share the gradient)."""
+    nan = {"ce_grad_norm": math.nan, "size_grad_norm": math.nan}
+    if env.collective.world_size > 1:
+        return nan
+    if objective.batch_split == "batch":
+        batches1, batches2 = split_batches(torch.arange(len(train_split)), epoch, config.seed, config.batch_size, 0, 1)
+    else:
+        batches1 = step_batches(d1, epoch, config.seed, "d1", config.batch_size // 2, 0, 1)
+        batches2 = step_batches(d2, epoch, config.seed, "d2", config.batch_size // 2, 0, 1)
+    seed = derive_seed(config.seed, "augment", epoch)
+    (x1, y1), (x2, y2) = (next(train_split.batches(b[:1], augment=True, seed=seed)) for b in (batches1, batches2))
+    net = unwrap(model)
+    weights = [p for p in net.parameters() if p.requires_grad]
+    with Untouched(model, objective, env.device):
+        net.train()
+        with autocast(env.device, config.precision):
+            out = objective(*(t.to(env.device) for t in (net(x1.to(env.device)), y1, net(x2.to(env.device)), y2)))
+        if out.parts is None or not weights:
+            return nan
+        norms = {}
+        for name, term in out.parts.items():  # CE's size term is a constant 0: no gradient
+            grads = torch.autograd.grad(term.float(), weights, retain_graph=True, allow_unused=True) if term.requires_grad else ()
+            norms[f"{name}_grad_norm"] = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads if g is not None))
+    return norms
+
+
+def train_mode_quantiles(model, objective: Objective, train_split: Split, d1, epoch: int, config: TrainConfig, env) -> dict:
+    """The quantile diagnostics like for like with what a method learns from: the training
+    examples' scores as training sees them -- augmented, the network in train mode, in batches of
+    the run's size -- their Q_n, and the learned quantile's distance to it (DPSM's q; ConfTr's
+    batch quantiles recomputed from these scores).  ``q_error_train`` holds the same against
+    eval-mode scores.  The examples are ``diagnostic_sample``'s; nothing of the run changes."""
+    nan = {"q_dataset_train_mode": math.nan, "q_error_train_mode": math.nan}
+    if env.collective.world_size > 1:
+        return nan
+    sample = diagnostic_sample(len(train_split), config)
+    positions = torch.arange(len(train_split)) if sample is None else sample
+    net = unwrap(model)
+    seed = derive_seed(config.seed, "train-mode scores", epoch)
+    with Untouched(model, objective, env.device), torch.no_grad():
+        net.train()
+        logits, labels = [], []
+        for x, y in train_split.batches(list(positions.split(config.batch_size)), augment=True, seed=seed):
+            with autocast(env.device, config.precision):
+                logits.append(net(x.to(env.device)).float())
+            labels.append(y.to(env.device))
+    scores = label_scores(hps_scores(torch.cat(logits)).double(), torch.cat(labels))
+    in_d1 = torch.isin(positions, d1).to(scores.device)
+    q_train = empirical_quantile(scores, 1 - config.alpha)
+    learned = learned_quantiles(objective, scores[in_d1], scores, config)
+    error = math.nan if learned is None else float((learned.to(scores.device) - q_train).abs().mean())
+    return {"q_dataset_train_mode": float(q_train), "q_error_train_mode": error}
 
 
 def learned_quantiles(

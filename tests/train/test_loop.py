@@ -333,3 +333,99 @@ def test_methods_without_a_quantile_have_only_the_dataset_quantiles():
     for name in ("q_dataset", "q_dataset_train", "soft_size"):
         assert row[name] == pytest.approx(expected[name], abs=1e-6)
     assert all(math.isnan(value) for name, value in row.items() if name not in ("q_dataset", "q_dataset_train", "soft_size"))
+
+
+class TrainMode(Table):
+    """The table's logits, doubled in train mode (as augmentation or BatchNorm's batch statistics
+    change what training sees); a train-mode forward also counts itself in a buffer and draws from
+    torch's RNG (as BatchNorm and dropout do) -- what the diagnostics must put back."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("forwards", torch.zeros(()))
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        self.forwards += 1
+        torch.rand(1)
+        return 2 * super().forward(x)
+
+
+@pytest.mark.parametrize("method", ["dpsm", "conftr"])
+def test_train_mode_quantiles_by_hand_and_nothing_of_the_run_changes(method):
+    from dpsm_ray.cards import build_objective
+    from dpsm_ray.train.loop import train_mode_quantiles
+
+    config = TrainConfig(dataset="digits", method=method, alpha=0.4, batch_size=6, sigmoid_temperature=0.2, conformal_weight=0.7)
+    objective = build_objective(method, alpha=0.4, conformal_weight=0.7, sigmoid_temperature=0.2, sort_temperature=0.0, quantile_lr=0.1)
+    if method == "dpsm":
+        objective.q = torch.tensor(0.5)
+    model, d1 = TrainMode().eval(), torch.tensor([4, 0, 2])
+    rng = torch.get_rng_state()
+    row = train_mode_quantiles(model, objective, table_data().train, d1, 0, config, LocalEnv(torch.device("cpu"), **QUIET))
+    # by hand: the label scores of 1 - softmax(2 x logits); Q_n the ceil(6 x 0.6) = 4th smallest
+    probs = [[math.exp(2 * v) / sum(math.exp(2 * w) for w in r) for v in r] for r in TABLE_LOGITS]
+    scores = [1 - probs[i][TABLE_LABELS[i]] for i in range(6)]
+    q_train = sorted(scores)[3]
+    # DPSM: its q; ConfTr: one calibration batch of 3 (all of D1), tau its conformal quantile, the 3rd smallest
+    learned = 0.5 if method == "dpsm" else sorted(scores[i] for i in d1.tolist())[2]
+    assert row["q_dataset_train_mode"] == pytest.approx(q_train, abs=1e-6)  # the table's logits are float32
+    assert row["q_error_train_mode"] == pytest.approx(abs(learned - q_train), abs=1e-6)
+    assert float(model.forwards) == 0 and not model.training and torch.equal(torch.get_rng_state(), rng)
+    if method == "dpsm":
+        assert float(objective.q) == 0.5
+
+
+def test_term_gradient_norms_are_each_terms_gradient_at_the_epochs_first_batch_and_change_nothing():
+    import copy
+
+    from dpsm_ray.cards import build_model, build_objective, load_splits
+    from dpsm_ray.seeding import derive_seed
+    from dpsm_ray.train.loop import term_gradient_norms
+
+    config = TrainConfig(dataset="digits", model="mlp_bn", method="dpsm", batch_size=32, sigmoid_temperature=0.1, conformal_weight=0.5)
+    data = load_splits("digits", seed=0)
+    torch.manual_seed(0)
+    model = build_model("mlp_bn", 10, input_shape=data.input_shape)
+    objective = build_objective("dpsm", alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, quantile_lr=0.01)
+    objective.q = torch.tensor(0.9)
+    d1, d2 = halves(len(data.train), 0)
+    twin, twin_objective = copy.deepcopy(model), copy.deepcopy(objective)
+    buffers, rng = [b.clone() for b in model.buffers()], torch.get_rng_state()
+    env = LocalEnv(torch.device("cpu"), **QUIET)
+    row = term_gradient_norms(model, objective, data.train, d1, d2, 2, config, env)
+    # the same by hand: epoch 3's first B1 and B2, augmented as its steps are, the twin in train mode
+    seed = derive_seed(0, "augment", 2)
+    x1, y1 = next(data.train.batches(step_batches(d1, 2, 0, "d1", 16, 0, 1)[:1], augment=True, seed=seed))
+    x2, y2 = next(data.train.batches(step_batches(d2, 2, 0, "d2", 16, 0, 1)[:1], augment=True, seed=seed))
+    twin.train()
+    out = twin_objective(twin(x1), y1, twin(x2), y2)
+    norm = lambda term: math.sqrt(sum(float(g.pow(2).sum()) for g in torch.autograd.grad(term, list(twin.parameters()), retain_graph=True)))
+    assert row["ce_grad_norm"] == pytest.approx(norm(out.parts["ce"]), rel=1e-6)
+    assert row["size_grad_norm"] == pytest.approx(norm(out.parts["size"]), rel=1e-6)
+    assert row["size_grad_norm"] > 0 and row["ce_grad_norm"] > 0
+    # nothing of the run moved: BatchNorm's statistics, DPSM's q, torch's RNG, the mode
+    assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers())) and float(objective.q) == pytest.approx(0.9)
+    assert torch.equal(torch.get_rng_state(), rng) and model.training  # a built model starts in train mode, and stays so
+    # CE: no size term (0); a loss that is not CE + size (RWCE): not measured
+    ce = build_objective("ce", alpha=0.1, conformal_weight=0.5)
+    assert term_gradient_norms(model, ce, data.train, d1, d2, 0, config.replace(method="ce"), env)["size_grad_norm"] == 0.0
+    rwce = build_objective("rwce", alpha=0.1, conformal_weight=0.5)
+    assert all(math.isnan(v) for v in term_gradient_norms(model, rwce, data.train, d1, d2, 0, config.replace(method="rwce"), env).values())
+
+
+def test_the_diagnostics_leave_training_as_it_would_be_without_them(monkeypatch):
+    """A run's weights and rows are the same whether or not its epochs measure the gradient norms
+    and the train-mode quantiles (mlp_bn: BatchNorm, whose train-mode forwards would move it)."""
+    import dpsm_ray.train.loop as loop
+
+    changes = dict(model="mlp_bn", method="dpsm", sigmoid_temperature=0.1, conformal_weight=0.5)
+    measured = run(**changes)
+    monkeypatch.setattr(loop, "term_gradient_norms", lambda *a, **k: {"ce_grad_norm": math.nan, "size_grad_norm": math.nan})
+    monkeypatch.setattr(loop, "train_mode_quantiles", lambda *a, **k: {"q_dataset_train_mode": math.nan, "q_error_train_mode": math.nan})
+    unmeasured = run(**changes)
+    assert all(torch.equal(measured.model_state[k], unmeasured.model_state[k]) for k in measured.model_state)
+    skip = {*EPOCH_TIMINGS, "ce_grad_norm", "size_grad_norm", "q_dataset_train_mode", "q_error_train_mode"}
+    assert [{k: v for k, v in r.items() if k not in skip} for r in measured.epochs] == [{k: v for k, v in r.items() if k not in skip} for r in unmeasured.epochs]
+    assert all(r["size_grad_norm"] > 0 and r["q_dataset_train_mode"] > 0 for r in measured.epochs)
