@@ -1,6 +1,7 @@
 """Round two's arms and searches (sweeps/round_two.py, docs/fidelity.md "Round two"): what the
 criterion names, in the order its budget rule needs, at the settings its searches share."""
 
+import math
 import sys
 from pathlib import Path
 
@@ -64,3 +65,37 @@ def test_the_transfer_search_config_searches_at_the_study_s_settings_with_the_fa
     assert {name: getattr(spec.base, name) for name in SHARED_WITH_THE_SWEEP} == {name: getattr(study, name) for name in SHARED_WITH_THE_SWEEP}
     assert spec.methods == ("ce", "conftr", "cut", "dpsm") and spec.trials_per_knob == 2 and spec.seed == study.seed
     assert {method: spec.search_trials(method) for method in spec.methods} == {"ce": 2, "conftr": 6, "cut": 4, "dpsm": 8}
+
+
+def test_the_like_for_like_errors_and_gradient_norms_reach_the_compact_results_and_the_tables(tmp_path):
+    """A study whose epochs measured them: the compact runs keep the last epoch's train-mode error
+    and each run's first-step and middle-epoch gradient norms; the report prints both tables."""
+    import pandas as pd
+
+    from dpsm_ray.results.studies import Arm, analyse, read_compact
+
+    arms = (Arm("ce", "CE fine-tuned", {"method": "ce"}), Arm("dpsm_t001_l05", "DPSM", {"method": "dpsm"}))
+    epochs, evals = [], []
+    for stage, q in (("ce", math.nan), ("dpsm_t001_l05", 0.9)):
+        for seed in (0, 1):
+            for epoch in (1, 2, 3, 4):  # the middle epoch of 4: the 2nd
+                epochs.append({"stage": stage, "seed": seed, "epoch": epoch, "q": q, "q_dataset_train": 0.8, "q_error_train": 0.1 * epoch,
+                               "train_set_size_q": 1.5, "val_set_size": 1.2, "q_dataset_train_mode": 0.85,
+                               "q_error_train_mode": math.nan if stage == "ce" else 0.01 * epoch + seed,
+                               "ce_grad_norm": 2.0 * epoch, "size_grad_norm": 0.0 if stage == "ce" else 0.5 * epoch + seed})
+            evals += [{"stage": stage, "seed": seed, "score": score, "split": 0, "set_size": 1.0, "coverage": 0.9, "covgap": 1.0,
+                       "accuracy": 0.9} for score in ("hps", "aps")]
+    pd.DataFrame(epochs).to_parquet(tmp_path / "epochs.parquet")
+    pd.DataFrame(evals).to_parquet(tmp_path / "evals.parquet")
+    study = Study(name="s", common=TrainConfig(dataset="digits", alpha=0.1, eval_splits=1), arms=arms, seeds=(0, 1))
+    analysis = analyse(study, tmp_path)
+    _, runs, _, _ = read_compact(tmp_path / "compact")
+    dpsm = runs[runs.stage == "dpsm_t001_l05"].set_index("seed")
+    assert dpsm.q_error_train_mode.tolist() == pytest.approx([0.04, 1.04])  # the last epoch's
+    assert dpsm.size_grad_norm_first.tolist() == pytest.approx([0.5, 1.5]) and dpsm.size_grad_norm_middle.tolist() == pytest.approx([1.0, 2.0])
+    assert dpsm.ce_grad_norm_middle.tolist() == [4.0, 4.0]
+    assert [g["arm"] for g in analysis["gradients"]] == ["ce", "dpsm_t001_l05"]  # CE's size term: 0, measured
+    report = (tmp_path / "fidelity.md").read_text()
+    assert "| dpsm_t001_l05 | 0.4000 | 0.5400 | 0.8000 | 0.8500 |" in report  # eval-mode error, train-mode error, both Q_n
+    assert "| dpsm_t001_l05 | 2.000 | 1.000 | 0.500 | 4.000 | 1.500 | 0.375 |" in report  # first: CE 2, size 1; middle: CE 4, size 1.5
+    assert "| ce | 2.000 | 0.000 | 0.000 |" in report

@@ -67,6 +67,10 @@ class Study:
 # quotes them): every model's evaluation rows, and one row per model of its quantile diagnostics.
 COMPACT_EVALS = ("stage", "seed", "score", "split", "set_size", "coverage", "covgap", "accuracy")
 COMPACT_RUNS = ("stage", "seed", "q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size", "q_error_train_all_epochs")
+# in results written since they were measured: the like-for-like quantile error (last epoch) and each loss term's
+# gradient norm at the first step and at the start of the middle epoch
+LIKE_FOR_LIKE = ("q_dataset_train_mode", "q_error_train_mode")
+GRADIENTS = ("ce_grad_norm_first", "size_grad_norm_first", "ce_grad_norm_middle", "size_grad_norm_middle")
 COMPACT_FAILED = ("stage", "seed", "error")  # the trials that ended without a model (a diverged loss, a crash)
 
 
@@ -84,7 +88,15 @@ def write_compact(study: Study, results: Path) -> Path:
     evals = evals[list(COMPACT_EVALS)].sort_values(["stage", "seed", "score", "split"])
     ordered = epochs.sort_values(["stage", "seed", "epoch"])
     runs = ordered.groupby(["stage", "seed"]).tail(1).set_index(["stage", "seed"])
-    runs = runs.assign(q_error_train_all_epochs=ordered.groupby(["stage", "seed"]).q_error_train.mean()).reset_index()[list(COMPACT_RUNS)]
+    runs = runs.assign(q_error_train_all_epochs=ordered.groupby(["stage", "seed"]).q_error_train.mean())
+    if set(LIKE_FOR_LIKE) <= set(epochs.columns) and epochs[list(LIKE_FOR_LIKE)].notna().any().any():
+        first = ordered.groupby(["stage", "seed"]).head(1).set_index(["stage", "seed"])
+        middle = ordered[ordered.epoch == (ordered.groupby(["stage", "seed"]).epoch.transform("max") + 1) // 2].set_index(["stage", "seed"])
+        runs = runs.assign(ce_grad_norm_first=first.ce_grad_norm, size_grad_norm_first=first.size_grad_norm,
+                           ce_grad_norm_middle=middle.ce_grad_norm, size_grad_norm_middle=middle.size_grad_norm)
+        runs = runs.reset_index()[[*COMPACT_RUNS, *LIKE_FOR_LIKE, *GRADIENTS]]
+    else:  # results from before they were measured: the columns they have
+        runs = runs.reset_index()[list(COMPACT_RUNS)]
     failed = pd.DataFrame(columns=list(COMPACT_FAILED))
     if not reader.trials.empty:
         trials = reader.trials
@@ -154,7 +166,13 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
             "arm": arm.name,
             **{c: float(part[c].mean()) for c in ("q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size")},
             "q_error_train_all_epochs": float(part.q_error_train_all_epochs.mean()),
+            **{c: float(part[c].mean()) for c in LIKE_FOR_LIKE if c in part},
         })
+    gradients = []  # every arm whose loss is CE + a size term, in results that measured it
+    for arm in present:
+        part = runs[runs.stage == arm.name]
+        if set(GRADIENTS) <= set(part.columns) and part.size_grad_norm_first.notna().any():
+            gradients.append({"arm": arm.name, **{c: float(part[c].mean()) for c in GRADIENTS}})
     modelled = set(zip(evals.stage, evals.seed))  # a trial that failed once and was trained again has its model
     failures = [] if failed is None else [
         {"arm": str(row.stage), "seed": int(row.seed), "error": str(row.error)}
@@ -169,6 +187,7 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
         "table": table,
         "comparisons": comparisons,
         "diagnostics": diagnostics,
+        "gradients": gradients,
         "batch": batch_gaps(study, evals, runs, scores),
         "failed": failures,
     }
@@ -376,5 +395,33 @@ def markdown_report(analysis: dict) -> str:
         rows = [["arm", "q", "Q_n train", "\\|q - Q_n\\|", "\\|q - Q_n\\| all epochs", "train size at q", "val size"]]
         rows += [[d["arm"], fmt(d["q"], 4), fmt(d["q_dataset_train"], 4), fmt(d["q_error_train"], 4), fmt(d["q_error_train_all_epochs"], 4),
                   fmt(d["train_set_size_q"]), fmt(d["val_set_size"])] for d in analysis["diagnostics"]]
+        lines += [markdown(rows), ""]
+    like = [d for d in analysis["diagnostics"] if not math.isnan(d.get("q_error_train_mode", math.nan))]
+    if like:
+        lines += [
+            (
+                "The quantile error like for like (last epoch, mean over seeds): against Q_n of the training scores in eval mode (as above)"
+                " and of the scores training sees -- augmented, in train mode, which DPSM's q is learned from; ConfTr's batch taus"
+                " recomputed from each."
+            ),
+            "",
+        ]
+        rows = [["arm", "\\|q - Q_n\\| eval mode", "\\|q - Q_n\\| train mode", "Q_n eval mode", "Q_n train mode"]]
+        rows += [[d["arm"], fmt(d["q_error_train"], 4), fmt(d["q_error_train_mode"], 4), fmt(d["q_dataset_train"], 4),
+                  fmt(d["q_dataset_train_mode"], 4)] for d in like]
+        lines += [markdown(rows), ""]
+    if analysis.get("gradients"):
+        lines += [
+            (
+                "Is the size term active? The gradient norm of CE and of lambda x L_c at the first step and at the start of the middle"
+                " epoch, on that step's batch (mean over seeds), and their ratio."
+            ),
+            "",
+        ]
+        rows = [["arm", "CE first", "size first", "size / CE first", "CE middle", "size middle", "size / CE middle"]]
+        for g in analysis["gradients"]:
+            ratio = lambda when: fmt(g[f"size_grad_norm_{when}"] / g[f"ce_grad_norm_{when}"], 3) if g[f"ce_grad_norm_{when}"] else "n/a"
+            rows.append([g["arm"], fmt(g["ce_grad_norm_first"], 3), fmt(g["size_grad_norm_first"], 3), ratio("first"),
+                         fmt(g["ce_grad_norm_middle"], 3), fmt(g["size_grad_norm_middle"], 3), ratio("middle")])
         lines += [markdown(rows), ""]
     return "\n".join(lines)
