@@ -187,6 +187,17 @@ def add_running_options(parser: argparse.ArgumentParser, defaults: dict) -> None
     add = parser.add_argument
     add("--concurrency", type=int, default=defaults.get("concurrency", 1), help="trials running at once (default: %(default)s)")
     add(
+        "--group-size",
+        type=int,
+        default=defaults.get("group_size", 1),
+        metavar="N",
+        help=(
+            "configurations one trial trains side by side in its process and its resources, each with its own seed, checkpoint and"
+            " rows (on a GPU, each on a CUDA stream of its own): the paper grid without ASHA, the final stage, a study's arms; Optuna"
+            " and ASHA trials keep 1. Rows are the same whatever N (docs/cluster.md; default: %(default)s)"
+        ),
+    )
+    add(
         "--address",
         help=(
             "Ray cluster address (default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a Ray instance"
@@ -307,6 +318,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
         worker_logs=args.worker_logs,
         tracking=args.tracking,
         process_per_trial=args.process_per_trial,
+        group_size=args.group_size,
     )
 
 

@@ -126,6 +126,7 @@ def run_in_tune(
     callbacks=(),
     reuse: bool = True,
     then=None,
+    group_size: int = 1,
 ) -> None:
     """``stages`` in one Tune experiment called ``name``, then ``then()``'s (``run_stages``); an
     interruption or a full disk as the drivers' resumable errors."""
@@ -143,6 +144,7 @@ def run_in_tune(
             callbacks=callbacks,
             reuse=reuse,
             then=then,
+            group_size=group_size,
         )
     except StageInterrupted as error:
         raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
@@ -187,6 +189,8 @@ def drive_arms(spec: SweepSpec, results: Path, settings: dict, resume: bool, log
               for arm in spec.arms]
     for arm in spec.arms:
         log(f"arm {arm.name}: {arm.title}, {len(spec.seeds)} seeds")
+    if spec.group_size > 1:
+        log(group_text(spec))
     log.plan(sum(stage.total for stage in stages))
     arm_stages = [(arm.name, arm.name) for arm in spec.arms]
 
@@ -224,6 +228,8 @@ def drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, l
             budget = f"Optuna {spec.sampler.upper()} trials, {spec.trials_per_knob} per knob of each method ({each})"
         log(f"search: {budget}, minimising the validation set size (validation coverage >= {spec.coverage_floor:g} as a constraint)"
             f"{asha_text(spec)}")
+    if spec.group_size > 1:
+        log(group_text(spec))
     searches = [search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log) for method in spec.methods]
 
     def then() -> list:
@@ -277,6 +283,7 @@ def run(spec: SweepSpec, results: Path, stages: list, log, name: str, then=None)
         callbacks=callbacks,
         reuse=not spec.process_per_trial,
         then=then,
+        group_size=spec.group_size,
     )
 
 
@@ -341,6 +348,21 @@ def asha_text(spec: SweepSpec) -> str:
     if spec.scheduler != "asha":
         return ""
     return f"; ASHA stops trials early (grace period {spec.grace_period} epochs, reduction factor {spec.reduction_factor})"
+
+
+def group_text(spec: SweepSpec) -> str:
+    """Where a sweep's trials train in groups (``Stage.groups``): stages of given points without
+    early stopping, trained in the trial's own process."""
+    if spec.base.workers > 0:
+        return f"--group-size {spec.group_size}: no trial groups, each trial runs on Ray Train workers (--workers {spec.base.workers})"
+    if spec.arms:
+        where = "every arm's seeds"
+    elif spec.grid and spec.scheduler != "asha":
+        where = "the grid searches and the final stage"
+    else:
+        why = "ASHA stops trials" if spec.grid else "Optuna proposes them"
+        where = f"the final stage (a search trial is one configuration: {why})"
+    return f"trial groups: up to {spec.group_size} configurations a trial, side by side in its process and resources, in {where}"
 
 
 def search_size(spec: SweepSpec, method: str) -> int:

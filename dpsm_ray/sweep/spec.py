@@ -85,6 +85,9 @@ class SweepSpec:
     optuna_storage: str | None = field(default=None, compare=False)  # SQLAlchemy URL; default: sqlite in the results directory
     # "mlflow" or "mlflow=URI": each trial an MLflow run (dpsm_ray.sweep.tracking)
     tracking: str | None = field(default=None, compare=False)
+    # configurations one trial trains side by side where no early stopping is asked (the grid without
+    # ASHA, the final stage, a study's arms; dpsm_ray.sweep.stage): every row is the same whatever it is
+    group_size: int = field(default=1, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("ranges", "grid_fixed", "grid_subsets"):  # an earlier release's knob names, warned
@@ -122,6 +125,10 @@ class SweepSpec:
             raise ConfigError("grid_budget", self.grid_budget, "must be an integer >= 1, with --grid paper")
         if self.trial_retries < 0:
             raise ConfigError("trial_retries", self.trial_retries, "must be an integer >= 0")
+        if self.group_size < 1:
+            raise ConfigError("group_size", self.group_size, "must be an integer >= 1")
+        if self.group_size > 1 and self.tracking:
+            raise ConfigError("group_size", self.group_size, "must be 1 with --tracking: an MLflow run is a Tune trial, not a member")
         if not self.resource_timeout > 0:
             raise ConfigError("resource_timeout", self.resource_timeout, "must be a number of seconds > 0")
         if not 0 <= self.seed <= MAX_SEED - self.final_seeds:

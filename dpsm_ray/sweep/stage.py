@@ -12,6 +12,16 @@ A trial's parameters: ``{"bases": {stage: <TrainConfig dict>}, "results": <resul
 what the search (or the grid, or the pick) chose for trial ``i`` of that stage.
 With ``workers >= 1`` the trial is a small driver that runs a Ray Train ``TorchTrainer``
 (Ray Train V2 inside Tune); with ``workers == 0`` it trains inside the trial's own process.
+
+**Trial groups** (``group_size`` > 1): one Tune trial trains up to ``group_size`` points side by
+side in its process (``dpsm_ray.train.group``; its parameters add ``"group": [point, ...]``,
+``"point"`` is the first).  Each member reports, checkpoints and writes its run directory as a
+trial of its own, and the ledger callback records each member the moment it ends, so resume,
+collect and the pick see trials as ever.  Only stages without early stopping group their trials:
+given points (the grid, the final stage, a study's arms) without ASHA, trained in the trial's own
+process.  ASHA stops a Tune trial, which would stop every member of its group, and an Optuna
+search would propose a group's members before any of them reported, which changes what it
+proposes; both keep one configuration a trial.
 """
 
 from __future__ import annotations
@@ -36,8 +46,9 @@ from dpsm_ray.sweep.progress import Progress, duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers
 from dpsm_ray.timing import process_started_at
 from dpsm_ray.config import TrainConfig
+from dpsm_ray.train.group import error_line, train_group
 from dpsm_ray.train.loop import train
-from dpsm_ray.train.ray_train import FINISHED, RESUMED, TuneTrialEnv, trainer_for, trial_device
+from dpsm_ray.train.ray_train import FINISHED, MEMBER_FAILED, RESUMED, TuneTrialEnv, trainer_for, trial_device
 
 IMPORTED = time.time()
 
@@ -67,10 +78,23 @@ class Stage:
     asha: tuple[int, int] | None = None  # (grace period, reduction factor)
     coverage_floor: float = 0.0  # CoverageFloor's value: the Optuna constraint is floor - coverage
 
+    @property
+    def groups(self) -> bool:
+        """Whether its trials may train in groups (module docstring): given points, no early
+        stopping, each trial in its own process."""
+        return self.points is not None and self.asha is None and self.base.workers == 0
 
-def trial_config(params: dict) -> TrainConfig:
-    point = params["point"]
+
+def trial_config(params: dict, point: dict | None = None) -> TrainConfig:
+    """The configuration of the trial's ``point`` (a group member's, or its first)."""
+    point = params["point"] if point is None else point
     return TrainConfig.from_dict({**params["bases"][point["stage"]], **point["overrides"]})
+
+
+def member_trial_id(trial_id: str, params: dict, point: dict) -> str:
+    """A trial's id in the ledger: Tune's; a group member's, Tune's with its place in the group
+    (trials.parquet's trial_id is one per configuration)."""
+    return trial_id if "group" not in params else f"{trial_id}_m{params['group'].index(point)}"
 
 
 def run_trial(params: dict, outside=()) -> None:
@@ -80,34 +104,65 @@ def run_trial(params: dict, outside=()) -> None:
     started = time.time()
     for card in outside:
         cards.register_card(card)
+    if "group" in params:
+        run_group(params, started)
+        return
     config = trial_config(params)
-    stage, index = params["point"]["stage"], params["point"]["index"]
-    run_dir = Ledger(Path(params["results"])).run_dir(stage, index)
-    extra = {"trial_stage": stage, "trial_index": index}
     if config.workers == 0:
-        env = TuneTrialEnv(trial_device(config.device), run_dir, extra)
-        # when this process started and imported the trial's code (before the first trial it ran),
-        # when this trial started and finished, and its seconds per part (the env's clock): what
-        # record.json's timings hold (bench/sweep_overhead.py); every report carries them
-        timings = env.extra["timings"] = {"process_started": process_started_at(), "import_started": IMPORT_STARTED, "imported": IMPORTED,
-                                          "trial_started": started, "seconds": env.clock.seconds}
-        if config.init == "base" and config.init_checkpoint is None:
-            from dpsm_ray.train import resolve_base_model
-
-            # a study's trials find (or, the first of a seed, train and cache) their base model themselves
-            with env.clock("base_model"):
-                config = resolve_base_model(config, log=lambda line: None)
+        config, env = in_process(params, params["point"], started)
         result = train(config, env)
-        timings["finished"] = time.time()
+        env.extra["timings"]["finished"] = time.time()
         env.finish(result)
         return
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    trainer_for(config, run_dir, callbacks=[TuneReportCallback()], extra=extra).fit()
+    stage, index = params["point"]["stage"], params["point"]["index"]
+    run_dir = Ledger(Path(params["results"])).run_dir(stage, index)
+    trainer_for(config, run_dir, callbacks=[TuneReportCallback()], extra={"trial_stage": stage, "trial_index": index}).fit()
+
+
+def in_process(params: dict, point: dict, started: float) -> tuple[TrainConfig, TuneTrialEnv]:
+    """The configuration (its base model found) and environment of ``point``, trained in this
+    process: alone, or as a member of a group."""
+    config = trial_config(params, point)
+    run_dir = Ledger(Path(params["results"])).run_dir(point["stage"], point["index"])
+    env = TuneTrialEnv(trial_device(config.device), run_dir, {"trial_stage": point["stage"], "trial_index": point["index"]})
+    # when this process started and imported the trial's code (before the first trial it ran),
+    # when this trial started and finished, and its seconds per part (the env's clock): what
+    # record.json's timings hold (bench/sweep_overhead.py); every report carries them
+    env.extra["timings"] = {"process_started": process_started_at(), "import_started": IMPORT_STARTED, "imported": IMPORTED,
+                            "trial_started": started, "seconds": env.clock.seconds}
+    if config.init == "base" and config.init_checkpoint is None:
+        from dpsm_ray.train import resolve_base_model
+
+        # a study's trials find (or, the first of a seed, train and cache) their base model themselves
+        with env.clock("base_model"):
+            config = resolve_base_model(config, log=lambda line: None)
+    return config, env
+
+
+def run_group(params: dict, started: float) -> None:
+    """A trial group: its members side by side in this process (``dpsm_ray.train.group``), each
+    ending with the report its lone trial would end with -- its results, or (``MEMBER_FAILED``)
+    its error after ``params["retries"]`` restarts from its checkpoint.  A member the ledger
+    holds already (it ended before Tune restarted this group's process) is not trained again."""
+    ledger = Ledger(Path(params["results"]))
+    recorded = {stage: set(ledger.records(stage)) for stage in {point["stage"] for point in params["group"]}}
+    group = [in_process(params, point, started) for point in params["group"] if point["index"] not in recorded[point["stage"]]]
+
+    def ended(position: int, outcome) -> None:
+        env = group[position][1]
+        env.extra["timings"]["finished"] = time.time()
+        if isinstance(outcome, BaseException):
+            env.fail(error_line(outcome))
+        else:
+            env.finish(outcome)
+
+    train_group(group, retries=params["retries"], ended=ended)
 
 
 def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict, concurrency: int, retries: int, log, callbacks=(),
-               reuse: bool = True, then: Callable[[], list[Stage]] | None = None) -> None:
+               reuse: bool = True, then: Callable[[], list[Stage]] | None = None, group_size: int = 1) -> None:
     """Run the trials of ``stages`` that the ledger does not hold, in one Tune experiment called
     ``name``: the stages' trials in stage order, as many at once as ``concurrency`` allows.  Once
     every trial of them has ended, ``then()`` gives the stages that run next in the same experiment
@@ -115,7 +170,9 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
     ``StageInterrupted`` when Tune stopped first and ``StageOutOfSpace`` when the disk filled up.
     ``log``: the sweep's ``Progress`` (a plain function gets one of its own, counting these stages
     alone); ``callbacks``: more Tune callbacks (an experiment tracker's); ``reuse``: a trial that
-    trains in its own process hands it to the next trial (below)."""
+    trains in its own process hands it to the next trial (below); ``group_size``: the points a
+    trial of a stage that ``groups`` trains side by side (module docstring); a group is one trial,
+    holding ``resources`` once, and ``concurrency`` counts trials, not their members."""
     if not isinstance(log, Progress):
         log = Progress(log)
         log.plan(sum(stage.total for stage in stages))
@@ -149,7 +206,7 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
     # A trial waiting for a process of its own takes a reused one as soon as one is free (Tune), so
     # on a cluster short trials may all run on the nodes whose processes started first.
     reuse = reuse and all(stage.base.workers == 0 for stage in stages)
-    searcher = StageSearcher(pending, next_stages if then is not None else None)
+    searcher = StageSearcher(pending, next_stages if then is not None else None, group_size=group_size, retries=retries)
     # cards registered outside the package travel with the trainable (the trial's process has
     # only the built-in cards); without any, the trainable is the plain function
     outside = cards.outside_cards()
@@ -217,12 +274,18 @@ class StageSearcher(Searcher):
     It only proposes: the sweep's ledger callback tells a study how each trial ended, after
     recording it, and Tune keeps nothing of it to restore (``save`` is empty; ``MethodStudy``
     leaves its storage out of Tune's pickles, so no storage URL and no password are ever written
-    into them).  Each trial's parameters carry its stage's settings (``bases``)."""
+    into them).  Each trial's parameters carry its stage's settings (``bases``).
 
-    def __init__(self, stages: list[tuple[Stage, dict]], then: Callable[[], list[tuple[Stage, dict]]] | None = None) -> None:
+    With ``group_size`` > 1 a trial takes up to that many points in this order, as long as their
+    stages ``group`` (a group may run from one such stage into the next); a group member that
+    raises is restarted from its checkpoint up to ``retries`` times in its group's process."""
+
+    def __init__(self, stages: list[tuple[Stage, dict]], then: Callable[[], list[tuple[Stage, dict]]] | None = None, *,
+                 group_size: int = 1, retries: int = 0) -> None:
         super().__init__()  # no metric: Tune would demand it of every report (a base model evaluated as it is has none)
         self.stages = [(stage, set(ended), set()) for stage, ended in stages]
         self.then, self.error = then, None
+        self.group_size, self.retries = group_size, retries
         self.running: set[str] = set()
 
     def __getstate__(self) -> dict:
@@ -234,20 +297,30 @@ class StageSearcher(Searcher):
         return True  # the space is the stages'
 
     def suggest(self, trial_id: str) -> dict | None:
-        while self.stages:
+        points, bases = [], {}
+        while self.stages and len(points) < self.group_size:
             stage, ended, handed = self.stages[0]
+            if points and not stage.groups:
+                break
             if stage.study is not None:
                 proposal = stage.study.propose(ended | handed)
             else:
                 proposal = next(((i, point) for i, point in enumerate(stage.points) if i not in ended | handed), None)
-            if proposal is not None:
-                index, overrides = proposal
-                handed.add(index)
-                self.running.add(trial_id)
-                return {"bases": {stage.name: stage.base.to_dict()}, "point": {"stage": stage.name, "index": index, "overrides": overrides}}
-            # a stage with nothing left never has again: Tune asks at every step while trials
-            # run, and a study's proposal reads its database
-            self.stages.pop(0)
+            if proposal is None:
+                # a stage with nothing left never has again: Tune asks at every step while trials
+                # run, and a study's proposal reads its database
+                self.stages.pop(0)
+                continue
+            index, overrides = proposal
+            handed.add(index)
+            points.append({"stage": stage.name, "index": index, "overrides": overrides})
+            bases[stage.name] = stage.base.to_dict()
+            if not stage.groups:
+                break
+        if points:
+            self.running.add(trial_id)
+            params = {"bases": bases, "point": points[0]}
+            return params if len(points) == 1 else {**params, "group": points, "retries": self.retries}
         if self.then is None:
             return Searcher.FINISHED
         if self.running:
@@ -341,7 +414,11 @@ class LedgerCallback(tune.Callback):
     A trial ends finished (its last report says so), stopped (by ASHA) or failed (Tune gave up
     on it).  One that Tune tears down because the sweep was interrupted has not ended: it gets no
     record, and a resumed sweep runs it on.  A trial that failed for lack of disk space is not a
-    failed trial either: the experiment halts, to be resumed once there is space."""
+    failed trial either: the experiment halts, to be resumed once there is space.
+
+    A trial group's members (the module docstring) are recorded one by one, each at its last
+    report -- finished, or ``MEMBER_FAILED`` -- with what its lone trial's record would hold; when
+    Tune gives up on the group's process, every member without a record fails with its error."""
 
     def __init__(self, ledger: Ledger, stages: list[Stage], stopper: StageStoppers, log: Progress, epoch_every_s: float = 30.0) -> None:
         self.ledger, self.stopper, self.log = ledger, stopper, log
@@ -351,14 +428,24 @@ class LedgerCallback(tune.Callback):
         self._seen: dict[str, float] = {}  # when Tune first listed a trial
         self._launched: dict[str, float] = {}  # when its process was asked for (see on_trial_start)
         self._last_end = -math.inf
+        self._member_results: dict[tuple[str, int], dict] = {}  # a group member's last report before its end
+        self._recorded: set[tuple[str, int]] = set()  # the group members recorded by this driver
         self.out_of_space: str | None = None
 
-    def stage_of(self, trial) -> Stage:
-        return self.stages[trial.config["point"]["stage"]]
+    def stage_of(self, trial, point: dict | None = None) -> Stage:
+        return self.stages[(point or trial.config["point"])["stage"]]
 
-    def say(self, trial, text: str, counter: str = "") -> None:
-        stage = self.stage_of(trial)
-        self.log(f"{stage.name} {trial.config['point']['index'] + 1}/{stage.total}  {text}" + (f"  | {counter}" if counter else ""))
+    def point_of(self, trial, result: dict) -> dict:
+        """The point a report is of: the trial's, or the group member's that sent it."""
+        if "group" not in trial.config:
+            return trial.config["point"]
+        key = (result.get("trial_stage"), result.get("trial_index"))
+        return next((point for point in trial.config["group"] if (point["stage"], point["index"]) == key), trial.config["point"])
+
+    def say(self, trial, text: str, counter: str = "", point: dict | None = None) -> None:
+        point = point or trial.config["point"]
+        stage = self.stage_of(trial, point)
+        self.log(f"{stage.name} {point['index'] + 1}/{stage.total}  {text}" + (f"  | {counter}" if counter else ""))
 
     def on_step_begin(self, iteration, trials, **info) -> None:
         now = time.monotonic()
@@ -384,6 +471,12 @@ class LedgerCallback(tune.Callback):
         return now - self._launched.get(trial.trial_id, now)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        point = self.point_of(trial, result)
+        if "group" in trial.config:
+            if result.get(FINISHED) or MEMBER_FAILED in result:
+                self.member_ended(trial, result)
+                return
+            self._member_results[point["stage"], point["index"]] = result
         if result.get(FINISHED) or result.get(RESUMED) or "epoch" not in result:
             return
         now = time.monotonic()
@@ -391,12 +484,17 @@ class LedgerCallback(tune.Callback):
             self._last_line[trial.trial_id] = now
             self.say(
                 trial,
-                f"epoch {result['epoch']}/{trial_config(trial.config).epochs}  val cov {result[CONSTRAINED]:.3f}  val size"
+                f"epoch {result['epoch']}/{trial_config(trial.config, point).epochs}  val cov {result[CONSTRAINED]:.3f}  val size"
                 f" {result[OBJECTIVE]:.2f}",
+                point=point,
             )
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         result = trial.last_result or {}
+        if "group" in trial.config:  # its members were recorded as each ended
+            if result.get(FINISHED) or MEMBER_FAILED in result:
+                self.member_ended(trial, result)
+            return
         stage, index = self.stage_of(trial), trial.config["point"]["index"]
         if result.get(FINISHED):
             status = "ok"
@@ -404,8 +502,31 @@ class LedgerCallback(tune.Callback):
             status = "stopped"
         else:
             return  # torn down by an interrupted sweep: not ended
-        config = trial_config(trial.config)
         self.record(trial, status, None, result)
+        self.say_ended(trial, status, result, trial.config["point"])
+
+    def member_ended(self, trial, result: dict) -> None:
+        """Record a group member at its last report (once: a restarted group may send it again)."""
+        point = self.point_of(trial, result)
+        key = (point["stage"], point["index"])
+        if key in self._recorded:
+            return
+        self._recorded.add(key)
+        if MEMBER_FAILED in result:
+            self.member_failed(trial, point, result[MEMBER_FAILED])
+            return
+        self.record(trial, "ok", None, result, point)
+        self.say_ended(trial, "ok", result, point)
+
+    def member_failed(self, trial, point: dict, message: str) -> None:
+        self._recorded.add((point["stage"], point["index"]))
+        self.record(trial, "failed", message, self._member_results.get((point["stage"], point["index"]), {}), point)
+        self.wall_seconds(trial)
+        self.say(trial, f"FAILED: {message} (a member of a trial group; its traceback is in the group's output: --worker-logs)",
+                 self.log.trial_ended(), point)
+
+    def say_ended(self, trial, status: str, result: dict, point: dict) -> None:
+        config, stage = trial_config(trial.config, point), self.stage_of(trial, point)
         seconds = duration_text(self.wall_seconds(trial))
         ended = (
             f"done in {seconds}" if status == "ok" else f"stopped by ASHA after {result.get('epoch', 0)}/{config.epochs} epochs, {seconds}"
@@ -416,8 +537,7 @@ class LedgerCallback(tune.Callback):
         validated = (
             f"val size {size:.3f}  val cov {coverage:.3f}" if size is not None and size == size else "no training epochs, nothing validated"
         )
-        self.say(trial, f"{ended}  {validated}  {knobs}",
-                 self.log.trial_ended())
+        self.say(trial, f"{ended}  {validated}  {knobs}", self.log.trial_ended(), point)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         error = trial.get_error()
@@ -429,17 +549,24 @@ class LedgerCallback(tune.Callback):
         text = str(error) if error is not None else local_error_text(trial)
         lines = text.strip().splitlines()
         message = lines[-1][:500] if lines else "error"
+        if "group" in trial.config:
+            for point in trial.config["group"]:
+                if (point["stage"], point["index"]) not in self._recorded:
+                    self.member_failed(trial, point, message)
+            return
         self.record(trial, "failed", message, trial.last_result or {})
         self.wall_seconds(trial)
         self.say(trial, f"FAILED: {message} (traceback: {Path(trial.local_path) / 'error.txt'})", self.log.trial_ended())
 
-    def record(self, trial, status: str, error: str | None, result: dict) -> None:
-        """Write the trial's record, then tell the study (the record is what a resume trusts)."""
-        stage, index = self.stage_of(trial), trial.config["point"]["index"]
+    def record(self, trial, status: str, error: str | None, result: dict, point: dict | None = None) -> None:
+        """Write the record of the trial (of its group's member at ``point``), then tell the study
+        (the record is what a resume trusts)."""
+        point = point or trial.config["point"]
+        stage, index = self.stage_of(trial, point), point["index"]
         epochs = self.ledger.epochs(stage.name, index)
         metrics = result if status != "failed" else (epochs[-1] if epochs else {})
         record = {
-            "trial_id": trial.trial_id,
+            "trial_id": member_trial_id(trial.trial_id, trial.config, point),
             "status": status,
             # the epochs the trial reported: a Ray Train trial that ASHA stopped may train on for an
             # epoch or two, and write their rows, while its workers are torn down
@@ -453,8 +580,8 @@ class LedgerCallback(tune.Callback):
             # timestamps and seconds per part, as far as it reported them (bench/sweep_overhead.py)
             "timings": {**(result.get("timings") or {}), "launched": self.launched_at(trial), "recorded": time.time()},
             "metrics": {name: metrics.get(name) for name in ("val_coverage", "val_set_size", "val_accuracy")},
-            "overrides": trial.config["point"]["overrides"],
-            "config": trial_config(trial.config).to_dict(),
+            "overrides": point["overrides"],
+            "config": trial_config(trial.config, point).to_dict(),
         }
         self.ledger.write_record(stage.name, index, record)
         tell_study(stage, index, record)

@@ -35,6 +35,9 @@ FINISHED = "run_finished"
 # Marks the report a resumed run sends of its last finished epoch before training on, so that a
 # scheduler judges it where an uninterrupted run was judged (see RunDirReporting.load_state).
 RESUMED = "resumed"
+# Marks the last report of a trial group's member that failed (dpsm_ray.train.group): its error's
+# line; the group goes on with its other members.
+MEMBER_FAILED = "member_failed"
 
 
 class GpuUnavailable(RuntimeError):
@@ -121,6 +124,11 @@ class RunDirReporting:
         if result.epochs:
             metrics.update({k: v for k, v in result.epochs[-1].items() if k != "epoch"})
         self._report_fn(metrics)
+
+    def fail(self, message: str) -> None:
+        """One last report, of a trial group's member that failed with ``message``: what Tune's
+        error says of a trial that fails alone."""
+        self._report_fn({**self.extra, MEMBER_FAILED: message})
 
 
 class RayTrainEnv(RunDirReporting, ProcessGroupEnv):
