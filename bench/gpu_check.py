@@ -6,7 +6,7 @@
 Steps (``--steps``, default all, in this order), each in its own process with its own log; a
 step that fails is recorded and the next one runs:
 
-- ``environment``: the GPU, its driver, torch and CUDA, Ray and Optuna (or what is missing).
+- ``environment``: the GPU, its driver, torch and CUDA, Ray and Optuna (or what is missing), in the summary.
 - ``gpu_tests``: ``pytest -m gpu``, every test that needs a CUDA device.
 - ``train``: ``dpsm-ray train`` of ResNet-110 with DPSM for 2 epochs on generated CIFAR-100 files
   of the real set's size: eager fp32, then bf16 + channels_last + the captured graph, then
@@ -16,10 +16,17 @@ step that fails is recorded and the next one runs:
   of trials each); the sweep's wall time and the images/s of all its trials together.
 - ``stacked``: ``bench/stacked.py`` (bf16 on the GPU): N = 1, 2, 4, 8 ResNet-110 trials as one
   stacked model against the same trials stepped one after another; its JSON line from its log.
+- ``group``: the trial group's GPU tests (``tests/train/test_group.py``), then ``bench/group.py``: a
+  trial group of N = 1, 2, 4, 8 ResNet-110 members (batch 128, bf16, channels_last), each on a CUDA
+  stream of its own, against one trial's captured step -- the step alone and the loop end to end --
+  a profiler trace's check that the members' kernels overlap, and the step with cudnn.benchmark on;
+  no measurement starts after ``GROUP_BUDGET_S``, so the step fits one device call; the trace kept
+  as ``group_trace.json.gz``.
 
 Writes into ``--out`` (default ``$OUT``, the device tool's output folder, else bench/gpu_check):
 ``gpu_check.json`` (rewritten after every step, so a call cut short still brings back what ran),
-one ``<step>.log`` per step and ``throughput.json`` -- at most 8 files, the tool's limit.  One
+one ``<step>.log`` per step but ``environment``'s, ``throughput.json`` and, on a GPU, the group's
+trace -- 8 files for every step on a CPU, the tool's limit; a device call runs a few steps.  One
 device call runs at most 10 minutes: run the steps over several calls (bench/README.md), each
 adding to the same summary only when ``--out`` keeps it, else each call's own.
 """
@@ -38,7 +45,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("environment", "gpu_tests", "train", "throughput", "packed", "stacked")
+STEPS = ("environment", "gpu_tests", "train", "throughput", "packed", "stacked", "group")
 # sizes: the real runs on a GPU, and the CPU dry run (each step in well under a minute or two; one
 # packed sweep, P = 2: every P runs the same code, a sweep of its own)
 FULL = {"model": "resnet110", "epochs": 2, "batch": 128, "train_images": 50000, "test_images": 10000, "train_subset": None, "packs": (1, 2, 4)}
@@ -48,7 +55,12 @@ TRAIN_VARIANTS = {"eager_fp32": ["--step", "eager", "--precision", "fp32"],
                   "graph_bf16_channels_last": ["--step", "graph", "--precision", "bf16", "--channels-last"],
                   "graph_bf16_full_diagnostics": ["--step", "graph", "--precision", "bf16", "--channels-last", "--diagnostic-examples", "0"],
                   "auto": ["--step", "auto", "--precision", "auto"]}
-STEP_TIMEOUT_S = {"environment": 120, "gpu_tests": 900, "train": 900, "throughput": 1200, "packed": 1200, "stacked": 600}
+STEP_TIMEOUT_S = {"environment": 120, "gpu_tests": 900, "train": 900, "throughput": 1200, "packed": 1200, "stacked": 600, "group": 560}
+# the group step's tests, then bench/group.py, which starts no measurement once GROUP_BUDGET_S have
+# passed since the step began (its last one may run a minute on): the step fits in one 10-minute
+# device call with the wheels' install (~20 s) before it
+GROUP_TESTS_TIMEOUT_S = 150
+GROUP_BUDGET_S = 450
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -109,7 +121,6 @@ def environment(args, out: Path) -> dict:
         facts["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
         facts["driver"] = None
-    (out / "environment.log").write_text(json.dumps(facts, indent=1) + "\n")
     facts["ok"] = (facts["cuda_available"] or args.device == "cpu") and "missing" not in (facts["ray"], facts["optuna"])
     return facts
 
@@ -240,6 +251,36 @@ def stacked(args, out: Path) -> dict:
     return {**result, "ok": result["exit"] == 0 and bool(lines)}
 
 
+def this_call(log: Path, before: int) -> str:
+    """What was appended to ``log`` after its first ``before`` bytes."""
+    return log.read_bytes()[before:].decode(errors="replace")
+
+
+def group(args, out: Path) -> dict:
+    """The trial group's GPU tests (``pytest -m gpu tests/train/test_group.py``: the members' replays
+    overlap; a group on CUDA gives each configuration its lone run's rows), then ``bench/group.py``:
+    N members side by side, each on its own stream, against one trial's captured step, its budget
+    what the tests left of ``GROUP_BUDGET_S``.  Both write into ``group.log``; the record is the
+    JSON line bench/group.py printed (each measurement's ``[group]`` line is in the log as it
+    ends, should the step be cut short)."""
+    log = out / "group.log"
+    before = log.stat().st_size if log.exists() else 0  # a kept --out's log of an earlier call
+    tests = run_logged([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=",
+                        "tests/train/test_group.py"], log, GROUP_TESTS_TIMEOUT_S)
+    counts = dict((name, int(number)) for number, name in re.findall(r"(\d+) (passed|failed|skipped|errors?)", this_call(log, before)))
+    budget, timeout = GROUP_BUDGET_S - tests["seconds"], STEP_TIMEOUT_S["group"] - tests["seconds"]
+    command = [sys.executable, str(ROOT / "bench" / "group.py"), "--device", args.device, "--budget-s", str(round(budget))]
+    command += ["--quick"] if args.quick else []
+    command += ["--trace", str(out / "group_trace.json.gz")] if args.device == "cuda" else []
+    result = run_logged(command, log, timeout)
+    lines = [line for line in this_call(log, before).splitlines() if line.startswith('{"benchmark": "group"')]
+    if lines:
+        record = json.loads(lines[-1])
+        result.update(summary=record["summary"], rows=record["rows"], skipped=record["skipped"])
+    tests_ok = tests["exit"] == 0 and not counts.get("failed") and not counts.get("error") and not counts.get("errors")
+    return {**result, "tests": {**tests, **counts}, "ok": result["exit"] == 0 and bool(lines) and tests_ok}
+
+
 def write_summary(path: Path, summary: dict) -> None:
     from dpsm_ray.files import atomic_write
 
@@ -253,7 +294,8 @@ def main(argv=None) -> int:
     path = out / "gpu_check.json"
     summary = json.loads(path.read_text()) if path.exists() else {}
     summary.update(benchmark="gpu_check", device=args.device, quick=args.quick, sizes={k: list(v) if isinstance(v, tuple) else v for k, v in args.sizes.items()})
-    steps = {"environment": environment, "gpu_tests": gpu_tests, "train": train, "throughput": throughput, "packed": packed, "stacked": stacked}
+    steps = {"environment": environment, "gpu_tests": gpu_tests, "train": train, "throughput": throughput, "packed": packed, "stacked": stacked,
+             "group": group}
     for name in args.steps:
         started = time.perf_counter()
         print(f"[gpu_check] {name} ...", flush=True)
@@ -282,6 +324,11 @@ def table(summary: dict) -> str:
                                 for k, v in step.get("sweeps", {}).items())
         elif name == "stacked":
             figures = "  ".join(f"N={k.rsplit('_', 1)[-1]}: {v:.2f}x" for k, v in step.get("summary", {}).items())
+        elif name == "group":
+            tests = ", ".join(f"{v} {k}" for k, v in step.get("tests", {}).items() if k not in ("exit", "seconds"))
+            figures = f"tests: {tests or step.get('tests', {}).get('exit')}  " + "  ".join(
+                f"N={k.removeprefix('step_').removesuffix('_over_single').replace('_cudnn_benchmark', ' cudnn.bm')}: {v:.2f}x"
+                for k, v in step.get("summary", {}).items() if k.startswith("step_"))
         elif name == "throughput":
             figures = "  ".join(f"{k} {v:.3g}" for k, v in step.get("summary", {}).items() if isinstance(v, (int, float)))
         elif name == "gpu_tests":

@@ -122,8 +122,13 @@ def test_gpu_check_dry_runs_every_step_on_cpu(tmp_path):
                             capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "gpu_check.json").read_text())
-    assert json.loads(result.stdout.splitlines()[-8]) == summary  # the JSON line, then the table (a header and 6 rows)
-    assert all(summary[step]["ok"] for step in ("environment", "gpu_tests", "train", "throughput", "packed", "stacked"))
+    assert json.loads(result.stdout.splitlines()[-9]) == summary  # the JSON line, then the table (a header and 7 rows)
+    assert all(summary[step]["ok"] for step in ("environment", "gpu_tests", "train", "throughput", "packed", "stacked", "group"))
+    # its group step: the group's GPU tests (both skipped on a CPU), then `bench/group.py --device cpu --quick`, each
+    # figure against one trial's step (no streams on a CPU: no overlap check)
+    assert summary["group"]["tests"]["exit"] == 0 and summary["group"]["tests"]["skipped"] == 2 and "passed" not in summary["group"]["tests"]
+    assert sorted(summary["group"]["summary"]) == sorted(["single_images_per_s", "step_1_over_single", "step_2_over_single",
+                                                          *[f"end_to_end_{n}_over_{what}" for n in (1, 2) for what in ("step", "single")]])
     # its stacked step: `bench/stacked.py --device cpu --quick`, a ratio of images/s for each N
     assert sorted(summary["stacked"]["summary"]) == [f"stacked_over_separate_{n}" for n in (1, 2, 4)]
     assert all(row["images_per_second"] > 0 for row in summary["stacked"]["rows"])
@@ -198,3 +203,48 @@ def test_stacked_benchmark_prints_a_record_and_a_table(tmp_path):
     assert record["summary"] == {f"stacked_over_separate_{n}": rates["stacked", n] / rates["separate", n] for n in (1, 2)}
     table = result.stdout.splitlines()[-2:]
     assert [line.split()[0] for line in table] == ["1", "2"] and all(line.endswith("x") for line in table)
+
+
+def test_group_benchmark_measures_each_group_size_against_one_trial_and_skips_what_is_past_its_budget(tmp_path):
+    """bench/group.py --device cpu --quick: one trial's step, then N = 1, 2 members side by side
+    (one after another on a CPU) and end to end; its summary recomputed from its rows."""
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "group.py"), "--device", "cpu", "--quick", "--json-out", str(tmp_path / "g.json")],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads((tmp_path / "g.json").read_text()) and record["benchmark"] == "group" and record["failed"] == record["skipped"] == 0
+    rows = record["rows"]
+    assert [(r["measurement"], r["members"]) for r in rows] == [("single", 1), ("step", 1), ("step", 2), ("end_to_end", 1), ("end_to_end", 2)]
+    for row in rows:
+        assert row["images_per_s"] == row["images"] / row["seconds"] > 0
+    assert [r["images"] for r in rows] == [32 * 3, 32 * 3, 2 * 32 * 3, 64, 2 * 64]  # rounds x batch x N; an epoch of 64 images each
+    single = rows[0]["images_per_s"]
+    assert record["summary"] == {"single_images_per_s": single, "step_1_over_single": rows[1]["images_per_s"] / single,
+                                 "step_2_over_single": rows[2]["images_per_s"] / single,
+                                 "end_to_end_1_over_step": rows[3]["images_per_s"] / rows[1]["images_per_s"],
+                                 "end_to_end_1_over_single": rows[3]["images_per_s"] / single,
+                                 "end_to_end_2_over_step": rows[4]["images_per_s"] / rows[2]["images_per_s"],
+                                 "end_to_end_2_over_single": rows[4]["images_per_s"] / single}
+    assert [line.split()[:2] for line in result.stdout.splitlines()[3:8]] == [["single", "1"], ["step", "1"], ["step", "2"], ["end_to_end", "1"],
+                                                                               ["end_to_end", "2"]]
+    skipped = subprocess.run([sys.executable, str(ROOT / "bench" / "group.py"), "--device", "cpu", "--quick", "--budget-s", "0"],
+                             capture_output=True, text=True, timeout=300)
+    assert skipped.returncode == 0 and json.loads(skipped.stdout.splitlines()[0])["skipped"] == 5, skipped.stderr[-2000:]
+    wrong = subprocess.run([sys.executable, str(ROOT / "bench" / "group.py"), "--quick", "--members", "2,x"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "--members must be comma-separated integers; got '2,x'" in wrong.stderr
+
+
+def test_the_group_benchmark_s_overlap_is_the_time_kernels_of_two_streams_ran_at_once():
+    """bench/group.py's reading of a profiler trace, on a trace written by hand: stream 1 runs 0-10,
+    20-30 and 30-35 us, stream 2 runs 5-25 us (and a CPU event and a memcpy that are not kernels)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from group import concurrency, kernel_intervals
+
+    kernel = lambda ts, dur, stream: {"ph": "X", "cat": "kernel", "ts": ts, "dur": dur, "args": {"stream": stream}}  # noqa: E731
+    trace = {"traceEvents": [kernel(0, 10, 1), kernel(20, 10, 1), kernel(30, 5, 1), kernel(5, 20, 2),
+                             {"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 100, "args": {}}, {"ph": "X", "cat": "gpu_memcpy", "ts": 40, "dur": 5, "args": {"stream": 2}}]}
+    intervals = kernel_intervals(trace)
+    assert sorted(intervals) == [(0.0, 10.0, 1), (5.0, 25.0, 2), (20.0, 30.0, 1), (30.0, 35.0, 1)]
+    # busy 0-35; two streams at once 5-10 and 20-25; 30 touches 30 without overlapping
+    assert concurrency(intervals) == {"kernels": 4, "streams": 2, "busy_us": 35.0, "concurrent_us": 10.0, "concurrent_share": 10 / 35}
+    assert concurrency([(0.0, 10.0, 1), (10.0, 20.0, 2)])["concurrent_us"] == 0.0  # one stream after the other

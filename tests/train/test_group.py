@@ -2,9 +2,12 @@
 in one process give each configuration exactly the rows, weights and checkpoint it gets alone; a
 diverging member fails while its neighbours finish; a group stopped part-way resumes every member
 from its own checkpoint; a member that fails once is restarted from its checkpoint.  On a GPU the
-members' turns run on CUDA streams of their own: the `gpu` test checks that their replays overlap."""
+members' turns run on CUDA streams of their own: the `gpu` tests check that their replays overlap
+and that a group there still gives each configuration its lone run's rows."""
 
 import math
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -195,6 +198,42 @@ def test_each_lane_draws_from_torch_s_global_rng_as_if_alone():
     for i in range(2):
         alone = torch.Generator().manual_seed(100 + i)
         assert all(torch.equal(draw, torch.rand(2, generator=alone)) for draw in draws[i])
+
+
+def near(a, b) -> bool:
+    """``same``, numbers within float noise: 1% or 0.02 (a coverage may move by one example of a
+    split when a threshold sits at a score)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(near(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(near(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, (int, float)):
+        return math.isnan(b) if math.isnan(a) else math.isclose(a, b, rel_tol=1e-2, abs_tol=0.02)
+    return a == b
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: streams are a CUDA notion (the CPU tests above)")
+def test_a_group_on_the_gpu_trains_each_configuration_as_it_trains_alone():
+    """The three configurations on CUDA's fast path (captured bf16 steps), as a group -- each
+    member's turns on a stream of its own, its batches, q and dropout masks drawn there -- and each
+    alone.  A member reading another's unfinished work, or a number read back before its own stream
+    got there, gives values far from alone's; the tolerance allows only the float noise of GPU
+    kernels that are not bitwise repeatable from run to run (atomics), which lone runs show too."""
+    device = torch.device("cuda")
+    with tempfile.TemporaryDirectory() as folder:
+        def env(name):
+            return LocalEnv(device, Path(folder) / name / "checkpoint.pt", log=lambda line: None)
+
+        alone = [train(config(**changes, device="cuda"), env(f"alone{i}")) for i, changes in enumerate(CONFIGS)]
+        outcomes = train_group([(config(**changes, device="cuda"), env(f"member{i}")) for i, changes in enumerate(CONFIGS)])
+    for i, (got, want) in enumerate(zip(outcomes, alone)):
+        assert not isinstance(got, BaseException), f"member {i}: {error_line(got)}"
+        assert [row["epoch"] for row in got.epochs] == [row["epoch"] for row in want.epochs], f"member {i}"
+        assert near(repeatable(got), repeatable(want)), f"member {i}: {repeatable(got)['epochs']} != {repeatable(want)['epochs']}"
+        assert got.model_state.keys() == want.model_state.keys()
+        for name, value in want.model_state.items():
+            assert torch.allclose(got.model_state[name].float(), value.float(), rtol=1e-2, atol=1e-3), f"member {i}: {name}"
 
 
 def steps_of(device: torch.device, count: int, model: str = "resnet20", batch: int = 64, graph: bool = False):
