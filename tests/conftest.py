@@ -52,7 +52,7 @@ def pytest_ignore_collect(collection_path, config):
 # -- these, measured (docs/testing.md), then the rest in file order.  Every other unit is one
 # module, so a module's fixtures (its shared sweep) are built once.
 CLUSTER_MODULES = ("test_cluster_launcher.py", "test_gpu_autoscaling.py")
-LONGEST_RAY_MODULES = ("sweep/test_resume.py", "sweep/test_sweep.py", "test_bench.py", "test_gpu_shaped.py", "test_fidelity.py",
+LONGEST_RAY_MODULES = ("sweep/test_resume.py", "sweep/test_sweep.py", "test_bench.py", "test_gpu_shaped.py", "test_fidelity.py", "sweep/test_group_sweep.py",
                        "test_predictor_sweep.py", "train/test_ray_session.py", "sweep/test_tools.py", "train/test_ray_train.py", "test_own_data_sweep.py",
                        "test_league_sweep.py")
 
