@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 from dpsm_ray import cards
 from dpsm_ray.catalog import CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, Q_INITS, SPLITS
+from dpsm_ray.conformal import CALIBRATIONS
 from dpsm_ray.conformal.levels import min_calibration_size
 from dpsm_ray.own_data import split_path_spec
-from dpsm_ray.cards import check_model, default_model, pretrainable_models, score_names, split_sizes
+from dpsm_ray.cards import check_model, default_model, paper_score_names, pretrainable_models, score_names, split_sizes
 from dpsm_ray.cards import BASE_MODEL, METHODS, method_names, reads
 
 
@@ -39,6 +40,7 @@ def option(
     sweep: bool = False,
     column: bool = False,
     label: str | None = None,
+    hash_default: bool = True,
     **metadata,
 ):
     """A config field, declared once: its default and help text (a string, or a function returning
@@ -50,13 +52,17 @@ def option(
     - ``sweep``: the sweep scripts and the studies offer it as an option (``dpsm-ray train``
       offers every field but those with ``cli=False``);
     - ``column``: a column of trials.parquet (null for a method that does not read it);
-    - ``label``: a row of the report's table of each method's settings, so labelled.
+    - ``label``: a row of the report's table of each method's settings, so labelled;
+    - ``hash_default=False``: left out of the config hash while it holds its default -- a field
+      added after runs were recorded, so that those runs (and their cached base models) keep their
+      hash.
 
     ``type`` and ``nargs`` tell argparse what a ``None`` default or a tuple holds;
     ``renamed_from`` an earlier release's flag; ``cli=False`` keeps it off the command line."""
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
-    marks = {"operational": operational, "path": path, "sweep": sweep, "column": column, **({"label": label} if label else {})}
+    marks = {"operational": operational, "path": path, "sweep": sweep, "column": column, "hash_default": hash_default,
+             **({"label": label} if label else {})}
     return field(default=default, metadata={"help": help, **marks, **metadata})
 
 
@@ -286,7 +292,17 @@ class TrainConfig:
         " sample of N, the same every epoch (the whole split when it is no larger); 0 = the whole training split (docs/results.md)",
     )
     eval_splits: int = option(10, "random calibration/test re-splits of the final evaluation")
-    eval_scores: tuple[str, ...] = option(tuple(score_names()), lambda: f"scores evaluated at the end: {', '.join(score_names())}")
+    eval_scores: tuple[str, ...] = option(
+        paper_score_names(),
+        lambda: f"scores evaluated at the end: {', '.join(score_names())} (the paper's: {', '.join(paper_score_names())})",
+    )
+    eval_calibrations: tuple[str, ...] = option(
+        ("marginal",),
+        f"how the final evaluation calibrates each score: {', '.join(CALIBRATIONS)} (marginal: one threshold, 1 - alpha coverage on"
+        " average; class: a threshold per class, 1 - alpha in every class); both give a row of each in evals.parquet and classes.parquet",
+        type=str,
+        hash_default=False,
+    )
     evaluate_test: bool = option(
         True, "evaluate on the calibration/test splits at the end (sweeps switch it off while searching)", cli=False, operational=True
     )
@@ -338,7 +354,7 @@ class TrainConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(unknown[0], values[unknown[0]], f"not a training option (known: {', '.join(sorted(known))})")
-        tuples = {"milestones", "eval_scores", "base_milestones"}
+        tuples = {"milestones", "eval_scores", "eval_calibrations", "base_milestones"}
         return cls(**{k: tuple(v) if k in tuples and v is not None else v for k, v in values.items()})
 
     def resolved_model(self) -> str:
@@ -386,6 +402,7 @@ class TrainConfig:
         # options only some methods read (their cards' fields) are left out of the other methods'
         # hash, so fixing them for a whole sweep does not split the runs of methods they do not change
         relevant = {k: v for k, v in relevant.items() if reads(self.method, k)}
+        relevant = {k: v for k, v in relevant.items() if k in HASHED_AT_DEFAULT or v != TrainConfig.__dataclass_fields__[k].default}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
@@ -403,6 +420,7 @@ def field_type(name: str) -> str:
 
 # not ``workers``: without SyncBatchNorm a BatchNorm model trained by W workers is another model
 OPERATIONAL_FIELDS = frozenset(fields_marked("operational"))
+HASHED_AT_DEFAULT = frozenset(fields_marked("hash_default"))
 PATH_FIELDS = fields_marked("path")
 SWEEP_OPTIONS = fields_marked("sweep")
 TRIAL_COLUMNS = fields_marked("column")
@@ -586,6 +604,12 @@ def validate(config: TrainConfig) -> None:
         len(config.eval_scores) > 0 and all(s in score_names() for s in config.eval_scores),
         "eval_scores",
         f"must be a non-empty subset of {', '.join(score_names())}",
+    )
+    need(
+        len(config.eval_calibrations) > 0 and set(config.eval_calibrations) <= set(CALIBRATIONS)
+        and len(set(config.eval_calibrations)) == len(config.eval_calibrations),
+        "eval_calibrations",
+        f"must be one or both of {', '.join(CALIBRATIONS)}",
     )
     need(integer("workers") >= 0, "workers", "must be an integer >= 0")
     need(config.workers == 0 or config.batch_size % (2 * config.workers) == 0, "batch_size",

@@ -28,7 +28,7 @@ def test_every_place_that_offers_a_choice_offers_the_cards():
     names = {"dataset": cards.dataset_names(), "model": cards.model_names(), "score": cards.score_names()}
     assert names["dataset"] == ("digits", "synthetic", "glyphs", "fonts", "fonts_transfer", "fashion_mnist", "cifar100", "caltech101", "inaturalist", "inaturalist2018",
                                 "folder", "table")
-    assert names["score"] == ("hps", "aps", "raps")  # the report's order
+    assert names["score"] == ("hps", "aps", "raps", "saps", "topk", "margin")  # the report's order
     parser = build_parser()
     train = subparser(parser, "train")
     for name in names["dataset"]:
@@ -36,7 +36,8 @@ def test_every_place_that_offers_a_choice_offers_the_cards():
     for name in names["model"]:
         assert name in option(train, "--model").help
     assert tuple(option(subparser(parser, "predict"), "--score").choices) == names["score"]
-    assert TrainConfig().eval_scores == names["score"] and all(name in field_help("eval_scores") for name in names["score"])
+    assert set(TrainConfig().eval_scores) <= set(names["score"]) and all(name in field_help("eval_scores") for name in names["score"])
+    assert cards.paper_score_names() == ("hps", "aps", "raps")  # the paper's, in the cards' order
     # the sweep scripts' options: the same help texts; the GPU packing names every model
     sweep = sweep_parser("digits", "a sweep", {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits"}})
     assert option(sweep, "--dataset").help.startswith(field_help("dataset"))

@@ -14,12 +14,12 @@ def test_train_prints_a_table_and_writes_the_documented_files(tmp_path, capsys):
     assert code == 0
     captured = capsys.readouterr()
     assert "epoch   1/2" in captured.err and "epoch   2/2" in captured.err
-    for score in ("hps", "aps", "raps"):
+    for score in TrainConfig().eval_scores:
         assert score in captured.out
     epochs = pd.read_parquet(out / "epochs.parquet")
     evals = pd.read_parquet(out / "evals.parquet")
     assert list(epochs.columns) == list(EPOCHS) and len(epochs) == 2
-    assert list(evals.columns) == list(EVALS) and len(evals) == 9
+    assert list(evals.columns) == list(EVALS) and len(evals) == len(TrainConfig().eval_scores) * 3  # scores x re-splits
     assert (out / "config.json").exists() and (out / "splits.json").exists()
     assert not list(out.glob(".*tmp"))
 

@@ -20,7 +20,10 @@ from dpsm_ray.config import ConfigError, TrainConfig
         ({"batch_size": 2000}, "batch_size", "at most 1000"),
         ({"batch_size": 63}, "batch_size", "even"),
         ({"milestones": (25, 3)}, "milestones", "increasing"),
-        ({"eval_scores": ("thr",)}, "eval_scores", "hps, aps, raps"),
+        ({"eval_scores": ("thr",)}, "eval_scores", "hps, aps, raps, saps, topk, margin"),
+        ({"eval_calibrations": ("mondrian",)}, "eval_calibrations", "marginal, class"),
+        ({"eval_calibrations": ()}, "eval_calibrations", "one or both"),
+        ({"eval_calibrations": ("class", "class")}, "eval_calibrations", "one or both"),
         ({"train_subset": 5000}, "train_subset", "at most"),
         ({"alpha": float("nan")}, "alpha", "finite"),
         ({"q_init": "median"}, "q_init", "dataset, zero, random"),
@@ -59,6 +62,23 @@ def test_an_option_only_another_method_reads_leaves_the_hash_alone():
         for other in set(METHODS) - set(methods):
             assert TrainConfig(method=other, **{option: value}).config_hash() == TrainConfig(method=other).config_hash(), (option, other)
     assert TrainConfig(lr_schedule="exp").config_hash() != TrainConfig().config_hash()  # every method's
+
+
+def test_scores_and_calibrations_added_since_leave_every_earlier_run_its_hash():
+    # the hashes of these configs before SAPS, top-k, margin and class-conditional evaluation existed (measured on that
+    # release): the default still evaluates the paper's three scores, marginally, and a field at its default is left out
+    assert TrainConfig().eval_scores == ("hps", "aps", "raps") and TrainConfig().eval_calibrations == ("marginal",)
+    assert TrainConfig().config_hash() == "3055846e23fa1821"
+    assert TrainConfig(method="ce", dataset="fashion_mnist").config_hash() == "a0de0d7ab2967ee9"
+    both = TrainConfig(eval_calibrations=("marginal", "class"))
+    assert both.config_hash() != TrainConfig().config_hash() and TrainConfig.from_dict(both.to_dict()) == both
+    assert TrainConfig(eval_scores=("hps", "aps", "raps", "saps")).config_hash() != TrainConfig().config_hash()
+    # dpsm-ray train's options read them as lists of names
+    from dpsm_ray.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["train", "--eval-scores", "saps", "topk", "margin", "--eval-calibrations", "marginal", "class"])
+    config = config_from_args(args)
+    assert config.eval_scores == ("saps", "topk", "margin") and config.eval_calibrations == ("marginal", "class")
 
 
 def test_config_hash_tells_apart_worker_counts_and_split_seeds():

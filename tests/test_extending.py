@@ -37,18 +37,18 @@ _BUILT_IN_CARDS = (
     MethodCard("half_ce", "Half CE", _half_ce),'''
 SCORE = '''
 
-def margin_matrix(probs: torch.Tensor) -> torch.Tensor:
+def top_gap_matrix(probs: torch.Tensor) -> torch.Tensor:
     """The top probability's lead over p_y."""
     return probs.amax(dim=1, keepdim=True) - probs
 '''
-SCORE_CARD = '''def _margin(probs, u=None):
-    from dpsm_ray.conformal.scores import margin_matrix
+SCORE_CARD = '''def _top_gap(probs, u=None):
+    from dpsm_ray.conformal.scores import top_gap_matrix
 
-    return margin_matrix(probs)
+    return top_gap_matrix(probs)
 
 
 for _card in (
-    ScoreCard("margin", "top-class margin", _margin),
+    ScoreCard("top_gap", "the top probability's lead", _top_gap),
     ScoreCard('''
 LOADER = '''"""Four Gaussian blobs in six dimensions (a stand-in for a new dataset)."""
 
@@ -124,7 +124,7 @@ def test_a_method_a_score_and_a_dataset_take_the_files_docs_extending_md_counts(
     with (package / "conformal" / "scores.py").open("a") as scores:
         scores.write(SCORE)
     insert_before(package / "cards" / "scores.py", "for _card in (\n    ScoreCard(", SCORE_CARD)
-    (copy / "tests" / "conformal" / "test_margin.py").write_text(TEST.format(name="margin", reader="score_names"))
+    (copy / "tests" / "conformal" / "test_top_gap.py").write_text(TEST.format(name="top_gap", reader="score_names"))
     steps["score"] = changed_files(ROOT, copy) - before
 
     before |= steps["score"]
@@ -145,6 +145,6 @@ def test_a_method_a_score_and_a_dataset_take_the_files_docs_extending_md_counts(
                            cwd=copy, env=env, capture_output=True, text=True, timeout=300)
     assert tests.returncode == 0 and "3 passed" in tests.stdout, tests.stdout + tests.stderr
     run = subprocess.run([sys.executable, "-m", "dpsm_ray.cli", "train", "--dataset", "blobs", "--method", "half_ce", "--epochs", "2",
-                          "--eval-scores", "hps", "margin", "--eval-splits", "2"], cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+                          "--eval-scores", "hps", "top_gap", "--eval-splits", "2"], cwd=copy, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "half_ce on blobs" in run.stdout and re.search(r"^margin ", run.stdout, re.M), run.stdout
+    assert "half_ce on blobs" in run.stdout and re.search(r"^top_gap ", run.stdout, re.M), run.stdout

@@ -66,7 +66,9 @@ from dpsm_ray.cards.datasets import (
     register_dataset,
     split_sizes,
 )
-from dpsm_ray.cards.scores import ScoreCard, check_score, register_score, score_card, score_functions, score_matrix, score_names
+from dpsm_ray.cards.scores import (
+    ScoreCard, check_score, paper_score_names, register_score, score_card, score_functions, score_matrix, score_names,
+)
 from dpsm_ray.cards.registry import built_in, outside_cards, unregister
 
 
@@ -122,6 +124,7 @@ __all__ = [
     "model_names",
     "outside_cards",
     "paper_grid",
+    "paper_score_names",
     "pretrainable_models",
     "reads",
     "register_card",

@@ -20,13 +20,16 @@ class ScoreCard:
     **parameters)`` maps probabilities ``[n, K]`` and one uniform per example ``[n]`` (None: no
     randomisation) to the scores of every label ``[n, K]``.  ``randomised``: its sets depend on
     the uniforms (a predictor records it); ``parameters``: its own hyperparameters with their
-    defaults (RAPS's ``lambda`` and ``k_reg``), recorded in every predictor calibrated with it."""
+    defaults (RAPS's ``lambda`` and ``k_reg``), recorded in every predictor calibrated with it;
+    ``paper``: one of the DPSM paper's three (HPS, APS, RAPS), the evaluation's default -- the others
+    are evaluated when ``--eval-scores`` names them, and every predictor calibrates them all."""
 
     name: str
     title: str
     matrix: Callable[..., Any]
     randomised: bool = False
     parameters: Mapping[str, float] = field(default_factory=dict)
+    paper: bool = False
 
 
 _SCORES = registry("score")  # in the report's order
@@ -40,6 +43,12 @@ def register_score(card: ScoreCard, *, replace: bool = False) -> ScoreCard:
 def score_names() -> tuple[str, ...]:
     """Every score, in the report's order."""
     return tuple(_SCORES)
+
+
+def paper_score_names() -> tuple[str, ...]:
+    """The paper's scores (HPS, APS, RAPS), in the report's order: what a run evaluates unless
+    ``--eval-scores`` says otherwise, so that adding a score changes no run's configuration hash."""
+    return tuple(name for name, card in _SCORES.items() if card.paper)
 
 
 def score_card(name: str) -> ScoreCard:
@@ -102,10 +111,33 @@ def _raps(probs, u=None, *, k_reg, **parameters):
     return aps_matrix(probs, u, penalty=parameters["lambda"], k_reg=k_reg)
 
 
+def _saps(probs, u=None, **parameters):
+    from dpsm_ray.conformal.scores import saps_matrix
+
+    return saps_matrix(probs, u, weight=parameters["lambda"])
+
+
+def _topk(probs, u=None):
+    from dpsm_ray.conformal.scores import topk_matrix
+
+    return topk_matrix(probs, u)
+
+
+def _margin(probs, u=None):
+    from dpsm_ray.conformal.scores import margin_matrix
+
+    return margin_matrix(probs)
+
+
 for _card in (
-    ScoreCard("hps", "HPS (THR, LAC): 1 - p_y", _hps),
-    ScoreCard("aps", "APS: the mass ranked above y plus U p_y", _aps, randomised=True),
-    ScoreCard("raps", "RAPS: APS plus lambda max(0, rank(y) - k_reg)", _raps, randomised=True, parameters={"lambda": 0.01, "k_reg": 5}),
+    ScoreCard("hps", "HPS (THR, LAC): 1 - p_y", _hps, paper=True),
+    ScoreCard("aps", "APS: the mass ranked above y plus U p_y", _aps, randomised=True, paper=True),
+    ScoreCard("raps", "RAPS: APS plus lambda max(0, rank(y) - k_reg)", _raps, randomised=True, parameters={"lambda": 0.01, "k_reg": 5},
+              paper=True),
+    ScoreCard("saps", "SAPS: U p_max for the top label, p_max + (rank(y) - 2 + U) lambda below it", _saps, randomised=True,
+              parameters={"lambda": 0.2}),
+    ScoreCard("topk", "top-k: rank(y) - 1 + U", _topk, randomised=True),
+    ScoreCard("margin", "margin: the largest other probability minus p_y", _margin),
 ):
     register_score(_card)
 seal("score")

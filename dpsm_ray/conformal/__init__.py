@@ -1,4 +1,5 @@
-"""Conformal prediction: scores, the exact quantile, prediction sets and metrics.  Imports torch only.
+"""Conformal prediction: scores, the exact quantile (marginal and per class), prediction sets,
+p-values and metrics.  Imports torch only.
 
 The names below are handed on from the modules that define them as they are first used (PEP 562, as
 the package's own face hands on ``Predictor``): ``dpsm_ray.conformal.levels`` -- alpha and the calibration
@@ -8,9 +9,14 @@ from __future__ import annotations
 
 import importlib
 
+# how a score is calibrated: one threshold (marginal), or one per class (class-conditional, "Mondrian");
+# here, torch-free, so that the command line checks --eval-calibrations before torch loads
+CALIBRATIONS = ("marginal", "class")
+
 # where each name lives: dpsm_ray/conformal/<module>.py
 HANDED_ON = {
     "CLASS_COLUMNS": "evaluation",
+    "Calibrated": "evaluation",
     "EVAL_COLUMNS": "evaluation",
     "Resplits": "evaluation",
     "evaluate": "evaluation",
@@ -22,6 +28,7 @@ HANDED_ON = {
     "accuracy": "metrics",
     "class_counts": "metrics",
     "class_coverage": "metrics",
+    "class_prediction_sets": "metrics",
     "class_set_size": "metrics",
     "coverage": "metrics",
     "covered": "metrics",
@@ -32,6 +39,9 @@ HANDED_ON = {
     "sscv": "metrics",
     "worst_slab": "metrics",
     "wsc": "metrics",
+    "class_conformal_p_values": "pvalues",
+    "conformal_p_values": "pvalues",
+    "class_conformal_quantile": "quantile",
     "conformal_quantile": "quantile",
     "conformal_rank": "quantile",
     "empirical_quantile": "quantile",
@@ -45,6 +55,9 @@ HANDED_ON = {
     "example_uniforms": "scores",
     "hps_matrix": "scores",
     "label_scores": "scores",
+    "margin_matrix": "scores",
+    "saps_matrix": "scores",
+    "topk_matrix": "scores",
 }
 
 
@@ -54,4 +67,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f"{__name__}.{HANDED_ON[name]}"), name)
 
 
-__all__ = sorted(HANDED_ON)
+__all__ = sorted(["CALIBRATIONS", *HANDED_ON])

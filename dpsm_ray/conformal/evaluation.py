@@ -1,21 +1,30 @@
-"""Split-conformal evaluation over R random calibration/test re-splits, as one batched computation."""
+"""Split-conformal evaluation over R random calibration/test re-splits, as one batched computation:
+every score calibrated marginally (one threshold, coverage 1 - alpha on average over the classes)
+and, when asked, class-conditionally (a threshold per class, coverage 1 - alpha in every class)."""
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
+from dpsm_ray.conformal import CALIBRATIONS
 from dpsm_ray.conformal.metrics import (
-    accuracy, class_counts, class_coverage, class_set_size, coverage, covered, covgap, prediction_sets, set_size, sscv, wsc,
+    Slabs, accuracy, class_counts, class_coverage, class_prediction_sets, class_set_size, coverage, covered, covgap, prediction_sets,
+    set_size, sscv,
 )
-from dpsm_ray.conformal.levels import check_alpha
-from dpsm_ray.conformal.quantile import conformal_quantile
+from dpsm_ray.conformal.levels import check_alpha, min_calibration_size
+from dpsm_ray.conformal.quantile import class_conformal_quantile, conformal_quantile
 from dpsm_ray.conformal.scores import example_uniforms, label_scores
 
-EVAL_COLUMNS = ("score", "split", "alpha", "n_cal", "n_test", "q", "coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
-CLASS_COLUMNS = ("score", "split", "label", "n_test", "coverage", "set_size")
+EVAL_COLUMNS = (
+    "score", "calibration", "split", "alpha", "n_cal", "n_test", "q", "coverage", "set_size", "covgap", "sscv", "wsc", "accuracy",
+)
+CLASS_COLUMNS = ("score", "calibration", "split", "label", "n_cal", "n_test", "q", "coverage", "set_size")
 
 
 def resplit(n: int, splits: int, cal_fraction: float, seed: int, device: torch.device | str = "cpu"):
@@ -32,41 +41,83 @@ def resplit(n: int, splits: int, cal_fraction: float, seed: int, device: torch.d
     return order[:, :n_cal], order[:, n_cal:]
 
 
+class Calibrated(NamedTuple):
+    """One score calibrated one way on every re-split of a ``Resplits``."""
+
+    score: str
+    calibration: str  # marginal | class
+    cal: torch.Tensor  # [R, m] calibration indices
+    test: torch.Tensor  # [R, n - m] test indices
+    q: torch.Tensor  # the thresholds: [R] (marginal) or [R, K] (class; +inf for a class with too few points)
+    sets: torch.Tensor  # [R, n - m, K] the test part's prediction sets
+
+
 @dataclass(frozen=True, eq=False)
 class Resplits:
     """The evaluation protocol :func:`evaluate` and :func:`evaluate_classes` share: ``splits``
     random calibration/test re-splits of the pooled points (the paper: 10), each calibrating on
     ``round(cal_fraction * n)`` of them and testing on the rest, for every score in ``scores`` (each
     score's name -> its function ``(probs [n, K], u [n]) -> scores [n, K]``;
-    ``dpsm_ray.cards.score_functions`` gives the cards').  APS/RAPS uniforms are drawn per example
-    from ``(seed, example_ids)`` (default ``arange(n)``), so they do not depend on order or batching."""
+    ``dpsm_ray.cards.score_functions`` gives the cards') and every calibration in ``calibrations``
+    (``marginal``, the default: ``conformal_quantile``; ``class``: ``class_conformal_quantile``, a
+    threshold per class; ``CALIBRATIONS``: both).  APS/RAPS/SAPS/top-k uniforms are drawn per example from ``(seed, example_ids)`` (default
+    ``arange(n)``), so they do not depend on order or batching."""
 
     scores: Mapping[str, Callable]
     splits: int = 10
     cal_fraction: float = 0.3
     seed: int = 0
     example_ids: torch.Tensor | None = None
+    calibrations: tuple[str, ...] = ("marginal",)
 
     def __post_init__(self) -> None:
         if not isinstance(self.scores, Mapping) or not self.scores or not all(callable(matrix) for matrix in self.scores.values()):
             raise ValueError(
                 "scores must map each score's name to its function (probs [n, K], u [n]) -> scores [n, K] (dpsm_ray.cards.score_functions)"
             )
+        if not self.calibrations or not set(self.calibrations) <= set(CALIBRATIONS) or isinstance(self.calibrations, str):
+            raise ValueError(f"calibrations must be some of {', '.join(CALIBRATIONS)}; got {self.calibrations!r}")
 
-    def calibrated_sets(self, probs: torch.Tensor, labels: torch.Tensor, alpha: float) -> Iterator:
-        """For each score: its name, the re-splits' calibration/test indices, the conformal quantile
-        of each calibration part ``[R]`` and the prediction sets of its test part ``[R, n_test, K]``."""
+    def calibrated_sets(self, probs: torch.Tensor, labels: torch.Tensor, alpha: float) -> Iterator[Calibrated]:
+        """For each score and calibration: the re-splits' calibration/test indices, the thresholds
+        of each calibration part and the prediction sets of its test part (``Calibrated``).  A class
+        with fewer calibration points than its alpha needs gets an infinite threshold (every set holds
+        it), and a warning names the classes."""
         check_alpha(alpha)
         if probs.ndim != 2 or labels.shape != probs.shape[:1]:
             raise ValueError(f"probs must be [n, K] and labels [n]; got {tuple(probs.shape)} and {tuple(labels.shape)}")
-        n = probs.shape[0]
+        n, num_classes = probs.shape
         cal, test = resplit(n, self.splits, self.cal_fraction, self.seed, probs.device)
         ids = torch.arange(n, device=probs.device) if self.example_ids is None else self.example_ids
         u = example_uniforms(self.seed, ids).to(probs.device)
+        if "class" in self.calibrations:
+            warn_short_classes(class_counts(labels[cal], num_classes), alpha)
         for kind, matrix in self.scores.items():
             all_scores = matrix(probs, u)
-            q = conformal_quantile(label_scores(all_scores, labels)[cal], alpha)
-            yield kind, cal, test, q, prediction_sets(all_scores[test], q)
+            cal_scores = label_scores(all_scores, labels)[cal]
+            for calibration in self.calibrations:
+                if calibration == "marginal":
+                    q = conformal_quantile(cal_scores, alpha)
+                    sets = prediction_sets(all_scores[test], q)
+                else:
+                    q = class_conformal_quantile(cal_scores, labels[cal], num_classes, alpha)
+                    sets = class_prediction_sets(all_scores[test], q)
+                yield Calibrated(kind, calibration, cal, test, q, sets)
+
+
+def warn_short_classes(counts: torch.Tensor, alpha: float) -> None:
+    """Warn, naming them, of the classes some calibration part (a row of ``counts`` ``[R, K]``)
+    holds too few points of for a finite class-conditional threshold at ``alpha``."""
+    need = min_calibration_size(alpha)
+    short = (counts < need).any(dim=0).nonzero().flatten().tolist()
+    if short:
+        named = ", ".join(map(str, short[:20])) + (f", ... ({len(short)} classes)" if len(short) > 20 else "")
+        warnings.warn(
+            f"class-conditional calibration at alpha={alpha:g} needs at least {need} calibration points of a class; class"
+            f"{'es' if len(short) > 1 else ''} {named} had fewer in some re-split (as few as {int(counts.min())}): their threshold is"
+            " infinite there, so every prediction set holds them",
+            stacklevel=2,
+        )
 
 
 def evaluate(
@@ -79,47 +130,56 @@ def evaluate(
     wsc_delta: float = 0.1,
     wsc_directions: int = 256,
 ) -> list[dict]:
-    """One row per (score, re-split) of ``resplits``: coverage, APSS, CovGap, SSCV, WSC and accuracy
-    on the test part.  ``probs`` ``[n, K]`` are softmax outputs on the pooled calibration + test
-    points.  WSC slabs live in ``features`` (default: the log-probabilities, i.e. the model's logit
-    space).
+    """One row per (score, calibration, re-split) of ``resplits``: coverage, APSS, CovGap, SSCV, WSC
+    and accuracy on the test part, and the threshold ``q`` (NaN for class-conditional rows, whose
+    thresholds are :func:`evaluate_classes`'s).  ``probs`` ``[n, K]`` are softmax outputs on the
+    pooled calibration + test points.  WSC slabs live in ``features`` (default: the
+    log-probabilities, i.e. the model's logit space); every score and calibration shares their
+    search's projections (``Slabs``: the test parts are the same).
     """
     features = probs.clamp(min=1e-30).log() if features is None else features
-    rows = []
-    for kind, cal, test, q, sets in resplits.calibrated_sets(probs, labels, alpha):
+    rows, slabs = [], None
+    for found in resplits.calibrated_sets(probs, labels, alpha):
+        test, sets = found.test, found.sets
         test_labels = labels[test]
+        if slabs is None:
+            slabs = Slabs(features[test], delta=wsc_delta, directions=wsc_directions, seed=resplits.seed)
         metrics = {
-            "q": q,
+            "q": found.q if found.calibration == "marginal" else torch.full(found.q.shape[:1], math.nan),
             "coverage": coverage(sets, test_labels),
             "set_size": set_size(sets),
             "covgap": covgap(sets, test_labels, alpha),
             "sscv": sscv(sets, test_labels, alpha),
-            "wsc": wsc(features[test], covered(sets, test_labels), delta=wsc_delta, directions=wsc_directions, seed=resplits.seed),
+            "wsc": slabs.coverage(covered(sets, test_labels)),
             "accuracy": accuracy(probs[test], test_labels),
         }
         for split in range(resplits.splits):
-            row = {"score": kind, "split": split, "alpha": alpha, "n_cal": cal.shape[1], "n_test": test.shape[1]}
+            row = {"score": found.score, "calibration": found.calibration, "split": split, "alpha": alpha, "n_cal": found.cal.shape[1],
+                   "n_test": test.shape[1]}
             row.update({name: float(value[split]) for name, value in metrics.items()})
             rows.append(row)
     return rows
 
 
 def evaluate_classes(probs: torch.Tensor, labels: torch.Tensor, alpha: float, resplits: Resplits) -> list[dict]:
-    """One row per (score, re-split, class): the class's test points, their coverage (NaN when
-    the test part has none) and their average set size -- the same re-splits, uniforms and sets
-    as :func:`evaluate` with the same ``resplits``."""
+    """One row per (score, calibration, re-split, class): the class's calibration and test points,
+    the threshold its label was held to (the marginal q, or the class's own), its test points'
+    coverage (NaN when the test part has none) and their average set size -- the same re-splits,
+    uniforms and sets as :func:`evaluate` with the same ``resplits``."""
     rows = []
     num_classes = probs.shape[1]
-    for kind, _, test, _, sets in resplits.calibrated_sets(probs, labels, alpha):
-        test_labels = labels[test]
+    for found in resplits.calibrated_sets(probs, labels, alpha):
+        test_labels = labels[found.test]
+        thresholds = found.q if found.calibration == "class" else found.q[:, None].expand(-1, num_classes)
         metrics = {
+            "n_cal": class_counts(labels[found.cal], num_classes).tolist(),
             "n_test": class_counts(test_labels, num_classes).tolist(),
-            "coverage": class_coverage(sets, test_labels, num_classes).tolist(),
-            "set_size": class_set_size(sets, test_labels, num_classes).tolist(),
+            "q": thresholds.tolist(),
+            "coverage": class_coverage(found.sets, test_labels, num_classes).tolist(),
+            "set_size": class_set_size(found.sets, test_labels, num_classes).tolist(),
         }
         for split in range(resplits.splits):
             for label in range(num_classes):
-                rows.append(
-                    {"score": kind, "split": split, "label": label, **{name: value[split][label] for name, value in metrics.items()}}
-                )
+                rows.append({"score": found.score, "calibration": found.calibration, "split": split, "label": label,
+                             **{name: value[split][label] for name, value in metrics.items()}})
     return rows

@@ -48,6 +48,29 @@ def conformal_quantile(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     return scores.kthvalue(rank, dim=-1).values
 
 
+def class_conformal_quantile(scores: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float) -> torch.Tensor:
+    """q_hat of each class (class-conditional, "Mondrian" split conformal: Vovk et al. 2003; Sadinle,
+    Lei and Wasserman, JASA 2019, class-specific coverage): for class y, the ceil((n_y + 1)(1 - alpha))-th smallest of the n_y
+    calibration scores whose label is y.  ``scores`` and ``labels`` ``[..., n]``; returns ``[..., K]``.
+
+    Sets {y : S(x, y) <= q_hat_y} then cover every class: P(Y in C(X) | Y = y) >= 1 - alpha.  A
+    class with too few points for its alpha (n_y < ``min_calibration_size(alpha)``, none at all
+    included) gets +inf, as ``conformal_quantile`` does: every set holds that class, the only
+    threshold that keeps its guarantee (the conservative fallback)."""
+    n = scores.shape[-1]
+    counts = torch.zeros((*labels.shape[:-1], num_classes), dtype=torch.int64, device=labels.device)
+    counts.scatter_add_(-1, labels, torch.ones_like(labels))
+    if n == 0:
+        return torch.full(counts.shape, math.inf, dtype=scores.dtype, device=scores.device)
+    # ascending scores, then a stable sort by label: each class's scores ascending, the classes in turn
+    by_score = scores.argsort(dim=-1, stable=True)
+    by_class = by_score.gather(-1, labels.gather(-1, by_score).argsort(dim=-1, stable=True))
+    grouped = scores.gather(-1, by_class)
+    ranks = torch.tensor([conformal_rank(size, alpha) for size in range(n + 1)], device=counts.device)[counts]
+    position = (counts.cumsum(dim=-1) - counts + ranks - 1).clamp(max=n - 1)
+    return torch.where(ranks <= counts, grouped.gather(-1, position), torch.full_like(position, math.inf, dtype=scores.dtype))
+
+
 def empirical_quantile(scores: torch.Tensor, level: float) -> torch.Tensor:
     """Q_n: the ceil(n * level)-th smallest score (last dim), a minimiser of the average pinball
     loss rho at ``level = 1 - alpha``.  The dataset-level target that DPSM's q tracks."""

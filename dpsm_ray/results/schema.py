@@ -72,11 +72,12 @@ EPOCHS = {
 EVALS = {
     **RUN_KEY,
     "score": pa.string(),
+    "calibration": pa.string(),  # marginal (one threshold) | class (one per class); null in rows written before both ran
     "split": pa.int64(),
     "alpha": pa.float64(),
     "n_cal": pa.int64(),
     "n_test": pa.int64(),
-    "q": pa.float64(),
+    "q": pa.float64(),  # the marginal threshold; NaN for class-conditional rows (classes.parquet holds each class's)
     "coverage": pa.float64(),
     "set_size": pa.float64(),
     "covgap": pa.float64(),
@@ -88,10 +89,13 @@ EVALS = {
 CLASSES = {
     **RUN_KEY,
     "score": pa.string(),
+    "calibration": pa.string(),  # marginal | class, as evals.parquet's
     "split": pa.int64(),
     "label": pa.int64(),  # the class
     "class_name": pa.string(),  # its name, where the dataset has names (null otherwise)
+    "n_cal": pa.int64(),  # the class's points in the calibration part of the re-split
     "n_test": pa.int64(),  # the class's points in the test part of the re-split
+    "q": pa.float64(),  # the threshold its label was held to: the marginal q, or the class's own (inf: too few n_cal)
     "coverage": pa.float64(),  # class-conditional coverage (null when n_test is 0)
     "set_size": pa.float64(),  # average set size over the class's test points (null when n_test is 0)
 }

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from dpsm_ray.conformal import (
+    class_conformal_quantile,
     conformal_quantile,
     conformal_rank,
     empirical_quantile,
@@ -81,6 +82,32 @@ def test_conformal_quantile_matches_slow_reference_on_batches():
                 rank = math.ceil((n + 1) * (1 - alpha) - 1e-12)
                 expected = ordered[rank - 1] if rank <= n else math.inf
                 assert fast[row].item() == expected, (n, alpha)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2, 0.7])
+def test_class_thresholds_are_a_per_class_loop_over_the_exact_quantile(alpha):
+    # scores with ties (on a grid of twentieths) and classes of every size, from none to plenty,
+    # three calibration parts at once
+    generator = torch.Generator().manual_seed(5)
+    weights = torch.tensor([0.0, 0.01, 0.04, 0.15, 0.3, 0.5])  # class 0 never drawn; 1 and 2 rarely
+    labels = torch.multinomial(weights, 3 * 80, replacement=True, generator=generator).reshape(3, 80)
+    scores = torch.randint(0, 20, (3, 80), generator=generator).to(torch.float64) / 20
+    fast = class_conformal_quantile(scores, labels, 6, alpha)
+    assert fast.shape == (3, 6)
+    for row in range(3):
+        for label in range(6):
+            expected = conformal_quantile(scores[row][labels[row] == label], alpha)  # the project's own quantile, class by class
+            assert fast[row, label].item() == expected.item(), (row, label)
+    assert math.isinf(fast[0, 0]) and torch.isfinite(fast[:, 5]).all()
+
+
+def test_class_thresholds_by_hand():
+    # class 0: 1 point (too few at alpha 0.5: rank ceil(2 * 0.5) = 1 <= 1, so finite: 0.3);
+    # class 1: scores 0.2, 0.2, 0.9 -> rank ceil(4 * 0.5) = 2 -> 0.2 (a tie); class 2: none -> inf
+    scores = torch.tensor([0.9, 0.3, 0.2, 0.2], dtype=torch.float64)
+    labels = torch.tensor([1, 0, 1, 1])
+    assert class_conformal_quantile(scores, labels, 3, 0.5).tolist() == [0.3, 0.2, math.inf]
+    assert class_conformal_quantile(scores[:0], labels[:0], 3, 0.5).tolist() == [math.inf] * 3
 
 
 def test_empirical_rank_reads_a_float_level_as_its_decimal():

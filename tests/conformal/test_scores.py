@@ -20,6 +20,93 @@ def slow_aps(probs, u, raps_lambda=0.0, k_reg=0):
     return out
 
 
+def ranks_by_hand(p):
+    """1-based ranks of a row of probabilities: descending, ties by class index (lower first)."""
+    order = sorted(range(len(p)), key=lambda c: (-p[c], c))
+    return [order.index(y) + 1 for y in range(len(p))]
+
+
+def slow_saps(probs, u, weight):
+    """SAPS straight from Huang et al.'s definition: u p_max for rank 1, p_max + (rank - 2 + u) lambda below."""
+    out = torch.empty(probs.shape, dtype=torch.float64)
+    for i in range(probs.shape[0]):
+        p, uniform = probs[i].tolist(), 1.0 if u is None else float(u[i])
+        for y, rank in enumerate(ranks_by_hand(p)):
+            out[i, y] = uniform * max(p) if rank == 1 else max(p) + (rank - 2 + uniform) * weight
+    return out
+
+
+def slow_topk(probs, u):
+    out = torch.empty(probs.shape, dtype=torch.float64)
+    for i in range(probs.shape[0]):
+        for y, rank in enumerate(ranks_by_hand(probs[i].tolist())):
+            out[i, y] = rank - 1 + (1.0 if u is None else float(u[i]))
+    return out
+
+
+def slow_margin(probs):
+    out = torch.empty(probs.shape, dtype=torch.float64)
+    for i in range(probs.shape[0]):
+        p = probs[i].tolist()
+        for y in range(len(p)):
+            out[i, y] = max(p[c] for c in range(len(p)) if c != y) - p[y]
+    return out
+
+
+def probabilities_with_ties(seed, n=60):
+    """Seven classes: random rows, and three with ties (a tied top pair, every class, a tied tail)."""
+    generator = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(n, 7, generator=generator, dtype=torch.float64) * 2, dim=1)
+    probs[0] = torch.tensor([0.25, 0.25, 0.1, 0.1, 0.1, 0.1, 0.1], dtype=torch.float64)
+    probs[1] = torch.full((7,), 1 / 7, dtype=torch.float64)
+    probs[2] = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.1, 0.2, 0.3], dtype=torch.float64)  # the top class last
+    return probs, torch.rand(n, generator=generator, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("weight", [0.2, 0.05, 1.5])
+@pytest.mark.parametrize("randomised", [True, False])
+def test_saps_matches_slow_reference(weight, randomised):
+    probs, u = probabilities_with_ties(11)
+    u = u if randomised else None
+    fast = score_matrix(probs, "saps", u=u, parameters={"lambda": weight})
+    assert torch.allclose(fast, slow_saps(probs, u, weight), atol=1e-12, rtol=0)
+
+
+def test_saps_by_hand():
+    probs = torch.tensor([[0.2, 0.5, 0.3]], dtype=torch.float64)
+    # ranks: class 1 first, class 2 second, class 0 third; lambda 0.2 (the card's default), U = 0.25
+    expected = torch.tensor([[0.5 + 1.25 * 0.2, 0.25 * 0.5, 0.5 + 0.25 * 0.2]], dtype=torch.float64)
+    assert torch.allclose(score_matrix(probs, "saps", u=torch.tensor([0.25], dtype=torch.float64)), expected)
+    assert torch.allclose(score_matrix(probs, "saps"), torch.tensor([[0.9, 0.5, 0.7]], dtype=torch.float64))  # U = 1
+
+
+@pytest.mark.parametrize("randomised", [True, False])
+def test_topk_matches_slow_reference_and_is_the_rank_without_u(randomised):
+    probs, u = probabilities_with_ties(12)
+    u = u if randomised else None
+    fast = score_matrix(probs, "topk", u=u)
+    assert torch.allclose(fast, slow_topk(probs, u), atol=0, rtol=0)
+    assert torch.equal(score_matrix(probs[:1], "topk")[0], torch.tensor([1.0, 2, 3, 4, 5, 6, 7], dtype=torch.float64))
+
+
+def test_margin_matches_slow_reference_and_ties_at_the_top_score_zero():
+    probs, _ = probabilities_with_ties(13)
+    fast = score_matrix(probs, "margin")
+    assert torch.allclose(fast, slow_margin(probs), atol=1e-15, rtol=0)
+    assert fast[0, :2].tolist() == [0.0, 0.0] and fast[1].abs().max() == 0
+    assert torch.allclose(fast[2], torch.tensor([0.2] * 5 + [0.1, -0.1], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kind", ["saps", "topk"])
+def test_rank_scores_give_prefixes_of_the_sorted_labels(kind):
+    probs, u = probabilities_with_ties(14, n=200)
+    scores = score_matrix(probs, kind, u=u)
+    order = probs.argsort(dim=1, descending=True, stable=True)
+    for q in (0.1, 0.5, 1.2, 3.7, 6.5):
+        in_sorted_order = prediction_sets(scores, q).gather(1, order).int()
+        assert (in_sorted_order[:, 1:] <= in_sorted_order[:, :-1]).all()
+
+
 def test_hps_by_hand():
     probs = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
     assert torch.allclose(score_matrix(probs, "hps"), torch.tensor([[0.5, 0.7, 0.8]], dtype=torch.float64))
@@ -78,7 +165,7 @@ def test_label_scores_gathers_the_true_label():
 
 
 def test_unknown_score_kind_names_the_allowed_values():
-    with pytest.raises(ValueError, match="hps, aps, raps.*'lac'"):
+    with pytest.raises(ValueError, match="hps, aps, raps, saps, topk, margin.*'lac'"):
         score_matrix(torch.ones(1, 2) / 2, "lac")
 
 

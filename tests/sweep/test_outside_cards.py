@@ -33,7 +33,7 @@ def linear(input_shape, num_classes, pretrained_path=None):
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(torch.tensor(input_shape).prod()), num_classes))
 
 
-def margin(probs, u=None, *, scale):
+def top_gap(probs, u=None, *, scale):
     """The top class's probability minus the label's (0 for the top class), times ``scale``."""
     return scale * (probs.amax(dim=1, keepdim=True) - probs)
 
@@ -46,9 +46,9 @@ def outside_cards():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     register_model(ModelCard("linear", "a linear layer", linear))
     register_dataset(DatasetCard("blobs", "four Gaussian blobs", lambda spec: dict(BLOB_SIZES), load_blobs, "linear"))
-    register_score(ScoreCard("margin", "top-class margin", margin, parameters={"scale": 1.0}))
+    register_score(ScoreCard("top_gap", "the top probability's lead", top_gap, parameters={"scale": 1.0}))
     yield
-    for kind, name in (("dataset", "blobs"), ("model", "linear"), ("score", "margin")):
+    for kind, name in (("dataset", "blobs"), ("model", "linear"), ("score", "top_gap")):
         unregister(kind, name)
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
@@ -57,24 +57,24 @@ def test_a_dataset_model_and_score_registered_outside_the_package_run_a_sweep_en
     from dpsm_ray import Predictor
     from dpsm_ray.cards import load_splits
 
-    base = TrainConfig(dataset="blobs", init="scratch", epochs=2, batch_size=64, val_splits=2, eval_splits=2, workers=0, eval_scores=("hps", "margin"))
+    base = TrainConfig(dataset="blobs", init="scratch", epochs=2, batch_size=64, val_splits=2, eval_splits=2, workers=0, eval_scores=("hps", "top_gap"))
     spec = SweepSpec(name="outside", base=base, methods=("ce",), trials=1, final_seeds=1, coverage_slack=0.2, seed=0)
     run_sweep(spec, tmp_path, log=lambda line: None)
     trials = pd.read_parquet(tmp_path / "trials.parquet")
     assert (trials.status == "ok").all() and set(trials.dataset) == {"blobs"} and set(trials.model) == {"linear"}
     evals = pd.read_parquet(tmp_path / "evals.parquet")
-    assert set(evals.score) == {"hps", "margin"} and evals.coverage.between(0, 1).all()
+    assert set(evals.score) == {"hps", "top_gap"} and set(evals.calibration) == {"marginal"} and evals.coverage.between(0, 1).all()
     report = (tmp_path / "report.md").read_text()
-    assert "margin" in report.lower(), report
+    assert "top_gap" in report.lower(), report
 
     # the exported predictor calibrated the outside score (with its parameter) and predicts with it
     from dpsm_ray.results.layout import read_index
 
     predictor = Predictor.load(tmp_path / "predictors" / read_index(tmp_path)["chosen"]["ce"])
-    assert predictor.info["scores"]["margin"]["scale"] == 1.0 and predictor.info["class_names"] == ["north", "east", "south", "west"]
+    assert predictor.info["scores"]["top_gap"]["scale"] == 1.0 and predictor.info["class_names"] == ["north", "east", "south", "west"]
     data = load_splits("blobs", seed=0)
     x = data.test.source.inputs[data.test.ids[:20]]
-    sets = predictor.predict_sets(x, score="margin")
+    sets = predictor.predict_sets(x, score="top_gap")
     probs = predictor.predict_proba(x)
-    expected = (probs.amax(dim=1, keepdim=True) - probs) <= predictor.threshold("margin")
+    expected = (probs.amax(dim=1, keepdim=True) - probs) <= predictor.threshold("top_gap")
     assert torch.equal(sets.mask, expected)

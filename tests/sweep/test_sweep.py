@@ -104,10 +104,11 @@ def test_epochs_parquet(finished_sweep):
 
 
 def test_evals_parquet(finished_sweep):
-    _, results, _ = finished_sweep
+    spec, results, _ = finished_sweep
     evals = assert_schema(results / "evals.parquet", EVALS)
     assert set(evals.stage) == {"final"}  # test data only for the final models
-    assert len(evals) == 3 * 2 * 3 * 4  # methods (and the base models) x seeds x scores x re-splits
+    scores = len(spec.base.eval_scores)
+    assert len(evals) == 3 * 2 * scores * 4  # methods (and the base models) x seeds x scores x re-splits
     assert evals.groupby(["method", "seed", "score"]).split.apply(sorted).map(lambda s: s == [0, 1, 2, 3]).all()
     assert evals.coverage.between(0, 1).all() and (evals.set_size >= 0).all()
     assert (evals.n_cal + evals.n_test).nunique() == 1
@@ -291,7 +292,7 @@ def test_asha_stops_a_poor_trial_early_records_it_and_frees_its_workers(ray_sess
     assert [json.loads(config)["workers"] for config in trials.config_json] == [workers] * len(trials)
     assert (trials.device == "cpu").all() and trials.gpu_ids.isna().all() and trials.trial_id.is_unique
     evals = assert_schema(tmp_path / "evals.parquet", EVALS)
-    assert set(evals.trial_id) == set(final.trial_id) and len(evals) == 3 * 4  # scores x re-splits
+    assert set(evals.trial_id) == set(final.trial_id) and len(evals) == len(spec.base.eval_scores) * 4  # scores x re-splits
     assert evals.coverage.between(0, 1).all() and (evals.set_size >= 0).all()
     classes = assert_schema(tmp_path / "classes.parquet", CLASSES)
     assert len(classes) == len(evals) * 10
