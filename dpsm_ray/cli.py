@@ -89,7 +89,9 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out)})
             predictor.save(out / PREDICTOR_DIR, overwrite=True)  # a rerun of the same --out (it resumed) replaces it
     print(f"{config.method} on {config.dataset}, alpha={config.alpha}: test metrics over {config.eval_splits} calibration/test re-splits")
-    print(format_summary(summarise(pd.DataFrame(result.evals))))
+    evals = pd.DataFrame(result.evals)
+    by = ("score", "calibration") if evals["calibration"].nunique() > 1 else ("score",)  # --eval-calibrations marginal class: a line each
+    print(format_summary(summarise(evals, by), by))
     if out is None:
         print("nothing was saved: pass --out DIR to keep the model as a predictor (and the results as Parquet files)")
         return 0
@@ -139,20 +141,34 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     try:
         form = output_format(args.out, args.format)
         predictor = Predictor.load(args.predictor, device=args.device, trust_code=args.trust_code)
+        # an uncalibrated predictor, or one without what --calibration or --p-values need, fails before any input is read
+        calibration = predictor.check_request(args.score, args.calibration, args.p_values)
         source = open_inputs(args.input, predictor.input_spec, label_column=predictor.label_column, feature_names=predictor.feature_names,
                              class_names=predictor.class_names, num_classes=predictor.num_classes)
-        predictor.threshold(args.score)  # an uncalibrated predictor fails before any input is read
         rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size,
-                          non_empty=args.non_empty, format=form)
+                          non_empty=args.non_empty, format=form, calibration=calibration, p_values=args.p_values)
     except ValueError as error:  # PredictorError, InputError, InputFileError
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     if source.skipped:
         print(f"skipped {len(source.skipped)} files PIL cannot read (e.g. {source.skipped[0]})", file=sys.stderr)
+    if calibration == "class":
+        thresholds = predictor.class_thresholds(args.score)
+        finite = thresholds[thresholds.isfinite()]
+        short = predictor.fallback_classes(args.score)
+        if short:
+            named = ", ".join(f"{k} ({predictor.class_names[k]!r})" if predictor.class_names else str(k) for k in short[:20])
+            print(f"warning: {len(short)} class{'es' if len(short) > 1 else ''} had too few calibration points for a finite threshold at "
+                  f"alpha={predictor.alpha:g} -- {named}{', ...' if len(short) > 20 else ''}: every class-conditional set holds them",
+                  file=sys.stderr)
+        how = (f"class-conditional: q {float(finite.min()):.4f} .. {float(finite.max()):.4f} over {len(finite)} classes" if len(finite)
+               else "class-conditional: every class threshold infinite")
+    else:
+        how = f"q {predictor.threshold(args.score):.4f}"
     sizes = rows["set_size"]
     mean_size = sum(sizes) / max(1, len(sizes))
     print(
-        f"{len(sizes)} inputs, {args.score.upper()} sets at alpha={predictor.alpha:g} (q {predictor.threshold(args.score):.4f}): mean set"
-        f" size {mean_size:.2f}, {sum(1 for n in sizes if n == 0)} empty; written to {args.out}"
+        f"{len(sizes)} inputs, {args.score.upper()} sets at alpha={predictor.alpha:g} ({how}): mean set"
+        f" size {mean_size:.2f}, {sum(1 for n in sizes if n == 0)} empty{', with p-values' if args.p_values else ''}; written to {args.out}"
     )
     if "covered" in rows and sizes:
         covered = sum(rows["covered"]) / len(sizes)
@@ -409,8 +425,8 @@ def add_predict_command(commands) -> None:
             "Read inputs -- an .npy or .npz array [n, *shape] (or [n, features]), a folder of image files (resized and normalised as the "
             "predictor says), or a Parquet or CSV table of feature columns (read by name for a predictor trained on a table) -- and write "
             "one row per input: input_id, set (list<int32>), set_names (where the classes have names), set_size, top1 (and top1_name), "
-            "with --probabilities the softmax row; labelled inputs (a table's label column, an .npz's y) add label and covered, and the "
-            "coverage is printed."
+            "with --probabilities the softmax row, with --p-values a p_value_K column per class K; labelled inputs (a table's label "
+            "column, an .npz's y) add label and covered, and the coverage is printed."
         ),
     )
     predict.add_argument(
@@ -434,7 +450,20 @@ def add_predict_command(commands) -> None:
                          help="the output's format (default: from --out's suffix); csv and jsonl hold the rows only, a list as JSON text "
                          "in a CSV cell; json is {\"dpsm_ray\": what the sets are, \"rows\": [...]}")
     predict.add_argument("--score", default="hps", choices=score_names(), help="non-conformity score (default: %(default)s)")
+    predict.add_argument(
+        "--calibration",
+        choices=("marginal", "class"),
+        help="marginal: one threshold per score, 1 - alpha coverage on average; class: a threshold per class, 1 - alpha coverage in every "
+        "class (usually larger sets; a class with too few calibration points is in every set) (default: the predictor's own, "
+        "recalibrate's by=)",
+    )
     predict.add_argument("--probabilities", action="store_true", help="add each input's softmax row (list<double>)")
+    predict.add_argument(
+        "--p-values",
+        action="store_true",
+        help="add a p_value_K column per class K: its conformal p-value, against the same calibration; the set at any alpha is the "
+        "classes whose p-value exceeds it (at the predictor's alpha, the set column, unless --non-empty filled it)",
+    )
     predict.add_argument(
         "--non-empty",
         action="store_true",

@@ -48,7 +48,66 @@ def test_npy_rows_are_the_predictor_s_sets_with_names_and_metadata(digits_predic
     assert [r["set"] for r in rows] == expected.lists and [r["set_size"] for r in rows] == [len(s) for s in expected.lists]
     assert [r["set_names"] for r in rows] == [[str(k) for k in s] for s in expected.lists]
     assert [r["top1"] for r in rows] == probs.argmax(1).tolist() and [r["top1_name"] for r in rows] == [str(k) for k in probs.argmax(1).tolist()]
-    assert read_metadata(tmp_path / "sets.parquet") == {"run_id": None, "score": "hps", "alpha": 0.1, "threshold": predictor.thresholds["hps"], "non_empty": False}
+    assert read_metadata(tmp_path / "sets.parquet") == {"run_id": None, "score": "hps", "calibration": "marginal", "alpha": 0.1,
+                                                        "threshold": predictor.thresholds["hps"], "non_empty": False, "p_values": False}
+
+
+@pytest.mark.parametrize("score", ["hps", "aps", "saps", "topk", "margin"])
+@pytest.mark.parametrize("calibration", ["marginal", "class"])
+def test_p_values_give_the_predictor_s_sets_marginal_and_class_conditional(digits_predictor, tmp_path, capsys, score, calibration):
+    directory, predictor, x = digits_predictor
+    numpy.savez(tmp_path / "x.npz", x=x.numpy(), ids=numpy.arange(700, 750))
+    out = tmp_path / "sets.parquet"
+    assert predict(directory, "--input", tmp_path / "x.npz", "--out", out, "--score", score, "--calibration", calibration, "--p-values") == 0
+    table = pq.read_table(out)
+    assert table.schema.names[-10:] == [f"p_value_{k}" for k in range(10)] and str(table.schema.types[-1]) == "double"
+    rows = table.to_pylist()
+    p = torch.tensor([[r[f"p_value_{k}"] for k in range(10)] for r in rows], dtype=torch.float64)
+    ids = torch.arange(700, 750)
+    assert [r["set"] for r in rows] == predictor.predict_sets(x, score, calibration=calibration, example_ids=ids).lists
+    assert [r["set"] for r in rows] == [(row > predictor.alpha).nonzero().flatten().tolist() for row in p]  # the identity
+    assert torch.equal(p, predictor.p_values(x, score, calibration=calibration, example_ids=ids))
+    metadata = read_metadata(out)
+    assert metadata["calibration"] == calibration and metadata["p_values"] is True
+    if calibration == "class":
+        assert metadata["threshold"] is None and len(metadata["class_thresholds"]) == 10
+        assert re.search(rf"{score.upper()} sets at alpha=0.1 \(class-conditional: q [\d.]+ \.\. [\d.]+ over 10 classes\)", capsys.readouterr().out)
+    else:
+        assert metadata["threshold"] == predictor.thresholds[score]
+
+
+def test_class_conditional_sets_warn_of_a_class_with_too_few_calibration_points(digits_predictor, tmp_path, capsys):
+    _, predictor, x = digits_predictor
+    data = load_splits("digits", seed=0)
+    keep = (data.cal.labels != 7) | (torch.arange(len(data.cal)) % 5 == 0)  # about a fifth of the sevens: 5, fewer than alpha 0.1's 9
+    with pytest.warns(UserWarning, match=r"1 class has fewer -- 7 \('7', 5\): every prediction set holds them"):
+        short = predictor.recalibrate(data.cal.source.inputs[data.cal.ids][keep], data.cal.labels[keep], by="class",
+                                      example_ids=data.cal.ids[keep])
+    directory = short.save(tmp_path / "short")
+    numpy.save(tmp_path / "x.npy", x.numpy())
+    assert predict(directory, "--input", tmp_path / "x.npy", "--out", tmp_path / "sets.json") == 0  # class-conditional: its own
+    captured = capsys.readouterr()
+    assert "warning: 1 class had too few calibration points for a finite threshold at alpha=0.1 -- 7 ('7'): every class-conditional set" \
+        " holds them" in captured.err
+    written = json.loads((tmp_path / "sets.json").read_text())
+    assert written["dpsm_ray"]["class_thresholds"][7] is None and all(7 in row["set"] for row in written["rows"])
+    assert [row["set"] for row in written["rows"]] == short.predict_sets(x).lists
+
+
+def test_an_earlier_predictor_without_class_thresholds_or_scores_is_refused_before_reading_inputs(digits_predictor, tmp_path, capsys):
+    from dpsm_ray.files import read_checked_json, write_checked_json
+
+    directory, predictor, x = digits_predictor
+    old = predictor.save(tmp_path / "old")
+    info = read_checked_json(old / "predictor.json")
+    for entry in info["scores"].values():
+        del entry["class_thresholds"], entry["calibration_scores"]
+    write_checked_json(old / "predictor.json", info)
+    for option, message in (("--calibration", "no class thresholds"), ("--p-values", "no calibration scores")):
+        argv = [option, "class"] if option == "--calibration" else [option]
+        with pytest.raises(SystemExit) as exit_info:
+            predict(old, "--input", tmp_path / "missing.npy", "--out", tmp_path / "sets.parquet", *argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_non_empty_fills_only_the_empty_sets_with_the_top_class(digits_predictor, tmp_path):

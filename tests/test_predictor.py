@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from dpsm_ray.cli import main
-from dpsm_ray.conformal import Resplits, check_alpha, evaluate, example_uniforms
-from dpsm_ray.cards import build_model, load_splits, score_functions
+from dpsm_ray.conformal import CALIBRATIONS, Resplits, check_alpha, evaluate, example_uniforms
+from dpsm_ray.cards import build_model, load_splits, score_functions, score_names
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import read_checked_json, sha256_file, write_checked_json
 from dpsm_ray.predict.predictor import INFO_FILE, FORMAT_VERSION, PREDICT_BATCH, WEIGHTS_FILE, InputError, Predictor, PredictorError
@@ -105,17 +105,21 @@ def test_sets_equal_the_evaluation_s_on_the_same_split(trained, digits):
     x = torch.cat([raw["cal"], raw["test"]])
     y, ids = torch.cat([data.cal.labels, data.test.labels]), torch.cat([data.cal.ids, data.test.ids])
     probs = predictor.predict_proba(x)
-    resplits = Resplits(score_functions(), splits=2, cal_fraction=len(data.cal) / len(x), seed=predictor.uniform_seed, example_ids=ids)
+    resplits = Resplits(score_functions(), splits=2, cal_fraction=len(data.cal) / len(x), seed=predictor.uniform_seed, example_ids=ids,
+                        calibrations=CALIBRATIONS)
     rows = evaluate(probs, y, 0.1, resplits)
     from dpsm_ray.conformal import resplit
 
     cal, test = resplit(len(x), 2, len(data.cal) / len(x), predictor.uniform_seed)
+    assert {(row["score"], row["calibration"]) for row in rows} == {(s, c) for s in score_names() for c in ("marginal", "class")}
     for row in rows:
         mine = predictor.recalibrate(x[cal[row["split"]]], y[cal[row["split"]]], example_ids=ids[cal[row["split"]]])
-        measured = mine.evaluate(x[test[row["split"]]], y[test[row["split"]]], example_ids=ids[test[row["split"]]])[row["score"]]
+        measured = mine.evaluate(x[test[row["split"]]], y[test[row["split"]]], calibration=row["calibration"],
+                                 example_ids=ids[test[row["split"]]])[row["score"]]
         assert measured["coverage"] == pytest.approx(row["coverage"], abs=1e-12)
         assert measured["set_size"] == pytest.approx(row["set_size"], abs=1e-12)
-        assert mine.thresholds[row["score"]] == pytest.approx(row["q"], abs=1e-12)
+        if row["calibration"] == "marginal":
+            assert mine.thresholds[row["score"]] == pytest.approx(row["q"], abs=1e-12)
 
 
 def test_the_predictor_forwards_in_the_evaluation_s_chunks():
@@ -134,7 +138,8 @@ def test_train_out_writes_a_predictor_and_says_so(trained, capsys):
     assert info["model"] == {"architecture": "mlp", "num_classes": 10, "precision": "fp32"}  # never "auto"
     assert info["input"]["shape"] == [1, 8, 8] and info["input"]["divisor"] == 16.0 and info["class_names"] == list("0123456789")
     assert info["training_config"]["epochs"] == 2 and info["alpha"] == 0.1
-    assert set(info["scores"]) == {"hps", "aps", "raps"} and info["scores"]["raps"]["lambda"] == 0.01 and info["scores"]["raps"]["k_reg"] == 5
+    assert set(info["scores"]) == set(score_names()) and info["scores"]["raps"]["lambda"] == 0.01 and info["scores"]["raps"]["k_reg"] == 5
+    assert info["scores"]["saps"]["lambda"] == 0.2 and info["calibration"]["by"] == "marginal" and info["format_version"] == 1
     assert all(entry["calibration_points"] == 200 for entry in info["scores"].values())  # the digits calibration split
     assert info["test"]["points"] == 297 and 0.5 < info["test"]["scores"]["hps"]["coverage"] <= 1
     assert info["calibration"]["data"].startswith("the calibration split of digits (200 points")
@@ -152,8 +157,11 @@ def test_save_and_load_round_trip(trained, digits, tmp_path):
     predictor = Predictor.load(trained / "predictor")
     again = Predictor.load(predictor.save(tmp_path / "copy"))
     assert again.info == read_checked_json(tmp_path / "copy" / INFO_FILE) and again.thresholds == predictor.thresholds
-    for score in ("hps", "aps", "raps"):
-        assert torch.equal(again.predict_sets(raw["test"], score).mask, predictor.predict_sets(raw["test"], score).mask)
+    for score in score_names():
+        for calibration in ("marginal", "class"):
+            assert torch.equal(again.predict_sets(raw["test"], score, calibration=calibration).mask,
+                               predictor.predict_sets(raw["test"], score, calibration=calibration).mask)
+        assert torch.equal(again.p_values(raw["test"], score), predictor.p_values(raw["test"], score))
     assert "Predictor(mlp, 10 classes, alpha=0.1, hps q=" in repr(again)
     # a predictor already there is replaced only when asked
     with pytest.raises(PredictorError, match=r"copy holds a predictor already; remove it, choose another directory, or save\(..., overwrite=True\)"):
@@ -197,7 +205,8 @@ def test_recalibrate_is_the_exact_quantile_of_the_user_s_points(trained, digits)
     hps = 1 - predictor.predict_proba(raw["test"][:100]).gather(1, data.test.labels[:100, None]).squeeze(1)
     # rank ceil(101 * 0.8) = 81 of 100, written out with a sort
     assert mine.thresholds["hps"] == hps.sort().values[80].item()
-    assert mine.alpha == 0.2 and mine.info["calibration"] == {"data": "100 points passed to Predictor.recalibrate", "points": 100}
+    assert mine.alpha == 0.2
+    assert mine.info["calibration"] == {"data": "100 points passed to Predictor.recalibrate", "points": 100, "by": "marginal"}
     assert mine.info["test"] is None and predictor.alpha == 0.1  # the original is unchanged
 
 
@@ -212,7 +221,7 @@ def test_recalibration_follows_the_conformal_core_on_alpha_and_small_samples(tra
     # alpha 0.1 needs n >= 9 (ceil((n + 1) 0.9) <= n): with 8 points q is infinite, every set is every class
     with pytest.warns(UserWarning, match="alpha=0.1 needs at least 9 calibration points"):
         few = predictor.recalibrate(raw["cal"][:8], data.cal.labels[:8])
-    assert few.thresholds == {"hps": math.inf, "aps": math.inf, "raps": math.inf}
+    assert few.thresholds == {score: math.inf for score in score_names()}
     assert few.predict_sets(raw["test"][:5]).mask.all()
     assert few.info["scores"]["hps"]["threshold"] is None  # JSON has no infinity
     with warnings.catch_warnings():
@@ -237,7 +246,7 @@ def test_bad_inputs_and_labels_are_named_in_one_line(trained, digits):
         predictor.recalibrate(raw["cal"][:10], torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 10]))
     with pytest.raises(InputError, match="y_cal must hold one label per input: 10 inputs, 9 labels"):
         predictor.recalibrate(raw["cal"][:10], data.cal.labels[:9])
-    with pytest.raises(ValueError, match="score must be one of hps, aps, raps; got 'lac'"):
+    with pytest.raises(ValueError, match="score must be one of hps, aps, raps, saps, topk, margin; got 'lac'"):
         predictor.predict_sets(raw["test"][:2], "lac")
     empty = predictor.predict_sets(raw["test"][:0])
     assert empty.mask.shape == (0, 10) and empty.lists == []
@@ -246,6 +255,117 @@ def test_bad_inputs_and_labels_are_named_in_one_line(trained, digits):
 def test_an_uncalibrated_predictor_says_what_to_do():
     with pytest.raises(PredictorError, match=r"no calibrated threshold for hps \(it has: none\); call recalibrate"):
         toy_predictor().predict_sets(torch.zeros(1, 2))
+
+
+# ----------------------------------------------------------------------------- class-conditional calibration and p-values
+
+
+def toy_calibration(seed=0, n=120):
+    """Probabilities of three classes, class 2 rare (5 of ``n``), with ties (a tenth of the rows the same)."""
+    generator = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(n, 3, generator=generator, dtype=torch.float64) * 2, dim=1)
+    probs[: n // 10] = torch.tensor([0.4, 0.4, 0.2], dtype=torch.float64)
+    labels = torch.arange(n) % 2
+    labels[-5:] = 2
+    return probs, labels
+
+
+def test_class_thresholds_are_a_per_class_loop_and_a_short_class_is_in_every_set_and_named():
+    probs, labels = toy_calibration()
+    spec = InputSpec((2,), 1.0, 0.0, 1.0, "two features")
+    named = Predictor.create(build_model("mlp", 3, input_shape=(2,)), architecture="mlp", input_spec=spec, num_classes=3, alpha=0.1,
+                             class_names=["ant", "bee", "cicada"], device="cpu")
+    with pytest.warns(UserWarning, match=r"alpha=0.1 needs at least 9 calibration points of a class; 1 class has fewer -- 2 \('cicada', 5\): "
+                                         r"every prediction set holds them"):
+        predictor = named.calibrated(probs, labels, 0.1, by="class", example_ids=torch.arange(120), data="toy")
+    assert predictor.calibrated_by == "class" and predictor.info["format_version"] == 2 and "class-conditional sets" in repr(predictor)
+    for score in score_names():
+        entry = predictor.info["scores"][score]
+        calibration_scores = predictor.score_matrix(probs, score, torch.arange(120)).gather(1, labels[:, None]).squeeze(1)
+        for label in range(3):
+            own = sorted(calibration_scores[labels == label].tolist())
+            assert entry["calibration_scores"][label] == own
+            rank = math.ceil((len(own) + 1) * 0.9 - 1e-12)  # the exact quantile, class by class, with a sort
+            assert entry["class_thresholds"][label] == (own[rank - 1] if rank <= len(own) else None), (score, label)
+        assert predictor.fallback_classes(score) == [2]
+        new = torch.softmax(torch.randn(50, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64), dim=1)
+        mask = predictor.sets_from_proba(new, score, example_ids=torch.arange(500, 550)).mask  # the predictor's own: class-conditional
+        scores = predictor.score_matrix(new, score, torch.arange(500, 550))
+        assert torch.equal(mask, scores <= predictor.class_thresholds(score)) and mask[:, 2].all()
+        marginal = predictor.sets_from_proba(new, score, calibration="marginal", example_ids=torch.arange(500, 550)).mask
+        assert torch.equal(marginal, scores <= predictor.threshold(score))
+    with warnings.catch_warnings():  # marginal by default: nothing to warn of, the class thresholds are recorded all the same
+        warnings.simplefilter("error")
+        plain = named.calibrated(probs, labels, 0.1, data="toy")
+    assert plain.calibrated_by == "marginal" and plain.info["format_version"] == 1 and plain.fallback_classes("hps") == [2]
+    with pytest.raises(ValueError, match="calibration must be one of marginal, class; got 'mondrian'"):
+        plain.predict_sets(torch.zeros(1, 2), calibration="mondrian")
+
+
+@pytest.mark.parametrize("score", score_names())
+def test_the_sets_at_alpha_are_the_classes_whose_p_value_exceeds_alpha(score):
+    probs, labels = toy_calibration(2)
+    for by in ("marginal", "class"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # class 2 is short
+            predictor = toy_predictor(0.1).calibrated(probs, labels, 0.1, by=by, example_ids=torch.arange(120), data="toy")
+        new = torch.softmax(torch.randn(200, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64), dim=1)
+        new[:20] = probs[:20]  # ties with calibration scores
+        ids = torch.arange(20, 220) % 150
+        for calibration in ("marginal", "class", None):
+            p = predictor.p_values_from_proba(new, score, calibration=calibration, example_ids=ids)
+            mask = predictor.sets_from_proba(new, score, calibration=calibration, example_ids=ids).mask
+            assert torch.equal(mask, p > 0.1), (score, by, calibration)
+            assert ((p > 0) & (p <= 1)).all()
+    # the smoothed p-values: below the plain ones by at most tau (#ties + 1) / (n + 1), a pure function of the ids
+    smoothed = predictor.p_values_from_proba(new, score, calibration="marginal", example_ids=ids, smoothed=True)
+    plain = predictor.p_values_from_proba(new, score, calibration="marginal", example_ids=ids)
+    assert (smoothed <= plain).all() and not torch.equal(smoothed, plain)
+    assert torch.equal(smoothed[5:9], predictor.p_values_from_proba(new[5:9], score, calibration="marginal", example_ids=ids[5:9],
+                                                                    smoothed=True))
+
+
+def test_p_values_of_raw_inputs_give_the_trained_predictor_s_sets(trained, digits):
+    data, raw = digits
+    predictor = Predictor.load(trained / "predictor").recalibrate(raw["cal"], data.cal.labels, by="class", example_ids=data.cal.ids)
+    for score in ("hps", "saps"):
+        for calibration in ("marginal", "class"):
+            p = predictor.p_values(raw["test"].numpy(), score, calibration=calibration)
+            assert isinstance(p, np.ndarray) and p.shape == (len(raw["test"]), 10)
+            assert np.array_equal(p > predictor.alpha, predictor.predict_sets(raw["test"].numpy(), score, calibration=calibration).mask)
+
+
+def test_a_predictor_of_an_earlier_format_loads_and_says_what_it_lacks(trained, tmp_path):
+    directory = copy_of(trained, tmp_path)
+    info = read_checked_json(directory / INFO_FILE)
+    for entry in info["scores"].values():  # as predictors were written before class thresholds and p-values
+        del entry["class_thresholds"], entry["calibration_scores"]
+    del info["calibration"]["by"]
+    write_checked_json(directory / INFO_FILE, info)
+    old = Predictor.load(directory)
+    assert old.calibrated_by == "marginal" and old.predict_sets(torch.zeros(2, 64)).mask.shape == (2, 10)
+    with pytest.raises(PredictorError, match=r"no class thresholds \(written before class-conditional calibration\); recalibrate"):
+        old.predict_sets(torch.zeros(2, 64), calibration="class")
+    with pytest.raises(PredictorError, match=r"no calibration scores \(written before p-values\); recalibrate"):
+        old.p_values(torch.zeros(2, 64))
+
+
+def test_bad_class_thresholds_and_calibration_scores_are_refused_by_field(trained, tmp_path):
+    directory = copy_of(trained, tmp_path)
+    info = read_checked_json(directory / INFO_FILE)
+    for change, field in (
+        (lambda i: i["scores"]["aps"].update(class_thresholds=[0.5] * 9), "scores.aps.class_thresholds must be 10 finite numbers"),
+        (lambda i: i["scores"]["hps"]["calibration_scores"][3].reverse(), "scores.hps.calibration_scores must be 10 ascending lists"),
+        (lambda i: i["scores"]["hps"]["calibration_scores"][3].pop(), "scores.hps.calibration_scores must be .* 200 in all"),
+        (lambda i: i["calibration"].update(by="mondrian"), "calibration.by must be one of marginal, class"),
+        (lambda i: (i["calibration"].update(by="class"), i["scores"]["topk"].pop("class_thresholds")),
+         r"scores.topk.class_thresholds must be 10 finite numbers or nulls \(infinite\) \(calibration.by is class\)"),
+    ):
+        changed = json.loads(json.dumps(info))
+        change(changed)
+        write_checked_json(directory / INFO_FILE, changed)
+        with pytest.raises(PredictorError, match=field):
+            Predictor.load(directory)
 
 
 # ----------------------------------------------------------------------------- what loading refuses
@@ -320,6 +440,8 @@ def test_weights_of_another_model_are_refused_by_name(trained, tmp_path):
     info = read_checked_json(directory / INFO_FILE)
     info["model"]["num_classes"] = 11
     info["class_names"] = None
+    for entry in info["scores"].values():  # per-class fields of 10 classes would be refused first
+        del entry["class_thresholds"], entry["calibration_scores"]
     write_checked_json(directory / INFO_FILE, info)
     with pytest.raises(PredictorError, match="weights.pt does not hold the weights of a mlp with 11 classes"):
         Predictor.load(directory)

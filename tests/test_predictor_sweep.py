@@ -70,7 +70,7 @@ def test_every_final_model_is_a_predictor_that_reproduces_its_evals_rows(sweep):
     evals.parquet, gives that row's coverage and set size (and q) on its test part."""
     _, results, _ = sweep
     index = read_checked_json(results / PREDICTORS / INDEX_FILE)
-    evals = pd.read_parquet(results / "evals.parquet")
+    evals, classes = pd.read_parquet(results / "evals.parquet"), pd.read_parquet(results / "classes.parquet")
     # the CE base model, evaluated as it is beside the fine-tuned models, is a predictor too
     assert sorted(e["name"] for e in index["predictors"]) == ["base-seed0", "ce-seed0", "dpsm-seed0"]
     assert sorted(entry["run_id"] for entry in index["predictors"]) == sorted(evals.run_id.unique())
@@ -80,12 +80,19 @@ def test_every_final_model_is_a_predictor_that_reproduces_its_evals_rows(sweep):
         config = TrainConfig.from_dict(predictor.info["training_config"])
         data, x, y, ids = raw_pool(config)
         rows = evals[evals.run_id == entry["run_id"]]
-        assert len(rows) == 3 * config.eval_splits == 30
+        assert len(rows) == len(config.eval_scores) * rows.calibration.nunique() * config.eval_splits  # scores x calibrations x re-splits
         cal, test = resplit(len(x), config.eval_splits, len(data.cal) / len(x), config.seed)
         for row in rows.itertuples():
             part = predictor.recalibrate(x[cal[row.split]], y[cal[row.split]], example_ids=ids[cal[row.split]])
-            measured = part.evaluate(x[test[row.split]], y[test[row.split]], example_ids=ids[test[row.split]])[row.score]
-            worst = max(worst, abs(measured["coverage"] - row.coverage), abs(measured["set_size"] - row.set_size), abs(part.thresholds[row.score] - row.q))
+            measured = part.evaluate(x[test[row.split]], y[test[row.split]], calibration=row.calibration,
+                                     example_ids=ids[test[row.split]])[row.score]
+            worst = max(worst, abs(measured["coverage"] - row.coverage), abs(measured["set_size"] - row.set_size))
+            if row.calibration == "marginal":
+                worst = max(worst, abs(part.thresholds[row.score] - row.q))
+            else:  # each class's threshold is classes.parquet's
+                class_q = classes[(classes.run_id == entry["run_id"]) & (classes.score == row.score) & (classes.calibration == "class")
+                                  & (classes.split == row.split)].sort_values("label").q.to_numpy()
+                assert numpy.allclose(part.class_thresholds(row.score).numpy(), class_q, rtol=0, atol=1e-6)
         # the info's test figures are the predictor's own on the test split, calibrated on the calibration split
         n_cal = len(data.cal)
         assert predictor.evaluate(x[n_cal:], y[n_cal:], example_ids=ids[n_cal:]) == predictor.info["test"]["scores"]

@@ -83,6 +83,28 @@ def test_a_request_may_ask_for_non_empty_sets():
     assert status == 400 and error["error"] == '"non_empty" must be true or false'
 
 
+def test_a_request_may_ask_for_class_conditional_sets_and_p_values():
+    data = load_splits("digits", seed=0)
+    torch.manual_seed(0)
+    model = build_model("mlp", 10, input_shape=data.input_shape)
+    predictor = Predictor.create(model, architecture="mlp", input_spec=data.input_spec, num_classes=10, alpha=0.1, device="cpu")
+    predictor = predictor.recalibrate(data.cal.source.inputs[data.cal.ids], data.cal.labels, example_ids=data.cal.ids)
+    x = data.test.source.inputs[data.test.ids][:40]
+    request = {"inputs": x.tolist(), "score": "saps", "ids": list(range(40)), "calibration": "class", "p_values": True}
+    status, payload = answer(predictor, json.dumps(request).encode(), 100)
+    assert status == 200 and payload["calibration"] == "class" and payload["threshold"] is None
+    assert payload["sets"] == predictor.predict_sets(x, "saps", calibration="class").lists
+    assert payload["sets"] != predictor.predict_sets(x, "saps").lists  # the marginal sets differ: the request was heard
+    assert payload["class_thresholds"] == predictor.class_thresholds("saps").tolist() and payload["fallback_classes"] == []
+    assert [[k for k, p in enumerate(row) if p > 0.1] for row in payload["p_values"]] == payload["sets"]
+    status, marginal = answer(predictor, json.dumps({"inputs": x.tolist(), "score": "saps"}).encode(), 100)
+    assert marginal["calibration"] == "marginal" and marginal["threshold"] == predictor.threshold("saps") and "p_values" not in marginal
+    for change, message in (({"calibration": "mondrian"}, '"calibration" must be "marginal" or "class"; got \'mondrian\''),
+                            ({"p_values": 1}, '"p_values" must be true or false')):
+        status, error = answer(predictor, json.dumps({"inputs": x.tolist(), **change}).encode(), 100)
+        assert status == 400 and error["error"] == message
+
+
 # ----------------------------------------------------------------------------- the replica, without Ray
 
 

@@ -10,10 +10,12 @@ JSON Lines.
     label         int32          the input's label, where the inputs are labelled (a table's label column, an .npz's y)
     covered       bool           whether the set holds the label (labelled inputs)
     probabilities list<double>   the softmax row (--probabilities)
+    p_value_K     double         one column per class K = 0, 1, ...: its conformal p-value (--p-values); the set is {K : p_value_K > alpha}
 
-A Parquet file's schema metadata (``dpsm_ray``) records the predictor's run_id, the score, alpha, q
-and whether empty sets were given the top class (``non_empty``); a JSON file holds the same as
-``{"dpsm_ray": metadata, "rows": [...]}``; CSV and JSON Lines hold the rows only, a list as its
+A Parquet file's schema metadata (``dpsm_ray``) records the predictor's run_id, the score, the
+calibration (marginal or class), alpha, q (marginal) or each class's q_y (class), whether empty sets
+were given the top class (``non_empty``) and whether p-values are there; a JSON file holds the same
+as ``{"dpsm_ray": metadata, "rows": [...]}``; CSV and JSON Lines hold the rows only, a list as its
 JSON text in a CSV cell.
 """
 
@@ -36,8 +38,13 @@ FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "jso
 ORDER = ("input_id", "set", "set_names", "set_size", "top1", "top1_name", "label", "covered", "probabilities")
 
 
+def p_value_column(label: int) -> str:
+    return f"p_value_{label}"
+
+
 def predict_rows(
-    predictor: Predictor, source: InputSource, *, score: str, probabilities: bool, batch_size: int, non_empty: bool = False
+    predictor: Predictor, source: InputSource, *, score: str, probabilities: bool, batch_size: int, non_empty: bool = False,
+    calibration: str | None = None, p_values: bool = False,
 ) -> dict[str, list]:
     """The output columns for every input of ``source``, computed chunk by chunk."""
     from tqdm import tqdm
@@ -50,12 +57,14 @@ def predict_rows(
         columns.update(label=source.labels.tolist(), covered=[])
     if probabilities:
         columns["probabilities"] = []
+    if p_values:
+        columns.update({p_value_column(label): [] for label in range(predictor.num_classes)})
     bar = tqdm(total=source.count, unit="input", file=sys.stderr, disable=source.count <= PROGRESS_BATCHES * batch_size)
     start = 0
     for chunk in source.batches(batch_size):
         probs = predictor.predict_proba(chunk, batch_size=batch_size)
         ids = torch.from_numpy(source.example_ids[start : start + len(chunk)])
-        sets = predictor.sets_from_proba(probs, score, example_ids=ids, non_empty=non_empty)
+        sets = predictor.sets_from_proba(probs, score, calibration=calibration, example_ids=ids, non_empty=non_empty)
         top1 = probs.argmax(dim=1).tolist()
         columns["set"] += sets.lists
         columns["set_size"] += [len(classes) for classes in sets.lists]
@@ -68,6 +77,10 @@ def predict_rows(
             columns["covered"] += [label in classes for label, classes in zip(labels.tolist(), sets.lists)]
         if probabilities:
             columns["probabilities"] += probs.tolist()
+        if p_values:
+            values = predictor.p_values_from_proba(probs, score, calibration=calibration, example_ids=ids)
+            for label, column in enumerate(values.T.tolist()):
+                columns[p_value_column(label)] += column
         start += len(chunk)
         bar.update(len(chunk))
     bar.close()
@@ -85,20 +98,28 @@ def output_format(out: str | os.PathLike, given: str | None) -> str:
 
 
 def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike, *, score: str = "hps", probabilities: bool = False,
-               batch_size: int = 512, non_empty: bool = False, format: str = "parquet") -> dict[str, list]:
+               batch_size: int = 512, non_empty: bool = False, format: str = "parquet", calibration: str | None = None,
+               p_values: bool = False) -> dict[str, list]:
     """Predict every input of ``source`` and write the rows to ``out`` (atomically) as
-    ``format`` (parquet, csv, json, jsonl); returns the columns."""
-    columns = predict_rows(predictor, source, score=score, probabilities=probabilities, batch_size=batch_size, non_empty=non_empty)
-    order = [name for name in ORDER if name in columns]
+    ``format`` (parquet, csv, json, jsonl); returns the columns.  ``calibration``: marginal or
+    class sets (None: the predictor's own); ``p_values``: a p-value column per class."""
+    how = predictor.check_request(score, calibration, p_values)
+    columns = predict_rows(predictor, source, score=score, probabilities=probabilities, batch_size=batch_size, non_empty=non_empty,
+                           calibration=how, p_values=p_values)
+    order = [name for name in ORDER if name in columns] + [p_value_column(k) for k in range(predictor.num_classes) if p_values]
     if any(isinstance(i, str) for i in columns["input_id"]):
         columns["input_id"] = [str(i) for i in columns["input_id"]]
     metadata = {
         "run_id": predictor.info["run_id"],
         "score": score,
+        "calibration": how,
         "alpha": predictor.alpha,
-        "threshold": predictor.threshold(score),
+        "threshold": predictor.threshold(score) if how == "marginal" else None,
         "non_empty": non_empty,
+        "p_values": p_values,
     }
+    if how == "class":  # JSON has no infinity: a class every set holds (too few calibration points) is null
+        metadata["class_thresholds"] = [q if math.isfinite(q) else None for q in predictor.class_thresholds(score).tolist()]
     encode = {"parquet": parquet_bytes, "csv": csv_bytes, "json": json_bytes, "jsonl": jsonl_bytes}[format]
     write_bytes(out, encode(columns, order, metadata))
     return columns
@@ -119,8 +140,8 @@ def parquet_bytes(columns: dict[str, list], order: list[str], metadata: dict) ->
         "covered": pa.bool_(),
         "probabilities": pa.list_(pa.float64()),
     }
-    schema = pa.schema([(name, types[name]) for name in order], metadata={"dpsm_ray": json.dumps(metadata)})
-    table = pa.table({name: pa.array(columns[name], type=types[name]) for name in order}, schema=schema)
+    schema = pa.schema([(name, types.get(name, pa.float64())) for name in order], metadata={"dpsm_ray": json.dumps(metadata)})
+    table = pa.table({name: pa.array(columns[name], type=schema.field(name).type) for name in order}, schema=schema)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     return sink.getvalue().to_pybytes()
@@ -143,7 +164,8 @@ def csv_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> byt
 
 
 def json_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
-    finite = {**metadata, "threshold": metadata["threshold"] if math.isfinite(metadata["threshold"]) else None}  # JSON has no infinity
+    threshold = metadata["threshold"]
+    finite = {**metadata, "threshold": threshold if threshold is None or math.isfinite(threshold) else None}  # JSON has no infinity
     return json.dumps({"dpsm_ray": finite, "rows": rows(columns, order)}).encode()
 
 

@@ -5,17 +5,21 @@
     predictor = Predictor.load("results/digits/predictors/dpsm-seed0")
     probs = predictor.predict_proba(x)                        # softmax rows, [n, K] float64
     mask, sets = predictor.predict_sets(x, score="aps")       # boolean [n, K] and one list of classes per input
-    mine = predictor.recalibrate(x_cal, y_cal, alpha=0.05)    # the same model, thresholds from your own data
+    mask, sets = predictor.predict_sets(x, calibration="class")  # a threshold per class: every class covered
+    p = predictor.p_values(x, score="aps")                   # [n, K] conformal p-values: the set at alpha is p > alpha
+    mine = predictor.recalibrate(x_cal, y_cal, alpha=0.05, by="class")  # your own data; class-conditional by default
     mine.save("my-predictor")
 
-A predictor directory holds ``predictor.json`` (what the model is, how it takes inputs, and the
-calibrated threshold of each score; a checksummed JSON file, ``dpsm_ray.files``) and ``weights.pt``
-(a plain state dict, read with ``torch.load(weights_only=True)`` after its sha256 is checked):
-nothing in it is executed.  docs/predictor.md documents every field.
+A predictor directory holds ``predictor.json`` (what the model is, how it takes inputs, and for each
+score its calibrated threshold, a threshold per class and the calibration scores behind them; a
+checksummed JSON file, ``dpsm_ray.files``) and ``weights.pt`` (a plain state dict, read with
+``torch.load(weights_only=True)`` after its sha256 is checked): nothing in it is executed.
+docs/predictor.md documents every field.
 
-Prediction sets are split conformal's {y : S(x, y) <= q} with the exact quantile of
-``dpsm_ray.conformal``; APS and RAPS draw one uniform per input from ``(uniform_seed, input id)``
-exactly as the sweep's evaluation does, so an input's set does not depend on its batch.
+Prediction sets are split conformal's {y : S(x, y) <= q} (marginal) or {y : S(x, y) <= q_y}
+(class-conditional) with the exact quantiles of ``dpsm_ray.conformal``; the randomised scores (APS,
+RAPS, SAPS, top-k) draw one uniform per input from ``(uniform_seed, input id)`` exactly as the
+sweep's evaluation does, so an input's set does not depend on its batch.
 
 Imports torch, ``dpsm_ray.conformal``, ``dpsm_ray.models`` and ``dpsm_ray.data``: no Ray, no pandas.
 """
@@ -38,13 +42,17 @@ if TYPE_CHECKING:
 from dpsm_ray import __version__
 from dpsm_ray.cards import check_score, model_card, model_choices, score_card, score_matrix, score_names
 from dpsm_ray.conformal import (
-    check_alpha, conformal_quantile, coverage, example_uniforms, label_scores, min_calibration_size, prediction_sets, set_size,
+    CALIBRATIONS, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts, class_prediction_sets,
+    conformal_p_values, conformal_quantile, coverage, example_uniforms, label_scores, min_calibration_size, prediction_sets, set_size,
 )
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import CorruptFileError, atomic_write, read_checked_json, sha256_file, write_checked_json
+from dpsm_ray.seeding import counter_uniforms, derive_seed
 
 FORMAT = "dpsm_ray predictor"
-FORMAT_VERSION = 1
+# 2: its sets are class-conditional unless asked otherwise (a version that knows only 1 would give
+# marginal sets without a word, so it refuses these); a marginal predictor is still written as 1
+FORMAT_VERSION = 2
 INFO_FILE = "predictor.json"
 WEIGHTS_FILE = "weights.pt"
 # the chunks of the sweep's evaluation (train.loop.EVAL_BATCH): the same forward passes give the
@@ -139,7 +147,7 @@ class Predictor:
         order, so that tables and JSON objects of new inputs are read by name; ``label_column``: its
         label column, which ``predict`` reads as labels where a table of new inputs holds it."""
         info = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "package_version": __version__,
+            "format": FORMAT, "format_version": 1, "package_version": __version__,
             "model": {"architecture": architecture, "num_classes": num_classes, "precision": precision},
             "input": input_spec.to_json(), "class_names": list(class_names) if class_names is not None else None,
             "method": method, "seed": seed, "run_id": run_id, "training_config": training_config,
@@ -314,15 +322,36 @@ class Predictor:
 
     @property
     def thresholds(self) -> dict[str, float]:
-        """The calibrated threshold q of each score (``inf``: too few calibration points, every
-        set holds every class)."""
+        """The calibrated (marginal) threshold q of each score (``inf``: too few calibration points,
+        every set holds every class)."""
         return {kind: _threshold(entry["threshold"]) for kind, entry in self.info["scores"].items()}
+
+    @property
+    def calibrated_by(self) -> str:
+        """The calibration its sets use unless asked otherwise: ``marginal`` (one threshold per
+        score) or ``class`` (one per score and class; ``recalibrate(..., by="class")``)."""
+        return (self.info["calibration"] or {}).get("by", "marginal")
+
+    def class_thresholds(self, score: str) -> torch.Tensor:
+        """The threshold q_y of each class for ``score``, ``[K]`` float64 (``inf``: a class with too
+        few calibration points for alpha, which every class-conditional set holds)."""
+        entry = self.calibrated_entry(score)
+        if "class_thresholds" not in entry:
+            raise PredictorError(f"this predictor records no class thresholds (written before class-conditional calibration); "
+                                 f"recalibrate(x_cal, y_cal, by='class') gives them")
+        return torch.tensor([_threshold(q) for q in entry["class_thresholds"]], dtype=torch.float64)
+
+    def fallback_classes(self, score: str) -> list[int]:
+        """The classes with too few calibration points for a finite class-conditional threshold at
+        alpha: every class-conditional set holds them (the conservative fallback)."""
+        return torch.isinf(self.class_thresholds(score)).nonzero().flatten().tolist()
 
     def __repr__(self) -> str:
         model = self.info["model"]
         where = f", run {self.info['run_id']}" if self.info["run_id"] else ""
         thresholds = ", ".join(f"{kind} q={q:.4g}" for kind, q in self.thresholds.items()) or "uncalibrated"
-        return f"Predictor({model['architecture']}, {model['num_classes']} classes, alpha={self.alpha:g}, {thresholds}{where})"
+        by = ", class-conditional sets" if self.calibrated_by == "class" else ""
+        return f"Predictor({model['architecture']}, {model['num_classes']} classes, alpha={self.alpha:g}, {thresholds}{by}{where})"
 
     # ------------------------------------------------------------------ predicting
 
@@ -385,11 +414,14 @@ class Predictor:
         return self.model(x).float().cpu()
 
     def predict_sets(
-        self, x, score: str = "hps", *, example_ids=None, batch_size: int = PREDICT_BATCH, non_empty: bool = False
+        self, x, score: str = "hps", *, calibration: str | None = None, example_ids=None, batch_size: int = PREDICT_BATCH,
+        non_empty: bool = False,
     ) -> PredictionSets:
         """The prediction set of each raw input: a boolean ``[n, K]`` mask and the lists of its
-        classes.  ``example_ids`` (default ``0 .. n-1``) draw the APS/RAPS uniforms: pass stable
-        ids (e.g. dataset indices) for sets that do not depend on an input's position.
+        classes.  ``calibration``: ``marginal`` ({y : S(x, y) <= q}), ``class`` ({y : S(x, y) <=
+        q_y}, every class covered at 1 - alpha) or None, the predictor's own (``calibrated_by``).
+        ``example_ids`` (default ``0 .. n-1``) draw the randomised scores' uniforms: pass stable ids
+        (e.g. dataset indices) for sets that do not depend on an input's position.
 
         A set may be empty: no class scores within the threshold, which split conformal allows (an
         input unlike the calibration data; at alpha 0.1 an accurate model leaves some sets empty,
@@ -398,27 +430,97 @@ class Predictor:
         (conservative), at the price of sets a little larger than the guarantee needs.
 
         The mask is a numpy array for numpy inputs, a torch tensor otherwise."""
-        sets = self.sets_from_proba(self.predict_proba(x, batch_size=batch_size), score, example_ids=example_ids, non_empty=non_empty)
+        probs = self.predict_proba(x, batch_size=batch_size)
+        sets = self.sets_from_proba(probs, score, calibration=calibration, example_ids=example_ids, non_empty=non_empty)
         if type(x).__module__ == "numpy":  # numpy in, numpy out (without importing numpy here)
             return PredictionSets(sets.mask.numpy(), sets.lists)
         return sets
 
-    def sets_from_proba(self, probs: torch.Tensor, score: str = "hps", *, example_ids=None, non_empty: bool = False) -> PredictionSets:
+    def sets_from_proba(
+        self, probs: torch.Tensor, score: str = "hps", *, calibration: str | None = None, example_ids=None, non_empty: bool = False
+    ) -> PredictionSets:
         """``predict_sets`` from probabilities already computed with ``predict_proba``."""
-        mask = prediction_sets(self.score_matrix(probs, score, example_ids), self.threshold(score))
+        scores = self.score_matrix(probs, score, example_ids)
+        if self.calibration_of(calibration) == "class":
+            mask = class_prediction_sets(scores, self.class_thresholds(score))
+        else:
+            mask = prediction_sets(scores, self.threshold(score))
         if non_empty:
             empty = ~mask.any(dim=1)
             mask[empty, probs[empty].argmax(dim=1)] = True
         return PredictionSets(mask, mask_lists(mask))
 
-    def threshold(self, score: str) -> float:
+    def p_values(
+        self, x, score: str = "hps", *, calibration: str | None = None, example_ids=None, smoothed: bool = False,
+        batch_size: int = PREDICT_BATCH,
+    ):
+        """The conformal p-value of every class for each raw input, ``[n, K]`` float64 (numpy for
+        numpy inputs): ``(1 + #{calibration scores >= S(x, y)}) / (n + 1)``, against every
+        calibration point (``marginal``) or those of class y (``class``), with the uniforms of the
+        sets.  The set at any alpha' is {y : p_y > alpha'}: at the predictor's alpha, exactly
+        ``predict_sets``'s (``dpsm_ray.conformal.pvalues``).  ``smoothed``: the smoothed p-value,
+        ties and the +1 weighted by a second uniform per input (from ``uniform_seed`` and the input's
+        id), exactly uniform; its sets {p > alpha} are randomised and are not the threshold sets."""
+        probs = self.predict_proba(x, batch_size=batch_size)
+        values = self.p_values_from_proba(probs, score, calibration=calibration, example_ids=example_ids, smoothed=smoothed)
+        return values.numpy() if type(x).__module__ == "numpy" else values
+
+    def p_values_from_proba(
+        self, probs: torch.Tensor, score: str = "hps", *, calibration: str | None = None, example_ids=None, smoothed: bool = False
+    ) -> torch.Tensor:
+        """``p_values`` from probabilities already computed with ``predict_proba``."""
+        per_class = self.calibration_scores(score)
+        reference = torch.tensor([value for values in per_class for value in values], dtype=torch.float64)
+        scores = self.score_matrix(probs, score, example_ids)
+        tau = counter_uniforms(derive_seed(self.uniform_seed, "p-values"), check_ids(example_ids, len(probs))) if smoothed else None
+        if self.calibration_of(calibration) == "class":
+            labels = torch.cat([torch.full((len(values),), label) for label, values in enumerate(per_class)])
+            return class_conformal_p_values(reference, labels, scores, tau)
+        return conformal_p_values(reference, scores, tau)
+
+    def calibration_scores(self, score: str) -> list[list[float]]:
+        """The label scores of the calibration points behind ``score``'s thresholds, one ascending
+        list per class: what p-values are counted against."""
+        entry = self.calibrated_entry(score)
+        if "calibration_scores" not in entry:
+            raise PredictorError("this predictor records no calibration scores (written before p-values); recalibrate(x_cal, y_cal) "
+                                 "gives them")
+        return entry["calibration_scores"]
+
+    def check_request(self, score: str, calibration: str | None = None, p_values: bool = False) -> str:
+        """The calibration sets of ``score`` will use (None: the predictor's own), once this predictor
+        is known to hold what they and, with ``p_values``, its p-values need (``PredictorError``
+        otherwise: ``predict`` and ``serve`` ask before reading any input)."""
+        how = self.calibration_of(calibration)
+        if how == "class":
+            self.class_thresholds(score)
+        else:
+            self.threshold(score)
+        if p_values:
+            self.calibration_scores(score)
+        return how
+
+    def calibration_of(self, calibration: str | None) -> str:
+        """``calibration`` checked (None: the predictor's own)."""
+        if calibration is None:
+            return self.calibrated_by
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration must be one of {', '.join(CALIBRATIONS)}; got {calibration!r}")
+        return calibration
+
+    def calibrated_entry(self, score: str) -> dict:
+        """predictor.json's entry of a calibrated score (``PredictorError`` naming those there are)."""
         kind = check_score(score)
         if kind not in self.info["scores"]:
             have = ", ".join(self.info["scores"]) or "none"
             raise PredictorError(
                 f"this predictor has no calibrated threshold for {kind} (it has: {have}); call recalibrate(x_cal, y_cal) first"
             )
-        return _threshold(self.info["scores"][kind]["threshold"])
+        return self.info["scores"][kind]
+
+    def threshold(self, score: str) -> float:
+        """The marginal threshold q of ``score``."""
+        return _threshold(self.calibrated_entry(score)["threshold"])
 
     def score_matrix(self, probs: torch.Tensor, score: str, example_ids=None) -> torch.Tensor:
         """S(x, y) of every class, ``[n, K]``, with the uniforms of ``example_ids``."""
@@ -436,13 +538,19 @@ class Predictor:
 
     # ------------------------------------------------------------------ calibrating
 
-    def recalibrate(self, x_cal, y_cal, alpha: float | None = None, *, example_ids=None, data: str | None = None) -> Predictor:
+    def recalibrate(
+        self, x_cal, y_cal, alpha: float | None = None, *, by: str = "marginal", example_ids=None, data: str | None = None
+    ) -> Predictor:
         """A new predictor with the same model, calibrated on ``(x_cal, y_cal)`` at ``alpha``
         (default: this one's) for every score: q is ``dpsm_ray.conformal.conformal_quantile``, the
-        ceil((n + 1)(1 - alpha))-th smallest calibration score.  Alpha outside (0, 1) raises the
-        conformal core's ValueError; with fewer than 1/alpha - 1 points q is infinite, as there
-        (every set holds every class), and a warning says so.  ``data`` describes the calibration
-        data in predictor.json.
+        ceil((n + 1)(1 - alpha))-th smallest calibration score, and q_y of each class the same
+        quantile of that class's points alone (``class_conformal_quantile``).  Both are kept, with
+        the calibration scores (for ``p_values``); ``by`` (``marginal`` or ``class``) is the one its
+        sets use unless asked otherwise.  Alpha outside (0, 1) raises the conformal core's
+        ValueError; with fewer than 1/alpha - 1 points q is infinite, as there (every set holds
+        every class), and a warning says so -- as it does, with ``by="class"``, naming each class
+        with too few points (every set holds that class).  ``data`` describes the calibration data
+        in predictor.json.
 
         The guarantee needs points the model never trained on, exchangeable with the inputs to come:
         on training points the model is more confident than on new ones, q comes out too small and
@@ -451,44 +559,68 @@ class Predictor:
         probs = self.predict_proba(x_cal)
         if len(labels) != len(probs):
             raise InputError(f"y_cal must hold one label per input: {len(probs)} inputs, {len(labels)} labels")
-        return self.calibrated(probs, labels, self.alpha if alpha is None else alpha, example_ids=example_ids,
+        return self.calibrated(probs, labels, self.alpha if alpha is None else alpha, by=by, example_ids=example_ids,
                                data=data or f"{len(labels)} points passed to Predictor.recalibrate")
 
-    def calibrated(self, probs: torch.Tensor, labels: torch.Tensor, alpha: float, *, example_ids=None, data: str) -> Predictor:
+    def calibrated(
+        self, probs: torch.Tensor, labels: torch.Tensor, alpha: float, *, by: str = "marginal", example_ids=None, data: str
+    ) -> Predictor:
         """``recalibrate`` from calibration probabilities already computed with this model."""
         check_alpha(alpha)
+        by = self.calibration_of(by)
         labels = check_labels(labels, self.num_classes)
         scores = {}
         for kind in score_names():
-            q = float(conformal_quantile(label_scores(self.score_matrix(probs, kind, example_ids), labels), alpha))
+            calibration_scores = label_scores(self.score_matrix(probs, kind, example_ids), labels)
+            q = float(conformal_quantile(calibration_scores, alpha))
+            class_q = class_conformal_quantile(calibration_scores, labels, self.num_classes, alpha)
             scores[kind] = {
                 "threshold": q if math.isfinite(q) else None,
                 "calibration_points": len(labels),
                 "randomised": score_card(kind).randomised,
                 **self.score_parameters(kind),
+                "class_thresholds": [value if math.isfinite(value) else None for value in class_q.tolist()],
+                "calibration_scores": [sorted(calibration_scores[labels == label].tolist()) for label in range(self.num_classes)],
             }
-        if len(labels) < min_calibration_size(alpha):
+        need = min_calibration_size(alpha)
+        if len(labels) < need:
             warnings.warn(
-                f"alpha={alpha:g} needs at least {min_calibration_size(alpha)} calibration points for a finite threshold; with"
+                f"alpha={alpha:g} needs at least {need} calibration points for a finite threshold; with"
                 f" {len(labels)} every prediction set holds every class",
                 stacklevel=3,
             )
+        counts = class_counts(labels, self.num_classes).tolist()
+        short = [label for label, count in enumerate(counts) if count < need]
+        if by == "class" and short and len(labels) >= need:
+            names = self.class_names
+            named = ", ".join(f"{label} ({names[label]!r}, {counts[label]})" if names else f"{label} ({counts[label]})"
+                              for label in short[:20])
+            warnings.warn(
+                f"class-conditional calibration at alpha={alpha:g} needs at least {need} calibration points of a class; "
+                f"{len(short)} class{'es have' if len(short) > 1 else ' has'} fewer -- {named}{', ...' if len(short) > 20 else ''}: "
+                "every prediction set holds them (their thresholds are infinite)",
+                stacklevel=3,
+            )
         info = copy.deepcopy(self.info)
-        info.update(alpha=alpha, scores=scores, calibration={"data": data, "points": len(labels)}, test=None)
+        info.update(alpha=alpha, scores=scores, calibration={"data": data, "points": len(labels), "by": by}, test=None,
+                    format_version=FORMAT_VERSION if by == "class" else 1)
         return Predictor(self.model, info, device=self.device)
 
-    def measure(self, probs: torch.Tensor, labels: torch.Tensor, *, example_ids=None) -> dict[str, dict[str, float]]:
-        """Coverage and mean set size of every calibrated score on labelled probabilities."""
+    def measure(
+        self, probs: torch.Tensor, labels: torch.Tensor, *, calibration: str | None = None, example_ids=None
+    ) -> dict[str, dict[str, float]]:
+        """Coverage and mean set size of every calibrated score on labelled probabilities, with its
+        sets of ``calibration`` (None: the predictor's own)."""
         labels = check_labels(labels, self.num_classes)
         measured = {}
         for kind in self.info["scores"]:
-            mask = self.sets_from_proba(probs, kind, example_ids=example_ids).mask
+            mask = self.sets_from_proba(probs, kind, calibration=calibration, example_ids=example_ids).mask
             measured[kind] = {"coverage": float(coverage(mask, labels)), "set_size": float(set_size(mask))}
         return measured
 
-    def evaluate(self, x, y, *, example_ids=None) -> dict[str, dict[str, float]]:
+    def evaluate(self, x, y, *, calibration: str | None = None, example_ids=None) -> dict[str, dict[str, float]]:
         """Coverage and mean set size of every calibrated score on labelled raw inputs."""
-        return self.measure(self.predict_proba(x), y, example_ids=example_ids)
+        return self.measure(self.predict_proba(x), y, calibration=calibration, example_ids=example_ids)
 
     def with_test(self, measured: dict, points: int, data: str, accuracy: float | None = None) -> Predictor:
         """This predictor with ``measured`` (``measure``'s result on ``points`` test points,
@@ -514,6 +646,16 @@ def table_columns(dataset: str) -> dict:
 
 def _threshold(value) -> float:
     return math.inf if value is None else float(value)
+
+
+def _is_threshold(value) -> bool:
+    """A threshold as predictor.json holds it: a finite number, or null for +inf."""
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
+
+
+def _ascending_numbers(values) -> bool:
+    return (isinstance(values, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+            and all(a <= b for a, b in zip(values, values[1:])))
 
 
 def as_number_tensor(x, what: str) -> torch.Tensor:
@@ -624,11 +766,25 @@ def check_info(info, where: str) -> None:
     scores = info["scores"]
     need(isinstance(scores, dict) and set(scores) <= set(score_names()), "scores",
          f"must be an object keyed by {', '.join(score_names())} (a score of your own: register_score its card before loading)")
+    calibration = info["calibration"]
+    need(calibration is None or (isinstance(calibration, dict) and calibration.get("by", "marginal") in CALIBRATIONS), "calibration.by",
+         f"must be one of {', '.join(CALIBRATIONS)}")
+    by_class = isinstance(calibration, dict) and calibration.get("by") == "class"
+    classes = model["num_classes"]
     for kind, entry in scores.items():
         threshold = entry.get("threshold", "missing") if isinstance(entry, dict) else "missing"
-        need(threshold is None or (isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and math.isfinite(threshold)),
-             f"scores.{kind}.threshold", "must be a finite number, or null for an infinite threshold")
+        need(_is_threshold(threshold), f"scores.{kind}.threshold", "must be a finite number, or null for an infinite threshold")
         need(isinstance(entry.get("calibration_points"), int), f"scores.{kind}.calibration_points", "must be an integer")
+        per_class = entry.get("class_thresholds")
+        need((per_class is None and not by_class) or (isinstance(per_class, list) and len(per_class) == classes
+                                                       and all(map(_is_threshold, per_class))),
+             f"scores.{kind}.class_thresholds",
+             f"must be {classes} finite numbers or nulls (infinite){' (calibration.by is class)' * by_class}")
+        kept = entry.get("calibration_scores")
+        need(kept is None or (isinstance(kept, list) and len(kept) == classes and all(_ascending_numbers(part) for part in kept)
+                              and sum(map(len, kept)) == entry["calibration_points"]),
+             f"scores.{kind}.calibration_scores",
+             f"must be {classes} ascending lists of finite numbers, {entry['calibration_points']} in all")
         for name, default in score_card(kind).parameters.items():
             value = entry.get(name)
             integral = isinstance(default, int)

@@ -1,18 +1,22 @@
 """``dpsm-ray serve``: a predictor behind a JSON endpoint on Ray Serve (docs/predictor.md).
 
-    POST /predict  {"inputs": [[...], ...], "score": "hps", "ids": [...], "probabilities": false, "non_empty": false}
+    POST /predict  {"inputs": [[...], ...], "score": "hps", "calibration": "class", "ids": [...], "probabilities": false,
+                    "p_values": false, "non_empty": false}
                 -> {"sets": [[3], [1, 7]], "set_size": [1, 2], "top1": [3, 7], "set_names": ..., "top1_name": ...,
-                    "score": "hps", "alpha": 0.1, "threshold": 0.83}
+                    "score": "hps", "calibration": "class", "alpha": 0.1, "threshold": null, "class_thresholds": [...],
+                    "fallback_classes": [], "p_values": [[...], ...]}
     GET  /health   {"status": "ok", "run_id": ..., "classes": K, "input_shape": [...], "thresholds": {...}, ...}
 
 ``inputs`` are raw inputs as ``Predictor.predict_sets`` takes them (``[n, *shape]`` or
 ``[n, features]``), or, for a predictor trained on a table, one object per input of its feature
 names in any order (``Predictor.named_inputs``: missing or unexpected names are refused);
-``score``, ``ids`` (integers drawing the APS/RAPS uniforms, default ``0 .. n-1``),
-``probabilities`` and ``non_empty`` (the top class in every empty set: ``Predictor.predict_sets``)
-are optional.  A bad request gets a 4xx status and ``{"error": "<one line>"}``; the replica goes on
-serving.  ``answer`` is the whole request logic, without Ray (``parse_request``, a forward pass,
-``respond``); ``PredictorServer`` puts it on a Serve replica, its forward passes shared.
+``score``, ``calibration`` (``marginal`` or ``class``: a threshold per class; default the
+predictor's own), ``ids`` (integers drawing the randomised scores' uniforms, default ``0 .. n-1``),
+``probabilities``, ``p_values`` (each input's conformal p-value of every class) and ``non_empty``
+(the top class in every empty set: ``Predictor.predict_sets``) are optional.  A bad request gets
+a 4xx status and ``{"error": "<one line>"}``; the replica goes on serving.  ``answer`` is the whole
+request logic, without Ray (``parse_request``, a forward pass, ``respond``); ``PredictorServer``
+puts it on a Serve replica, its forward passes shared.
 
 **Under load** a replica takes up to ``--max-ongoing`` requests at once and joins the inputs of
 those waiting into one forward pass (``RowBatcher``: up to ``--batch-rows`` inputs, waiting up to
@@ -51,10 +55,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from dpsm_ray.predict.predictor import InputError, Predictor, check_ids
+from dpsm_ray.predict.predictor import InputError, Predictor, PredictorError, check_ids
 
 MAX_BODY_BYTES = 64 * 2**20  # 64 MiB: 4096 CIFAR images as JSON numbers take ~40 MiB
-REQUEST_FIELDS = ("inputs", "score", "ids", "probabilities", "non_empty")
+REQUEST_FIELDS = ("inputs", "score", "calibration", "ids", "probabilities", "p_values", "non_empty")
 TOKEN_FILE = "serve-token"  # under the cache folder, when --token-file is not given
 MIN_TOKEN_CHARS = 16
 REFUSALS_HELD = 200  # refusal lines the RefusalLog holds between two drains; the rest are counted
@@ -132,9 +136,11 @@ class Parsed(NamedTuple):
 
     inputs: object  # torch.Tensor [n, *shape]: Predictor.check_inputs's
     score: str
-    ids: object  # torch.Tensor [n] of the APS/RAPS uniforms' ids
+    ids: object  # torch.Tensor [n] of the randomised scores' uniforms' ids
     probabilities: bool
     non_empty: bool
+    calibration: str  # marginal | class
+    p_values: bool
 
 
 def parse_request(predictor: Predictor, body: bytes, max_batch: int) -> Parsed | tuple[int, dict]:
@@ -160,9 +166,15 @@ def parse_request(predictor: Predictor, body: bytes, max_batch: int) -> Parsed |
         return 413, {"error": f"{len(inputs)} inputs in one request; at most {max_batch} (dpsm-ray serve --max-batch)"}
     if score not in predictor.info["scores"]:  # the scores it was calibrated for
         return 400, {"error": f"\"score\" must be one of {', '.join(predictor.info['scores'])}; got {score!r}"}
-    for flag in ("probabilities", "non_empty"):
+    for flag in ("probabilities", "p_values", "non_empty"):
         if not isinstance(request.get(flag, False), bool):
             return 400, {"error": f"\"{flag}\" must be true or false"}
+    try:  # the calibration, and what it and the p-values need of the predictor
+        calibration = predictor.check_request(score, request.get("calibration"), request.get("p_values", False))
+    except PredictorError as error:
+        return 400, {"error": str(error)}
+    except ValueError:
+        return 400, {"error": f"\"calibration\" must be \"marginal\" or \"class\"; got {request.get('calibration')!r}"}
     try:
         # objects of feature names (a predictor trained on a table), or arrays in the model's order
         rows = predictor.check_inputs(predictor.named_inputs(inputs) if isinstance(inputs[0], dict) else np.asarray(inputs))
@@ -176,21 +188,30 @@ def parse_request(predictor: Predictor, body: bytes, max_batch: int) -> Parsed |
         ids = check_ids(request.get("ids"), len(rows))
     except ValueError as error:  # InputError, or numpy's for ragged ids
         return 400, {"error": str(error) if isinstance(error, InputError) else f"\"ids\" must be {len(rows)} integers, one per input"}
-    return Parsed(rows, score, ids, request.get("probabilities", False), request.get("non_empty", False))
+    return Parsed(rows, score, ids, request.get("probabilities", False), request.get("non_empty", False), calibration,
+                  request.get("p_values", False))
 
 
 def respond(predictor: Predictor, request: Parsed, probs) -> tuple[int, dict]:
     """``(200, payload)`` of a checked request from its inputs' softmax rows ``probs``."""
-    sets = predictor.sets_from_proba(probs, request.score, example_ids=request.ids, non_empty=request.non_empty)
+    sets = predictor.sets_from_proba(probs, request.score, calibration=request.calibration, example_ids=request.ids,
+                                     non_empty=request.non_empty)
     q = predictor.threshold(request.score)
     payload = {"sets": sets.lists, "set_size": [len(s) for s in sets.lists], "top1": probs.argmax(dim=1).tolist(),
-               "score": request.score, "alpha": predictor.alpha, "threshold": q if math.isfinite(q) else None}
+               "score": request.score, "calibration": request.calibration, "alpha": predictor.alpha,
+               "threshold": q if math.isfinite(q) and request.calibration == "marginal" else None}
+    if request.calibration == "class":  # null: a class every set holds, too few calibration points for alpha
+        payload["class_thresholds"] = [v if math.isfinite(v) else None for v in predictor.class_thresholds(request.score).tolist()]
+        payload["fallback_classes"] = predictor.fallback_classes(request.score)
     names = predictor.class_names
     if names is not None:
         payload["set_names"] = [[names[k] for k in s] for s in sets.lists]
         payload["top1_name"] = [names[k] for k in payload["top1"]]
     if request.probabilities:
         payload["probabilities"] = probs.tolist()
+    if request.p_values:
+        payload["p_values"] = predictor.p_values_from_proba(probs, request.score, calibration=request.calibration,
+                                                            example_ids=request.ids).tolist()
     return 200, payload
 
 
@@ -207,7 +228,7 @@ def health(predictor: Predictor, max_batch: int) -> dict:
     info = predictor.info
     return {"status": "ok", "run_id": info["run_id"], "method": info["method"], "architecture": info["model"]["architecture"],
             "classes": predictor.num_classes, "class_names": predictor.class_names, "input_shape": list(predictor.input_spec.shape),
-            "input": predictor.input_spec.raw, "alpha": predictor.alpha,
+            "input": predictor.input_spec.raw, "alpha": predictor.alpha, "calibration": predictor.calibrated_by,
             "thresholds": {kind: (q if math.isfinite(q) else None) for kind, q in predictor.thresholds.items()}, "max_batch": max_batch}
 
 

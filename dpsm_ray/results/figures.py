@@ -264,6 +264,14 @@ def panels_width(panels: int) -> float:
     return COLUMN_WIDTH if panels == 1 else PAGE_WIDTH
 
 
+def calibration_rows(frame: pd.DataFrame, calibration: str = "marginal") -> pd.DataFrame:
+    """The rows of evals.parquet or classes.parquet of one calibration, ``marginal`` or ``class``
+    (rows written before the calibration was recorded, and a null, are marginal)."""
+    if "calibration" not in frame:
+        return frame if calibration == "marginal" else frame.iloc[:0]
+    return frame[frame["calibration"].fillna("marginal") == calibration]
+
+
 def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> Iterator[tuple[Figure, object]]:
     """Every figure the rows have the columns for (older result files lack some), as
     ``(Figure, matplotlib figure)``; the caller saves (``save``) and closes each."""
@@ -275,6 +283,7 @@ def drawings(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, c
     import matplotlib
 
     matplotlib.use("Agg")
+    evals = calibration_rows(evals)  # the paper's figures: marginal calibration
     yield coverage_box_figure(evals, context.alpha)
     yield apss_box_figure(evals)
     if not epochs.empty:  # load() has kept a sweep's final stage only: the curves of the chosen configurations
@@ -286,8 +295,9 @@ def drawings(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, c
             yield q_error_figure(curves, context)
         if curves.quantile_methods and "train_set_size_q" in curves.columns:
             yield set_size_gap_figure(curves)
-    if not classes.empty:
-        yield class_coverage_figure(classes, context.alpha)
+    for calibration in ("marginal", "class"):
+        if not calibration_rows(classes, calibration).empty:
+            yield class_coverage_figure(calibration_rows(classes, calibration), context.alpha, calibration)
 
 
 # --- box plots: one panel per score, one box per method -----------------------------------------
@@ -350,8 +360,9 @@ def apss_box_figure(evals: pd.DataFrame) -> tuple[Figure, object]:
     return Figure("apss_box", "Average prediction set size", caption), fig
 
 
-def class_coverage_figure(classes: pd.DataFrame, alpha: float) -> tuple[Figure, object]:
-    """Paper figures 5-6: each class's coverage (top row) and set size (bottom row) per score."""
+def class_coverage_figure(classes: pd.DataFrame, alpha: float, calibration: str = "marginal") -> tuple[Figure, object]:
+    """Paper figures 5-6: each class's coverage (top row) and set size (bottom row) per score, of
+    the sets of one ``calibration`` (``class``: a threshold per class)."""
     import matplotlib.pyplot as plt
 
     # one value per final model and class: its mean over the re-splits
@@ -373,12 +384,16 @@ def class_coverage_figure(classes: pd.DataFrame, alpha: float) -> tuple[Figure, 
     lowest = per_class.loc[per_class.coverage.idxmin()] if per_class.coverage.notna().any() else None
     names = classes.dropna(subset=["class_name"]).drop_duplicates("label").set_index("label").class_name if "class_name" in classes else {}
     lowest_class = f", class {names[lowest.label]!r}" if lowest is not None and lowest.label in names else ""
+    sets = (" of class-conditional sets (a threshold per class, calibrated on that class's points alone)" if calibration == "class"
+            else "")
     caption = (
-        "Each class's test coverage (top) and average set size (bottom), per final model, averaged over its"
+        f"Each class's test coverage (top) and average set size (bottom){sets}, per final model, averaged over its"
         f" {'/'.join(str(v) for v in sorted(set(splits)))} re-splits (paper figures 5-6); each box: {behind}. Dashed: 1 − α ="
         f" {1 - alpha:g}. Lowest class coverage: {worst.min():.3f} ({name_of(worst.idxmin()[0])},"
         f" {worst.idxmin()[1].upper()}{lowest_class})."
     )
+    if calibration == "class":
+        return Figure("class_coverage_classwise", "Class-conditional coverage of class-conditional sets", caption), fig
     return Figure("class_coverage", "Class-conditional coverage", caption), fig
 
 

@@ -5,7 +5,9 @@ Works on a sweep's directory (final-stage rows) and on a single run's ``--out`` 
 (docs/results.md, "The report").  Table cells are mean ± std over every final model and
 calibration/test re-split; DPSM's change against the best baseline is a per-seed paired change
 with a 95% t interval over the seeds (``dpsm_ray.results.stats``).  Every caption is computed from
-the rows it describes.
+the rows it describes.  The tables and figures are of marginal calibration (one threshold per score,
+the paper's); where the rows hold class-conditional calibration too, a table and a figure set the
+two side by side.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dpsm_ray import cards
 from dpsm_ray.cards import score_card, score_names
 from dpsm_ray.files import write_text
 from dpsm_ray.cards import reads
-from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
+from dpsm_ray.results.figures import Context, Figure, calibration_rows, draw_figures, save, search_figures
 from dpsm_ray.results.layout import MANIFEST, Results, read_index
 from dpsm_ray.results.league import league_section
 from dpsm_ray.results.provenance import chosen_configurations, search_outcomes, sweep_settings, versions_table
@@ -126,6 +128,41 @@ def details_table(evals: pd.DataFrame) -> list[list[str]]:
                 cell(part.sscv, 3), cell(part.wsc, 3), cell(part.accuracy, 3), str(part.run_id.nunique()),
             ])
     return rows
+
+
+# --- marginal and class-conditional calibration -------------------------------------------------
+
+
+def calibration_table(evals: pd.DataFrame, classes: pd.DataFrame, alpha: float) -> list[list[str]]:
+    """Per method and score, each calibration in the rows: coverage, set size and CovGap (mean ± std
+    over models and re-splits, evals.parquet) and, from classes.parquet, the lowest class coverage
+    and how many classes fall short of 1 - alpha (each class's coverage averaged over every model
+    and re-split)."""
+    rows = [["method", "score", "calibration", "coverage", "set size", "CovGap %", "lowest class coverage", "classes below 1 − α"]]
+    for method in ordered(evals["method"], method_order()):
+        for score in ordered(evals["score"], score_names()):
+            for calibration in ("marginal", "class"):
+                part = calibration_rows(evals, calibration)
+                part = part[(part.method == method) & (part.score == score)]
+                if part.empty:
+                    continue
+                per_class = calibration_rows(classes, calibration)
+                per_class = per_class[(per_class.method == method) & (per_class.score == score)].groupby("label").coverage.mean().dropna()
+                lowest = "n/a" if per_class.empty else f"{per_class.min():.3f}"
+                short = "n/a" if per_class.empty else f"{int((per_class < 1 - alpha).sum())} of {len(per_class)}"
+                rows.append([method_name(method), score.upper(), "class-conditional" if calibration == "class" else "marginal",
+                             cell(part.coverage, 3), cell(part.set_size, 2), cell(part.covgap, 2), lowest, short])
+    return rows
+
+
+def calibration_caption(alpha: float) -> str:
+    return (
+        "Marginal calibration (one threshold per score) against class-conditional calibration (a threshold per class, from that "
+        f"class's calibration points alone): coverage, set size and CovGap as in the tables above; lowest class coverage and the "
+        f"classes below 1 − α = {1 - alpha:g}: each class's test coverage averaged over every final model and re-split "
+        "(classes.parquet). Class-conditional sets promise 1 − α in every class, marginal ones only on average; a class with too "
+        "few calibration points for α is in every class-conditional set."
+    )
 
 
 # --- scores that give the same sets --------------------------------------------------------
@@ -245,8 +282,11 @@ def run_context(results: Path, trials: pd.DataFrame, alpha: float) -> Context:
 
 def console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> tuple[str, tuple]:
     """The tables printed at the end of a sweep (``brief``: the headline ones) or by ``dpsm-ray
-    report``, and their parts for report.md and report.tex."""
+    report``, and their parts for report.md and report.tex: of the marginal rows, and the two
+    calibrations side by side where class-conditional rows are there too."""
     alpha = float(evals.alpha.iloc[0])
+    both = None if calibration_rows(evals, "class").empty else calibration_table(evals, classes, alpha)
+    evals, classes = calibration_rows(evals), calibration_rows(classes)
     size, details, found = paper_table(evals), details_table(evals), comparisons(evals)
     note = identical_note(identical_scores(evals, classes), evals, classes)  # said once, under the first table
     chance = chance_note(evals, classes)
@@ -267,8 +307,9 @@ def console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> t
             else []
         ),
         *(["All metrics: in report.md"] if brief else ["All metrics", render_columns(details), *([missing] if missing else [])]),
+        *(["", "Marginal and class-conditional calibration", render_columns(both)] if both and not brief else []),
     ])
-    return text, (size, details, found, note, chance, missing)
+    return text, (size, details, found, note, chance, missing, both)
 
 
 def headline(results_dir: str | os.PathLike) -> str:
@@ -292,7 +333,7 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     alpha = float(evals.alpha.iloc[0])
     epochs, classes, trials, sweep = reader.final("epochs"), reader.final("classes"), reader.trials, reader.sweep
     search_written = drawing_search_figures(results, sweep)  # while this process writes the rest
-    text, (size, details, found, note, chance, missing) = console_tables(evals, classes, brief)
+    text, (size, details, found, note, chance, missing, both) = console_tables(evals, classes, brief)
     log(text)
     size_caption = (
         f"Average prediction set size at α = {alpha:g}: mean ± std over every final model and calibration/test re-split."
@@ -307,9 +348,12 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     if found:
         md += ["## DPSM against the baselines", "", markdown(comparison_table(found)), "", comparison_caption(found), ""]
         tex.append(latex_table(comparison_table(found), comparison_caption(found), "paired", align="llrrrrl"))
-    md += league_section(evals, trials, alpha, sweep)
+    md += league_section(calibration_rows(evals), trials, alpha, sweep)
     md += ["## All metrics", "", markdown(details), "", details_note, ""]
     tex.append(latex_table(details, f"All metrics. {details_note}", "metrics"))
+    if both:
+        md += ["## Marginal and class-conditional calibration", "", markdown(both), "", calibration_caption(alpha), ""]
+        tex.append(latex_table(both, calibration_caption(alpha), "calibrations", align="lllrrrrr"))
 
     configurations = chosen_configurations(trials, sweep)
     md += ["## Chosen configurations", ""]

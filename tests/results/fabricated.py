@@ -30,10 +30,12 @@ def config(method: str, seed: int, **values) -> TrainConfig:
 
 
 def fabricate(results: Path, *, sizes: dict = SIZES, raps_differs: bool = False, grid: bool = False, versions: bool = True, classes: int = 20,
-              accuracy: dict | None = None, wsc: float = 0.85) -> Path:
+              accuracy: dict | None = None, wsc: float = 0.85, class_conditional: bool = False) -> Path:
     """Write the directory; ``raps_differs`` makes one RAPS evaluation differ from its APS one;
     ``classes`` is K (classes.parquet's labels), ``accuracy`` a method's test accuracy in place of
-    0.97, ``wsc`` every evaluation's WSC."""
+    0.97, ``wsc`` every evaluation's WSC; ``class_conditional`` adds class-conditional rows beside the
+    marginal ones (coverage 0.91, sets 1.5 times as large, every class covered at 0.90 to 0.92),
+    which name their calibration (without it, the calibration is null, as in files written before)."""
     results.mkdir(parents=True, exist_ok=True)
     evals, per_class, epochs, trials = [], [], [], []
     for method, per_seed in sizes.items():
@@ -43,12 +45,20 @@ def fabricate(results: Path, *, sizes: dict = SIZES, raps_differs: bool = False,
             for score, factor in (("hps", 1.0), ("aps", 1.2), ("raps", 1.2)):
                 for split in (0, 1):
                     bump = 0.01 if raps_differs and score == "raps" and method == "ce" and seed == 0 and split == 1 else 0.0
-                    evals.append({**key, "score": score, "split": split, "alpha": 0.1, "n_cal": 100, "n_test": 100, "q": 0.9,
+                    marginal = {"calibration": "marginal"} if class_conditional else {}
+                    evals.append({**key, "score": score, **marginal, "split": split, "alpha": 0.1, "n_cal": 100, "n_test": 100, "q": 0.9,
                                   "coverage": 0.9 + 0.001 * seed, "set_size": min(classes, size * factor + bump), "covgap": 2.0, "sscv": 0.05,
                                   "wsc": wsc, "accuracy": (accuracy or {}).get(method, 0.97)})
                     for label in range(classes):
-                        per_class.append({**key, "score": score, "split": split, "label": label, "n_test": 30,
+                        per_class.append({**key, "score": score, **marginal, "split": split, "label": label, "n_test": 30,
                                           "coverage": 0.85 + 0.1 * label / (classes - 1), "set_size": min(classes, size * factor)})
+                    if class_conditional:
+                        evals.append({**key, "score": score, "calibration": "class", "split": split, "alpha": 0.1, "n_cal": 100, "n_test": 100,
+                                      "q": float("nan"), "coverage": 0.91, "set_size": min(classes, 1.5 * size * factor), "covgap": 0.5,
+                                      "sscv": 0.03, "wsc": wsc, "accuracy": (accuracy or {}).get(method, 0.97)})
+                        per_class += [{**key, "score": score, "calibration": "class", "split": split, "label": label, "n_test": 30,
+                                       "coverage": 0.9 + 0.02 * label / (classes - 1), "set_size": min(classes, 1.5 * size * factor)}
+                                      for label in range(classes)]
             if method != "base":
                 for epoch in (1, 2, 3):
                     dpsm = method == "dpsm"

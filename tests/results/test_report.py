@@ -185,6 +185,27 @@ def test_every_figure_is_written_as_png_and_pdf_with_a_section(reported):
     assert "No search figures: there is no optuna.db in this directory." in report
 
 
+def test_class_conditional_rows_get_their_own_table_and_figure_and_leave_the_marginal_tables_as_they_were(tmp_path, reported):
+    results = fabricate(tmp_path / "both", class_conditional=True)
+    printed = write_report(results, log=quiet)
+    report = (results / "report.md").read_text()
+    marginal_only = (reported / "report.md").read_text()
+    # the paper's tables and the paired changes are of the marginal rows: the same as a report without class-conditional rows
+    first_table = report.split("\n\n")[1]
+    assert first_table == marginal_only.split("\n\n")[1] and first_table.startswith("| method | HPS | APS | RAPS |")
+    assert "## Marginal and class-conditional calibration" in report and "## Marginal and class-conditional" not in marginal_only
+    lines = [line for line in report.split("## Marginal and class-conditional calibration")[1].split("\n\n")[1].splitlines()]
+    rows = {tuple(cells[:3]): cells[3:] for cells in ([c.strip() for c in line.strip("|").split(" | ")] for line in lines[2:])}
+    # by hand, CE's HPS rows: marginal coverage 0.900/0.901/0.902 over seeds (std of six values 0.000817 -> 0.001),
+    # lowest class 0.85 with classes 0-9 below 0.9 (0.85 + 0.1 l / 19 < 0.9 for l <= 9); class-conditional: 0.91, classes 0.90 to 0.92
+    assert rows[("CE", "HPS", "marginal")] == ["0.901 ± 0.001", "10.00 ± 0.00", "2.00 ± 0.00", "0.850", "10 of 20"]
+    assert rows[("CE", "HPS", "class-conditional")] == ["0.910 ± 0.000", "15.00 ± 0.00", "0.50 ± 0.00", "0.900", "0 of 20"]
+    assert "Marginal and class-conditional calibration" in printed
+    assert (results / "figures" / "class_coverage_classwise.png").is_file() and not (reported / "figures" / "class_coverage_classwise.png").exists()
+    assert "of class-conditional sets (a threshold per class" in report
+    assert r"\label{tab:calibrations}" in (results / "report.tex").read_text()
+
+
 def pdf_fonts(path) -> list[str]:
     """The /Subtype of every font dictionary of a PDF matplotlib wrote: it writes its objects one
     by one, uncompressed (no object streams); only the streams in them are compressed."""
