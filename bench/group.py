@@ -33,7 +33,6 @@ import argparse
 import collections
 import gzip
 import json
-import os
 import platform
 import shutil
 import sys
@@ -48,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from record import emit  # noqa: E402
 from throughput import fast_settings, make_trial, our_batches, synthetic_cifar, timed  # noqa: E402
 
 from dpsm_ray.config import TrainConfig  # noqa: E402
@@ -340,12 +340,7 @@ def main(argv=None) -> int:
         "summary": summary(rows), "failed": sum("error" in r for r in rows), "skipped": sum("skipped" in r for r in rows),
         "seconds": time.perf_counter() - started,
     }
-    line = json.dumps(record)
-    print(line)
-    if args.json_out:
-        with open(args.json_out + ".tmp", "w") as file:
-            file.write(line + "\n")
-        os.replace(args.json_out + ".tmp", args.json_out)
+    emit(record, args.json_out)
     print(table(rows))
     for key, value in record["summary"].items():
         print(f"{key}: {value:.4g}")

@@ -16,8 +16,6 @@ Prints one JSON line (every measurement, the machine) and then a table.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import sys
 import time
@@ -27,6 +25,7 @@ import torch
 from dpsm_ray.cards import score_names
 from dpsm_ray.cards import build_model
 from dpsm_ray.predict.predictor import Predictor
+from record import emit  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 MODELS = {  # name -> (architecture, classes, where its input description comes from)
     "mlp": ("mlp", 10, "digits"),
@@ -145,12 +144,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__, "threads": torch.get_num_threads(), "quick": args.quick, "batches": args.batches, "warmup": args.warmup,
         "results": rows, "seconds": time.perf_counter() - started,
     }
-    line = json.dumps(record)
-    print(line)
-    if args.json_out:
-        with open(args.json_out + ".tmp", "w") as file:
-            file.write(line + "\n")
-        os.replace(args.json_out + ".tmp", args.json_out)
+    emit(record, args.json_out)
     print(table(rows))
     return 0
 

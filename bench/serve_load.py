@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from record import emit  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(concurrency="8,16,32,64", requests=1000, max_seconds=120.0)
@@ -431,12 +432,7 @@ def main(argv=None) -> int:
             record["server_output_tail"] = [line.rstrip() for line in server.output[-3:]]
         finally:
             server.end()
-    line = json.dumps(record)
-    print(line)
-    if args.json_out:
-        with open(args.json_out + ".tmp", "w") as file:
-            file.write(line + "\n")
-        os.replace(args.json_out + ".tmp", args.json_out)
+    emit(record, args.json_out)
     print(f"{record['command']}  (serving after {record['serving_after_s']:.0f} s; {record['rows_per_request']} rows per request)")
     print(table(record["results"]))
     print(f"refusal lines on the server's terminal: {record['refusal_lines']['count']} {record['refusal_lines']['first']}")

@@ -24,7 +24,6 @@ A measurement that fails is recorded with its error and the benchmark goes on.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -39,6 +38,7 @@ from dpsm_ray.data.vision import CIFAR100_MEAN, CIFAR100_STD, cifar100_transform
 from dpsm_ray.cards import build_model
 from dpsm_ray.cards import METHODS, PAPER_METHODS, build_objective
 from dpsm_ray.train.step import EagerStep, GraphStep
+from record import emit  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 CLASSES = 100
 FULL = dict(models="resnet110,densenet100", methods=",".join(PAPER_METHODS), batches="64,128", packs="1,2,4,8", steps=50, warmup=10, images=50000)
@@ -295,12 +295,7 @@ def main(argv=None) -> int:
         "loader_workers": args.loader_workers, "results": [{k: v for k, v in r.items() if k != "traceback"} for r in rows],
         "summary": summary(rows, args), "failed": sum("error" in r for r in rows), "seconds": time.perf_counter() - started,
     }
-    line = json.dumps(record)
-    print(line)
-    if args.json_out:
-        with open(args.json_out + ".tmp", "w") as file:
-            file.write(line + "\n")
-        os.replace(args.json_out + ".tmp", args.json_out)
+    emit(record, args.json_out)
     print(table(rows))
     for key, value in record["summary"].items():
         print(f"{key}: {value}")

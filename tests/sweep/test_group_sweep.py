@@ -7,7 +7,6 @@ Kept few and small: every sweep costs Ray several seconds on 2 cores.
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from dpsm_ray.config import ConfigError, TrainConfig
 from dpsm_ray.results.layout import Ledger
 from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.sweep.stage import Stage, StageSearcher
-from dpsm_ray.train.loop import EPOCH_TIMINGS
+from same_rows import repeatable_rows, sweep_env
 
 ROOT = Path(__file__).resolve().parents[2]
 # the paper grid of CE at lr 0.01, 0.05 and 100 (which diverges in its second epoch), then the pick
@@ -29,7 +28,6 @@ GRID = ["--methods", "ce", "--grid", "paper", "--subset", "lr=0.01,0.05,100", "-
         "milestones=25", "--fix", "lr_decay=0.1", "--final-seeds", "2", "--init", "scratch", "--train-subset", "256", "--workers", "0",
         "--seed", "3", "--trial-retries", "0"]
 # what may differ between two runs of one sweep: Tune's trial ids and the clock
-UNREPEATABLE = ["trial_id", "wall_seconds", *EPOCH_TIMINGS]
 
 
 # --- which trials are grouped (no Ray) ----------------------------------------------------------
@@ -94,26 +92,11 @@ def test_a_sweep_script_may_set_its_default_group_size():
 
 # --- the digits sweep, grouped and not ------------------------------------------------------------
 
-def sweep_env() -> dict:
-    import ray
-
-    return {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
-
 
 def sweep(results: Path, *options: str, script=None) -> subprocess.CompletedProcess:
     command = [sys.executable, str(script or ROOT / "sweeps" / "digits.py"), "--results-dir", str(results), *GRID, *options]
     return subprocess.run(command, capture_output=True, text=True, env=sweep_env(), timeout=900)
 
-
-def repeatable_rows(results: Path) -> dict[str, pd.DataFrame]:
-    frames = {}
-    for name in ("trials", "epochs", "evals"):
-        frame = pd.read_parquet(results / f"{name}.parquet")
-        frame = frame.drop(columns=[c for c in UNREPEATABLE if c in frame.columns])
-        if "config_json" in frame:
-            frame["config_json"] = frame.config_json.str.replace(str(results), "RESULTS", regex=False)
-        frames[name] = frame
-    return frames
 
 
 def assert_same_rows(results: Path, expected: Path, what: str) -> None:

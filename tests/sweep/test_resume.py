@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dpsm_ray.train.loop import EPOCH_TIMINGS
+from same_rows import repeatable_rows, sweep_env
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,26 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # A sweep small enough to run several times: 2 methods x 2 Optuna trials, 1 final seed, 2 epochs.
 TINY_SWEEP = ["--methods", "ce,dpsm", "--trials", "2", "--final-seeds", "1", "--base-epochs", "2", "--epochs", "2", "--workers", "0", "--seed", "3"]
-# What may differ between two runs of one sweep: Tune's random trial ids and the clock.
-UNREPEATABLE = ["trial_id", "wall_seconds", *EPOCH_TIMINGS]
 
 
-def sweep_env() -> dict:
-    import ray
-
-    return {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "PYTHONUNBUFFERED": "1"}
-
-
-def repeatable_rows(results: Path) -> dict[str, pd.DataFrame]:
-    """The three Parquet files without what may differ between runs (paths made relative)."""
-    frames = {}
-    for name in ("trials", "epochs", "evals"):
-        frame = pd.read_parquet(results / f"{name}.parquet")
-        frame = frame.drop(columns=[c for c in UNREPEATABLE if c in frame.columns])
-        if "config_json" in frame:
-            frame["config_json"] = frame.config_json.str.replace(str(results), "RESULTS", regex=False)
-        frames[name] = frame
-    return frames
 
 
 @pytest.fixture(scope="module")
