@@ -40,7 +40,7 @@ def option(
     sweep: bool = False,
     column: bool = False,
     label: str | None = None,
-    hash_default: bool = True,
+    recorded_at_default: bool = True,
     **metadata,
 ):
     """A config field, declared once: its default and help text (a string, or a function returning
@@ -53,15 +53,15 @@ def option(
       offers every field but those with ``cli=False``);
     - ``column``: a column of trials.parquet (null for a method that does not read it);
     - ``label``: a row of the report's table of each method's settings, so labelled;
-    - ``hash_default=False``: left out of the config hash while it holds its default -- a field
-      added after runs were recorded, so that those runs (and their cached base models) keep their
-      hash.
+    - ``recorded_at_default=False``: left out of ``to_dict`` -- so of the config hash, sweep.json,
+      config.json -- while it holds its default: a field added after runs were recorded, so that those
+      runs keep their hash (and their cached base models), and their sweeps resume.
 
     ``type`` and ``nargs`` tell argparse what a ``None`` default or a tuple holds;
     ``renamed_from`` an earlier release's flag; ``cli=False`` keeps it off the command line."""
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
-    marks = {"operational": operational, "path": path, "sweep": sweep, "column": column, "hash_default": hash_default,
+    marks = {"operational": operational, "path": path, "sweep": sweep, "column": column, "recorded_at_default": recorded_at_default,
              **({"label": label} if label else {})}
     return field(default=default, metadata={"help": help, **marks, **metadata})
 
@@ -301,7 +301,7 @@ class TrainConfig:
         f"how the final evaluation calibrates each score: {', '.join(CALIBRATIONS)} (marginal: one threshold, 1 - alpha coverage on"
         " average; class: a threshold per class, 1 - alpha in every class); both give a row of each in evals.parquet and classes.parquet",
         type=str,
-        hash_default=False,
+        recorded_at_default=False,
     )
     evaluate_test: bool = option(
         True, "evaluate on the calibration/test splits at the end (sweeps switch it off while searching)", cli=False, operational=True
@@ -346,7 +346,10 @@ class TrainConfig:
         validate(self)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field's value, but those marked ``recorded_at_default=False`` while at their default
+        (``from_dict`` gives them their default again)."""
+        values = dataclasses.asdict(self)
+        return {k: v for k, v in values.items() if k in RECORDED_AT_DEFAULT or v != TrainConfig.__dataclass_fields__[k].default}
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
@@ -402,7 +405,6 @@ class TrainConfig:
         # options only some methods read (their cards' fields) are left out of the other methods'
         # hash, so fixing them for a whole sweep does not split the runs of methods they do not change
         relevant = {k: v for k, v in relevant.items() if reads(self.method, k)}
-        relevant = {k: v for k, v in relevant.items() if k in HASHED_AT_DEFAULT or v != TrainConfig.__dataclass_fields__[k].default}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
@@ -420,7 +422,7 @@ def field_type(name: str) -> str:
 
 # not ``workers``: without SyncBatchNorm a BatchNorm model trained by W workers is another model
 OPERATIONAL_FIELDS = frozenset(fields_marked("operational"))
-HASHED_AT_DEFAULT = frozenset(fields_marked("hash_default"))
+RECORDED_AT_DEFAULT = frozenset(fields_marked("recorded_at_default"))
 PATH_FIELDS = fields_marked("path")
 SWEEP_OPTIONS = fields_marked("sweep")
 TRIAL_COLUMNS = fields_marked("column")

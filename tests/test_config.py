@@ -72,6 +72,17 @@ def test_scores_and_calibrations_added_since_leave_every_earlier_run_its_hash():
     assert TrainConfig(method="ce", dataset="fashion_mnist").config_hash() == "a0de0d7ab2967ee9"
     both = TrainConfig(eval_calibrations=("marginal", "class"))
     assert both.config_hash() != TrainConfig().config_hash() and TrainConfig.from_dict(both.to_dict()) == both
+    # at its default it is not recorded at all (config.json, sweep.json, trials' config_json), so a sweep started before it
+    # existed resumes without a difference named; from_dict gives the default back
+    assert "eval_calibrations" not in TrainConfig().to_dict() and both.to_dict()["eval_calibrations"] == ("marginal", "class")
+    assert TrainConfig.from_dict(TrainConfig().to_dict()) == TrainConfig()
+    from dpsm_ray.sweep.spec import SweepSpec, settings_differences
+
+    spec = SweepSpec(name="s", base=TrainConfig(), methods=("ce",), trials=1, final_seeds=1, seed=0)
+    before = spec.describe()  # as a sweep.json of the release before: no eval_calibrations in its base
+    assert "eval_calibrations" not in before["base"] and settings_differences(before, spec.describe()) == []
+    assert settings_differences(before, SweepSpec(name="s", base=both, methods=("ce",), trials=1, final_seeds=1, seed=0).describe()) == [
+        '--eval-calibrations: None there, ["marginal", "class"] here']
     assert TrainConfig(eval_scores=("hps", "aps", "raps", "saps")).config_hash() != TrainConfig().config_hash()
     # dpsm-ray train's options read them as lists of names
     from dpsm_ray.cli import build_parser, config_from_args
