@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import pandas as pd
 import pytest
@@ -22,6 +23,19 @@ def test_train_prints_a_table_and_writes_the_documented_files(tmp_path, capsys):
     assert list(evals.columns) == list(EVALS) and len(evals) == len(TrainConfig().eval_scores) * 3  # scores x re-splits
     assert (out / "config.json").exists() and (out / "splits.json").exists()
     assert not list(out.glob(".*tmp"))
+
+
+def test_train_evaluates_the_new_scores_marginally_and_class_conditionally(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--dataset", "digits", "--method", "ce", "--epochs", "1", "--eval-splits", "2", "--eval-scores", "saps", "topk",
+                 "margin", "--eval-calibrations", "marginal", "class", "--out", str(out)])
+    assert code == 0
+    evals, classes = pd.read_parquet(out / "evals.parquet"), pd.read_parquet(out / "classes.parquet")
+    assert len(evals) == 3 * 2 * 2 and set(evals.score) == {"saps", "topk", "margin"} and set(evals.calibration) == {"marginal", "class"}
+    assert evals[evals.calibration == "class"].q.isna().all() and evals[evals.calibration == "marginal"].q.notna().all()
+    assert len(classes) == len(evals) * 10 and set(classes.calibration) == {"marginal", "class"}
+    printed = capsys.readouterr().out
+    assert re.search(r"^score\s+calibration\s+coverage", printed, re.M) and re.search(r"^topk\s+class\s+0\.\d{3} ± ", printed, re.M), printed
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ SMALL_RECIPE = {"batch_size": 64, "epochs": 30, "lr": 0.05, "milestones": ()}
 # leave its cache key as they are, but a reset base config cannot differ by one left over.
 FINE_TUNING_DEFAULTS = {
     name: TrainConfig.__dataclass_fields__[name].default
-    for name in ("alpha", *sorted(method_fields()), "val_splits", "eval_splits", "eval_scores")
+    for name in ("alpha", *sorted(method_fields()), "val_splits", "eval_splits", "eval_scores", "eval_calibrations")
 }
 
 

@@ -610,6 +610,7 @@ def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> tuple
         cal_fraction=len(data.cal) / (len(data.cal) + len(data.test)),
         seed=config.seed,
         example_ids=torch.cat([data.cal.ids, data.test.ids]).cpu(),
+        calibrations=config.eval_calibrations,
     )
     classes = evaluate_classes(probs, labels, config.alpha, resplits)
     for row in classes:
