@@ -33,7 +33,7 @@ from dpsm_ray.files import atomic_write
 from dpsm_ray.cards import BUILT_IN_METHODS, method_card, method_names
 from dpsm_ray.cards import score_names
 from dpsm_ray.results.layout import OPTUNA_DB, CoverageFloor
-from dpsm_ray.results.tables import figure_name, method_order, ordered
+from dpsm_ray.results.tables import calibration_rows, figure_name, method_order, ordered
 
 FORMATS = ("png", "pdf")
 PNG_DPI = 200  # report.md's images: a page-wide figure 1300 pixels across, its 7 pt text 19 pixels high
@@ -262,14 +262,6 @@ Q_INIT_WORDS = {"dataset": "Q_n of the starting model's D1 scores", "zero": "0",
 
 def panels_width(panels: int) -> float:
     return COLUMN_WIDTH if panels == 1 else PAGE_WIDTH
-
-
-def calibration_rows(frame: pd.DataFrame, calibration: str = "marginal") -> pd.DataFrame:
-    """The rows of evals.parquet or classes.parquet of one calibration, ``marginal`` or ``class``
-    (rows written before the calibration was recorded, and a null, are marginal)."""
-    if "calibration" not in frame:
-        return frame if calibration == "marginal" else frame.iloc[:0]
-    return frame[frame["calibration"].fillna("marginal") == calibration]
 
 
 def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> Iterator[tuple[Figure, object]]:

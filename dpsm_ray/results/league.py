@@ -17,7 +17,7 @@ from pathlib import Path
 from dpsm_ray.cards import BASE_MODEL
 from dpsm_ray.results.layout import Results
 from dpsm_ray.results.stats import T_LEVEL, paired_change
-from dpsm_ray.results.tables import method_name
+from dpsm_ray.results.tables import calibration_rows, method_name
 
 REFERENCE = "ce"  # every method is compared with CE fine-tuned, searched as carefully
 SCORES = ("hps", "aps", "raps")
@@ -34,7 +34,7 @@ def write_league_compact(results: str | Path) -> Path:
     from dpsm_ray.files import write_json, write_text
 
     reader = Results(results)
-    final, trials = reader.final("evals"), reader.final("trials")
+    final, trials = calibration_rows(reader.final("evals")), reader.final("trials")  # the league ranks marginal sets
     evals = final[list(COMPACT_EVALS)].sort_values(["method", "seed", "score", "split"])
     failed = trials[trials.status == "failed"] if not trials.empty else trials
     folder = reader.directory / "compact"

@@ -24,12 +24,13 @@ from dpsm_ray import cards
 from dpsm_ray.cards import score_card, score_names
 from dpsm_ray.files import write_text
 from dpsm_ray.cards import reads
-from dpsm_ray.results.figures import Context, Figure, calibration_rows, draw_figures, save, search_figures
+from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
 from dpsm_ray.results.layout import MANIFEST, Results, read_index
 from dpsm_ray.results.league import league_section
 from dpsm_ray.results.provenance import chosen_configurations, search_outcomes, sweep_settings, versions_table
 from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.tables import (
+    calibration_rows,
     cell,
     chance_warning,
     latex_table,

@@ -18,6 +18,7 @@ from dpsm_ray.cards import score_names
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.results.layout import BASE_MODELS, Results
 from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
+from dpsm_ray.results.tables import calibration_rows
 
 REFERENCES = ("ce", "base")  # every arm is compared with CE fine-tuned and with the base model
 
@@ -84,7 +85,7 @@ def write_compact(study: Study, results: Path) -> Path:
     from dpsm_ray.files import write_json, write_text
 
     reader = Results(results)
-    evals, epochs = reader.evals, reader.epochs
+    evals, epochs = calibration_rows(reader.evals), reader.epochs  # the criteria are of marginal sets
     evals = evals[list(COMPACT_EVALS)].sort_values(["stage", "seed", "score", "split"])
     ordered = epochs.sort_values(["stage", "seed", "epoch"])
     runs = ordered.groupby(["stage", "seed"]).tail(1).set_index(["stage", "seed"])

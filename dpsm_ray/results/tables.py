@@ -151,3 +151,11 @@ def latex_table(rows: list[list[str]], caption: str, label: str, align: str | No
     lines += [r"\par\smallskip\raggedright\footnotesize " + latex_text(note)] if note else []
     lines += [r"\end{table}"]
     return "\n".join(lines)
+
+
+def calibration_rows(frame: pd.DataFrame, calibration: str = "marginal") -> pd.DataFrame:
+    """The rows of evals.parquet or classes.parquet of one calibration, ``marginal`` or ``class``
+    (rows written before the calibration was recorded, and a null, are marginal)."""
+    if "calibration" not in frame:
+        return frame if calibration == "marginal" else frame.iloc[:0]
+    return frame[frame["calibration"].fillna("marginal") == calibration]

@@ -100,3 +100,15 @@ def test_the_compact_copy_regenerates_the_same_table(tmp_path):
     for row in search.itertuples():
         ran = json.loads(trials[(trials.method == row.method) & (trials.trial_index == row.trial - 1)].config_json.iloc[0])
         assert row.lr == ran["lr"] and row.status == "ok" and row.feasible
+
+
+def test_the_league_ranks_marginal_sets_when_the_sweep_also_calibrated_by_class(tmp_path):
+    from fabricated import fabricate
+
+    from dpsm_ray.results.league import write_league_compact
+    from dpsm_ray.results.layout import Results
+
+    plain, both = fabricate(tmp_path / "plain"), fabricate(tmp_path / "both", class_conditional=True)
+    assert (Results(both).final("evals").calibration == "class").any()
+    tables = [read_league_compact(write_league_compact(results))[0] for results in (plain, both)]
+    pd.testing.assert_frame_equal(tables[0], tables[1])  # the class-conditional rows (sets 1.5x larger) left out
