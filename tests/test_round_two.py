@@ -28,7 +28,8 @@ def configs(dataset: str) -> dict[str, TrainConfig]:
 def test_the_sharp_arms_are_the_criterion_s_at_one_lr_in_the_cut_order(dataset):
     arms = configs(dataset)
     sharp = {name: config for name, config in arms.items() if name not in ("base", "ce")}
-    assert len(sharp) == 10 and {config.lr for config in sharp.values()} == {round_two.SHARP_LR}
+    assert len(sharp) == 10 and {config.lr for config in sharp.values()} == {round_two.SHARP_LR[dataset]}
+    assert round_two.SHARP_LR == {"fonts_transfer": 0.01, "fonts": 0.001}  # the pilot's outcome in each regime
     grid = {(c.method, c.sigmoid_temperature if c.method != "cut" else None, c.conformal_weight) for c in sharp.values()}
     assert grid == {(m, t, w) for m in ("dpsm", "conftr") for t in (0.01, 0.03) for w in (0.5, 0.1)} | {("cut", None, 0.5), ("cut", None, 0.1)}
     assert all(c.ce_batch == "full" for c in sharp.values() if c.method == "dpsm")  # the size term on, as in the first round
