@@ -49,7 +49,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from functools import cached_property
 
-from dpsm_ray.files import CorruptFileError, read_checked_json, write_checked_json
+from dpsm_ray.files import CorruptFileError, read_checked_json, sha256_file, write_checked_json
 
 SWEEP_FILE = "sweep.json"
 STUDY_FILE = "study.json"
@@ -122,6 +122,33 @@ def read_index(results: Path) -> dict | None:
     """predictors/index.json: the sweep's predictors and each method's chosen one; None before any."""
     path = results / PREDICTORS / INDEX_FILE
     return read_checked_json(path) if path.exists() else None
+
+
+def read_manifest(directory: Path) -> dict:
+    """``{file name: {"sha256", "replaces"}}``; empty where no manifest was written yet."""
+    path = directory / MANIFEST
+    return read_checked_json(path) if path.exists() else {}
+
+
+def verify_manifest(directory: str | os.PathLike, names: list[str] | None = None) -> list[str]:
+    """Check the Parquet files of ``directory`` (``names``, or every one) against the manifest;
+    raises ``CorruptFileError`` naming the first that does not match.  Returns the files present
+    that have no checksum (written before checksums were recorded)."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    names = names if names is not None else sorted(p.name for p in directory.glob("*.parquet"))
+    unrecorded = []
+    for name in names:
+        path = directory / name
+        if not path.exists():
+            continue
+        entry = manifest.get(name)
+        if entry is None:
+            unrecorded.append(name)
+            continue
+        if sha256_file(path) not in (entry["sha256"], entry.get("replaces")):
+            raise CorruptFileError(path, f"does not match the sha256 recorded in {directory / MANIFEST} (changed after it was written)")
+    return unrecorded
 
 
 class Ledger:
@@ -318,8 +345,6 @@ class Results:
     def unrecorded(self) -> list[str]:
         """Check every Parquet file against the manifest (``CorruptFileError`` for one changed after
         it was written); returns those written before checksums were recorded."""
-        from dpsm_ray.results.store import verify_manifest
-
         return verify_manifest(self.directory)
 
     def frame(self, name: str):

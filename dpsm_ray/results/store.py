@@ -1,7 +1,7 @@
 """Writing results: every file is written atomically (``dpsm_ray.files``), so a reader never sees
 half a file and an interrupted write leaves the previous version intact, and every Parquet file's
 sha256 is recorded in ``manifest.json`` beside it, so a changed byte is named when the results are
-read back (``verify_manifest``)."""
+read back (``dpsm_ray.results.layout.verify_manifest``)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dpsm_ray.files import (
-    CorruptFileError,
     atomic_write,
-    read_checked_json,
     sha256_bytes,
-    sha256_file,
     write_bytes,
     write_checked_json,
     write_json,
 )
-from dpsm_ray.results.layout import MANIFEST, PARQUET
+from dpsm_ray.results.layout import MANIFEST, PARQUET, read_manifest
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, arrow_schema
 
 
@@ -48,33 +45,6 @@ def write_parquet(path: str | os.PathLike, rows: list[dict] | pd.DataFrame, colu
     manifest[path.name] = {"sha256": sha256_bytes(data), "replaces": previous}
     write_checked_json(path.parent / MANIFEST, manifest)
     write_bytes(path, data)
-
-
-def read_manifest(directory: Path) -> dict:
-    """``{file name: {"sha256", "replaces"}}``; empty where no manifest was written yet."""
-    path = directory / MANIFEST
-    return read_checked_json(path) if path.exists() else {}
-
-
-def verify_manifest(directory: str | os.PathLike, names: list[str] | None = None) -> list[str]:
-    """Check the Parquet files of ``directory`` (``names``, or every one) against the manifest;
-    raises ``CorruptFileError`` naming the first that does not match.  Returns the files present
-    that have no checksum (written before checksums were recorded)."""
-    directory = Path(directory)
-    manifest = read_manifest(directory)
-    names = names if names is not None else sorted(p.name for p in directory.glob("*.parquet"))
-    unrecorded = []
-    for name in names:
-        path = directory / name
-        if not path.exists():
-            continue
-        entry = manifest.get(name)
-        if entry is None:
-            unrecorded.append(name)
-            continue
-        if sha256_file(path) not in (entry["sha256"], entry.get("replaces")):
-            raise CorruptFileError(path, f"does not match the sha256 recorded in {directory / MANIFEST} (changed after it was written)")
-    return unrecorded
 
 
 def run_key(config) -> dict:

@@ -162,7 +162,7 @@ def rebuild_if_changed(results: Path, log) -> None:
     """A resumed sweep's Parquet files that changed after they were written are rebuilt from the
     run records (their manifest removed, rewritten with them)."""
     from dpsm_ray.results.layout import MANIFEST
-    from dpsm_ray.results.store import verify_manifest
+    from dpsm_ray.results.layout import verify_manifest
 
     try:
         verify_manifest(results, list(PARQUET.values()))

@@ -10,7 +10,8 @@ from dpsm_ray.files import CorruptFileError
 from dpsm_ray.results import store
 from dpsm_ray.results.schema import EVALS
 from dpsm_ray.results.layout import MANIFEST
-from dpsm_ray.results.store import read_manifest, verify_manifest, write_parquet
+from dpsm_ray.results.layout import read_manifest, verify_manifest
+from dpsm_ray.results.store import write_parquet
 
 ROW = {"sweep": "s", "stage": "final", "trial_id": "t", "run_id": "r", "dataset": "digits", "model": "mlp", "method": "dpsm", "seed": 0,
        "score": "hps", "split": 0, "alpha": 0.1, "n_cal": 200, "n_test": 297, "q": 0.9, "coverage": 0.9, "set_size": 1.1,
