@@ -73,7 +73,7 @@ def runtime(result) -> dict:
 
     return {
         "device": result.device,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": result.torch_threads if result.torch_threads is not None else torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,

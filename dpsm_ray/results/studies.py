@@ -86,6 +86,8 @@ def write_compact(study: Study, results: Path) -> Path:
 
     reader = Results(results)
     evals, epochs = calibration_rows(reader.evals), reader.epochs  # the criteria are of marginal sets
+    if "trial_id" in epochs and "trial_id" in evals:  # a seed that failed and was trained again: the epochs of its model only
+        epochs = epochs[epochs.trial_id.isin(set(evals.trial_id))]
     evals = evals[list(COMPACT_EVALS)].sort_values(["stage", "seed", "score", "split"])
     ordered = epochs.sort_values(["stage", "seed", "epoch"])
     runs = ordered.groupby(["stage", "seed"]).tail(1).set_index(["stage", "seed"])
@@ -301,8 +303,13 @@ def markdown_report(analysis: dict) -> str:
     lines += [markdown(rows), ""]
     if outside:
         said = "; ".join(f"`{arm}` {score.upper()} {coverage:.4f}" for arm, score, coverage in outside)
-        lines += [f"Outside the coverage precondition (1 - alpha ± {COVERAGE_TOLERANCE}: such a set size counts as smaller in no verdict): "
-                  f"{said}.", ""]
+        lines += [f"Outside the coverage precondition (1 - alpha ± {COVERAGE_TOLERANCE}: such a set size counts as smaller in no verdict; "
+                  f"marked (outside) in every table): {said}.", ""]
+    flagged_arms = {arm for arm, _, _ in outside}
+
+    def mark(arm: str) -> str:
+        return f"{arm} (outside)" if arm in flagged_arms else arm
+
     if analysis["failed"]:
         grouped: dict[tuple[str, str], list[int]] = {}
         for failure in analysis["failed"]:
@@ -326,7 +333,7 @@ def markdown_report(analysis: dict) -> str:
         rows = [["arm", *[s.upper() for s in scores], *detectable]]
         for arm in dict.fromkeys(c["arm"] for c in part):
             mine = {c["score"]: c for c in part if c["arm"] == arm}
-            rows.append([arm, *[interval_text(mine[s]) for s in scores], *[detectable_text(mine[s]) for s in scores]])
+            rows.append([mark(arm), *[interval_text(mine[s]) for s in scores], *[detectable_text(mine[s]) for s in scores]])
         lines += [markdown(rows), ""]
     own = [c for c in analysis["comparisons"] if c.get("own")]
     if own:
@@ -340,7 +347,7 @@ def markdown_report(analysis: dict) -> str:
         rows = [["arm", "against", *[s.upper() for s in scores], *detectable]]
         for arm, against in dict.fromkeys((c["arm"], c["against"]) for c in own):
             mine = {c["score"]: c for c in own if c["arm"] == arm and c["against"] == against}
-            rows.append([arm, against, *[interval_text(mine[s]) for s in scores], *[detectable_text(mine[s]) for s in scores]])
+            rows.append([mark(arm), mark(against), *[interval_text(mine[s]) for s in scores], *[detectable_text(mine[s]) for s in scores]])
         lines += [markdown(rows), ""]
     if analysis.get("batch"):
         batch = analysis["batch"]
@@ -394,8 +401,9 @@ def markdown_report(analysis: dict) -> str:
             "",
         ]
         rows = [["arm", "q", "Q_n train", "\\|q - Q_n\\|", "\\|q - Q_n\\| all epochs", "train size at q", "val size"]]
-        rows += [[d["arm"], fmt(d["q"], 4), fmt(d["q_dataset_train"], 4), fmt(d["q_error_train"], 4), fmt(d["q_error_train_all_epochs"], 4),
-                  fmt(d["train_set_size_q"]), fmt(d["val_set_size"])] for d in analysis["diagnostics"]]
+        rows += [[mark(d["arm"]), fmt(d["q"], 4), fmt(d["q_dataset_train"], 4), fmt(d["q_error_train"], 4),
+                  fmt(d["q_error_train_all_epochs"], 4), fmt(d["train_set_size_q"]), fmt(d["val_set_size"])]
+                 for d in analysis["diagnostics"]]
         lines += [markdown(rows), ""]
     like = [d for d in analysis["diagnostics"] if not math.isnan(d.get("q_error_train_mode", math.nan))]
     if like:
@@ -408,7 +416,7 @@ def markdown_report(analysis: dict) -> str:
             "",
         ]
         rows = [["arm", "\\|q - Q_n\\| eval mode", "\\|q - Q_n\\| train mode", "Q_n eval mode", "Q_n train mode"]]
-        rows += [[d["arm"], fmt(d["q_error_train"], 4), fmt(d["q_error_train_mode"], 4), fmt(d["q_dataset_train"], 4),
+        rows += [[mark(d["arm"]), fmt(d["q_error_train"], 4), fmt(d["q_error_train_mode"], 4), fmt(d["q_dataset_train"], 4),
                   fmt(d["q_dataset_train_mode"], 4)] for d in like]
         lines += [markdown(rows), ""]
     if analysis.get("gradients"):
@@ -422,7 +430,7 @@ def markdown_report(analysis: dict) -> str:
         rows = [["arm", "CE first", "size first", "size / CE first", "CE middle", "size middle", "size / CE middle"]]
         for g in analysis["gradients"]:
             ratio = lambda when: fmt(g[f"size_grad_norm_{when}"] / g[f"ce_grad_norm_{when}"], 3) if g[f"ce_grad_norm_{when}"] else "n/a"
-            rows.append([g["arm"], fmt(g["ce_grad_norm_first"], 3), fmt(g["size_grad_norm_first"], 3), ratio("first"),
+            rows.append([mark(g["arm"]), fmt(g["ce_grad_norm_first"], 3), fmt(g["size_grad_norm_first"], 3), ratio("first"),
                          fmt(g["ce_grad_norm_middle"], 3), fmt(g["size_grad_norm_middle"], 3), ratio("middle")])
         lines += [markdown(rows), ""]
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from dpsm_ray.files import cache_home
+from dpsm_ray.files import cache_home, sha256_file
 from dpsm_ray.cards import method_fields
 from dpsm_ray.cards import dataset_card
 from dpsm_ray.config import TrainConfig
@@ -89,8 +89,10 @@ def cache_entry(config: TrainConfig, cache_dir: str | os.PathLike | None = None)
     # data that can change under the same name (a folder, a table): its files' fingerprint too
     card = dataset_card(base.dataset)
     data = f"-{card.fingerprint(base.dataset)}" if card.fingerprint is not None else ""
+    # and the pretrained weights' bytes: a backbone retrained at the same path is another base model
+    weights = f"-w{sha256_file(base.pretrained_path)[:12]}" if base.pretrained_path and os.path.isfile(base.pretrained_path) else ""
     model = re.sub(r"[^\w.]", "_", base.model)  # torchvision:resnet18, pkg.nets:make -> a folder name
-    return root / f"{base.dataset.partition(':')[0]}-{model}-seed{base.seed}-{base.config_hash()}{data}"
+    return root / f"{base.dataset.partition(':')[0]}-{model}-seed{base.seed}-{base.config_hash()}{data}{weights}"
 
 
 def ensure_base_model(config: TrainConfig, run, cache_dir: str | os.PathLike | None = None, log=print) -> TrainConfig:

@@ -48,7 +48,7 @@ from dpsm_ray.results.schema import EPOCHS, RUN_KEY
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.config import WEIGHTS, ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine
-from dpsm_ray.train.step import GraphStep, auto_line, autocast, build_step, graph_capturable, resolve_channels_last
+from dpsm_ray.train.step import GraphStep, auto_line, autocast, build_step, forward_objective, graph_capturable, resolve_channels_last
 
 EVAL_BATCH = 512
 # The epoch's wall time and its parts: the columns of epochs.parquet that differ between two runs of
@@ -79,7 +79,8 @@ class RunResult:
     split_sizes: dict[str, int] = field(default_factory=dict)
     split_ids: dict[str, list[int]] = field(default_factory=dict)
     model_state: dict[str, torch.Tensor] = field(default_factory=dict)
-    device: str | None = None  # where it trained (config.json's runtime record)
+    device: str | None = None  # where it trained, and torch's threads there (config.json's runtime record)
+    torch_threads: int | None = None
 
 
 def load_data(config: TrainConfig, device: torch.device) -> DataSplits:
@@ -239,6 +240,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
         split_sizes=data.sizes(),
         split_ids={n: getattr(data, n).ids.tolist() for n in ("train", "val", "cal", "test")},
         device=str(env.device),
+        torch_threads=torch.get_num_threads(),
     )
 
     state = env.load_state()
@@ -269,7 +271,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
     for epoch in range(start_epoch, config.epochs):
         probed = time.perf_counter()
         with clock("evaluate"):  # before the epoch's first step: epoch 1's is the first step's gradient
-            gradients = term_gradient_norms(model, objective, data.train, d1, d2, epoch, config, env)
+            gradients = term_gradient_norms(model, objective, data.train, d1, d2, epoch, config, env, channels_last)
         started = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
         with clock("train"):
@@ -495,10 +497,14 @@ class Untouched:
         self.net, self.objective, self.device = unwrap(model), objective, device
 
     def __enter__(self):
+        # the state on the device first: a call moves it there as a new tensor (``prepare``), which
+        # the snapshot below would miss; the run's first step would have moved it all the same
+        self.objective.prepare(self.device)
         self.rng = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
         self.rng.__enter__()
         self.training = self.net.training
-        self.saved = [(t, t.detach().clone()) for t in [*self.net.buffers(), *self.objective.state_tensors()]]
+        self.state = self.objective.state_tensors()
+        self.saved = [(t, t.detach().clone()) for t in [*self.net.buffers(), *self.state]]
         return self
 
     def __exit__(self, *exc):
@@ -506,10 +512,15 @@ class Untouched:
             for tensor, value in self.saved:
                 tensor.copy_(value)
         self.net.train(self.training)
+        moved = [a is not b for a, b in zip(self.state, self.objective.state_tensors())]
+        if any(moved) or len(self.state) != len(self.objective.state_tensors()):
+            raise RuntimeError("the objective replaced its state tensors during a diagnostic call: it must update them in place")
         return self.rng.__exit__(*exc)
 
 
-def term_gradient_norms(model, objective: Objective, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env) -> dict:
+def term_gradient_norms(
+    model, objective: Objective, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env, channels_last: bool = False
+) -> dict:
     """The norm of the gradient of each term of the loss -- CE, and the size term lambda x L_c --
     at the epoch's first batch, before its first step (epoch 1: the run's first step), in train
     mode with the batch's augmentation: whether a configuration's size term is active, against
@@ -529,9 +540,9 @@ def term_gradient_norms(model, objective: Objective, train_split: Split, d1, d2,
     net = unwrap(model)
     weights = [p for p in net.parameters() if p.requires_grad]
     with Untouched(model, objective, env.device):
-        net.train()
-        with autocast(env.device, config.precision):
-            out = objective(*(t.to(env.device) for t in (net(x1.to(env.device)), y1, net(x2.to(env.device)), y2)))
+        net.train()  # the step's own forward: B1 and B2 in one batch (BatchNorm's statistics), its precision and memory format
+        x1, y1, x2, y2 = (t.to(env.device) for t in (x1, y1, x2, y2))
+        out = forward_objective(net, objective, x1, y1, x2, y2, config.precision, channels_last)
         if out.parts is None or not weights:
             return nan
         norms = {}
@@ -552,12 +563,16 @@ def train_mode_quantiles(model, objective: Objective, train_split: Split, d1, ep
         return nan
     sample = diagnostic_sample(len(train_split), config)
     positions = torch.arange(len(train_split)) if sample is None else sample
+    # in a seeded order, as training draws its batches (a split stored class by class would give
+    # BatchNorm one class a batch), cut into batches of at least the run's size (none of one example)
+    positions = positions[torch.randperm(positions.numel(), generator=generator(config.seed, "train-mode order", epoch))]
     net = unwrap(model)
     seed = derive_seed(config.seed, "train-mode scores", epoch)
     with Untouched(model, objective, env.device), torch.no_grad():
         net.train()
         logits, labels = [], []
-        for x, y in train_split.batches(list(positions.split(config.batch_size)), augment=True, seed=seed):
+        batches = list(positions.tensor_split(max(1, positions.numel() // config.batch_size)))
+        for x, y in train_split.batches(batches, augment=True, seed=seed):
             with autocast(env.device, config.precision):
                 logits.append(net(x.to(env.device)).float())
             labels.append(y.to(env.device))

@@ -1,5 +1,7 @@
 """The CE base-model protocol: trained once per (dataset, model, seed, recipe), then reused."""
 
+import re
+
 import torch
 
 from dpsm_ray.train import TrainConfig, resolve_base_model, run_training
@@ -40,3 +42,19 @@ def test_the_base_recipe_is_cross_entropy_with_fine_tuning_knobs_reset():
     # the fine-tuning run's open choices are not the base recipe's: one base model for all of them
     chosen = fine.replace(lr_schedule="exp", q_init="random", conftr_split="batch", cut_score="aps")
     assert base_config(chosen) == base_config(fine) and base_config(chosen).lr_schedule == "step"
+
+
+def test_a_backbone_retrained_at_the_same_path_is_another_base_model(tmp_path):
+    from dpsm_ray.cards import build_model
+
+    path = tmp_path / "backbone.pt"
+    config = TrainConfig(dataset="glyphs:classes=8,train=24", model="lenet", method="dpsm", init="base", base_epochs=2,
+                         pretrained_path=str(path))
+    torch.manual_seed(0)
+    torch.save(build_model("lenet", 8, input_shape=(1, 16, 16)).state_dict(), path)
+    first = cache_entry(config, tmp_path)
+    assert first == cache_entry(config, tmp_path) and re.search(r"-w[0-9a-f]{12}$", first.name)  # the weights' sha256
+    torch.manual_seed(1)
+    torch.save(build_model("lenet", 8, input_shape=(1, 16, 16)).state_dict(), path)  # the same name, other weights
+    assert cache_entry(config, tmp_path) != first
+    assert not re.search(r"-w[0-9a-f]{12}$", cache_entry(config.replace(pretrained_path=None), tmp_path).name)

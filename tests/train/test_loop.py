@@ -383,6 +383,7 @@ def test_term_gradient_norms_are_each_terms_gradient_at_the_epochs_first_batch_a
     from dpsm_ray.cards import build_model, build_objective, load_splits
     from dpsm_ray.seeding import derive_seed
     from dpsm_ray.train.loop import term_gradient_norms
+    from dpsm_ray.train.step import forward_objective
 
     config = TrainConfig(dataset="digits", model="mlp_bn", method="dpsm", batch_size=32, sigmoid_temperature=0.1, conformal_weight=0.5)
     data = load_splits("digits", seed=0)
@@ -400,7 +401,7 @@ def test_term_gradient_norms_are_each_terms_gradient_at_the_epochs_first_batch_a
     x1, y1 = next(data.train.batches(step_batches(d1, 2, 0, "d1", 16, 0, 1)[:1], augment=True, seed=seed))
     x2, y2 = next(data.train.batches(step_batches(d2, 2, 0, "d2", 16, 0, 1)[:1], augment=True, seed=seed))
     twin.train()
-    out = twin_objective(twin(x1), y1, twin(x2), y2)
+    out = forward_objective(twin, twin_objective, x1, y1, x2, y2, "fp32", False)  # the step's own forward: B1 and B2 in one batch
     norm = lambda term: math.sqrt(sum(float(g.pow(2).sum()) for g in torch.autograd.grad(term, list(twin.parameters()), retain_graph=True)))
     assert row["ce_grad_norm"] == pytest.approx(norm(out.parts["ce"]), rel=1e-6)
     assert row["size_grad_norm"] == pytest.approx(norm(out.parts["size"]), rel=1e-6)
@@ -429,3 +430,27 @@ def test_the_diagnostics_leave_training_as_it_would_be_without_them(monkeypatch)
     skip = {*EPOCH_TIMINGS, "ce_grad_norm", "size_grad_norm", "q_dataset_train_mode", "q_error_train_mode"}
     assert [{k: v for k, v in r.items() if k not in skip} for r in measured.epochs] == [{k: v for k, v in r.items() if k not in skip} for r in unmeasured.epochs]
     assert all(r["size_grad_norm"] > 0 and r["q_dataset_train_mode"] > 0 for r in measured.epochs)
+
+
+def test_the_diagnostics_restore_state_an_objective_moves_to_the_device_before_its_first_step():
+    """A DPSM whose q still sits where the checkpoint left it (a resumed run on a GPU): its call
+    moves q as a new tensor (``prepare``) and steps it. The probe must leave q as it found it, on
+    the tensor the run's steps then use."""
+    from dpsm_ray.cards import build_model, build_objective, load_splits
+    from dpsm_ray.train.loop import term_gradient_norms
+
+    class Moving(type(build_objective("dpsm", alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, quantile_lr=0.01))):
+        moved = False
+
+        def prepare(self, device):  # what a CPU -> CUDA move does: a new tensor, once
+            if not self.moved:
+                self.q, self.moved = self.q.clone(), True
+
+    objective = Moving(alpha=0.1, conformal_weight=0.5, sigmoid_temperature=0.1, quantile_lr=0.5)
+    objective.q = torch.tensor(0.9)
+    data = load_splits("digits", seed=0)
+    d1, d2 = halves(len(data.train), 0)
+    config = TrainConfig(dataset="digits", method="dpsm", batch_size=32, sigmoid_temperature=0.1, conformal_weight=0.5)
+    model = build_model("mlp", 10, input_shape=data.input_shape)
+    row = term_gradient_norms(model, objective, data.train, d1, d2, 0, config, LocalEnv(torch.device("cpu"), **QUIET))
+    assert row["size_grad_norm"] > 0 and objective.moved and float(objective.q) == pytest.approx(0.9)
