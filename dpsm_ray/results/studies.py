@@ -18,7 +18,6 @@ from dpsm_ray.cards import score_names
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.results.layout import BASE_MODELS, Results
 from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
-from dpsm_ray.results.tables import calibration_rows
 
 REFERENCES = ("ce", "base")  # every arm is compared with CE fine-tuned and with the base model
 
@@ -83,6 +82,7 @@ def write_compact(study: Study, results: Path) -> Path:
     import pandas as pd
 
     from dpsm_ray.files import write_json, write_text
+    from dpsm_ray.results.tables import calibration_rows  # pandas: not at import, the sweep's front door reads this module
 
     reader = Results(results)
     evals, epochs = calibration_rows(reader.evals), reader.epochs  # the criteria are of marginal sets

@@ -75,7 +75,7 @@ def test_fitted_sizes_keep_the_papers_subset_or_scale_by_largest_remainder():
 
 
 def test_dataset_names_take_no_options():
-    with pytest.raises(ValueError, match="only synthetic, glyphs, fonts take options, and folder:PATH, table:PATH a path"):
+    with pytest.raises(ValueError, match="only synthetic, glyphs, fonts, fonts_transfer take options, and folder:PATH, table:PATH a path"):
         check_dataset("cifar100:size=10")
 
 
