@@ -352,6 +352,17 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
+def epoch_batches(objective: Objective, train_size: int, d1, d2, epoch: int, config: TrainConfig, rank: int, world: int):
+    """The epoch's B1 and B2 positions, step by step (this worker's slices), and the seed of their
+    augmentation: the halves D1 and D2, or ConfTr's batch split of the whole training split."""
+    if objective.batch_split == "batch":
+        batches1, batches2 = split_batches(torch.arange(train_size), epoch, config.seed, config.batch_size, rank, world)
+    else:
+        batches1 = step_batches(d1, epoch, config.seed, "d1", config.batch_size // 2, rank, world)
+        batches2 = step_batches(d2, epoch, config.seed, "d2", config.batch_size // 2, rank, world)
+    return batches1, batches2, derive_seed(config.seed, "augment", epoch)
+
+
 def train_epoch(
     model, objective: Objective, train_split: Split, d1, d2, epoch: int, config: TrainConfig, env, make_step, step=None
 ) -> Generator[None, None, tuple[dict, object]]:
@@ -363,12 +374,7 @@ def train_epoch(
         raise ConfigError(
             "batch_size", config.batch_size, f"must be divisible by 2 * {world} workers: each takes an equal slice of each half"
         )
-    if objective.batch_split == "batch":
-        batches1, batches2 = split_batches(torch.arange(len(train_split)), epoch, config.seed, config.batch_size, rank, world)
-    else:
-        batches1 = step_batches(d1, epoch, config.seed, "d1", global_half, rank, world)
-        batches2 = step_batches(d2, epoch, config.seed, "d2", global_half, rank, world)
-    augment_seed = derive_seed(config.seed, "augment", epoch)
+    batches1, batches2, augment_seed = epoch_batches(objective, len(train_split), d1, d2, epoch, config, rank, world)
     model.train()
     totals: dict[str, torch.Tensor] = {}
     steps = 0
@@ -530,12 +536,7 @@ def term_gradient_norms(
     nan = {"ce_grad_norm": math.nan, "size_grad_norm": math.nan}
     if env.collective.world_size > 1:
         return nan
-    if objective.batch_split == "batch":
-        batches1, batches2 = split_batches(torch.arange(len(train_split)), epoch, config.seed, config.batch_size, 0, 1)
-    else:
-        batches1 = step_batches(d1, epoch, config.seed, "d1", config.batch_size // 2, 0, 1)
-        batches2 = step_batches(d2, epoch, config.seed, "d2", config.batch_size // 2, 0, 1)
-    seed = derive_seed(config.seed, "augment", epoch)
+    batches1, batches2, seed = epoch_batches(objective, len(train_split), d1, d2, epoch, config, 0, 1)  # the epoch's first step's
     (x1, y1), (x2, y2) = (next(train_split.batches(b[:1], augment=True, seed=seed)) for b in (batches1, batches2))
     net = unwrap(model)
     weights = [p for p in net.parameters() if p.requires_grad]
