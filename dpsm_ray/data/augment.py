@@ -56,4 +56,4 @@ def random_crop(images: torch.Tensor, ids: torch.Tensor, seed: int, padding: int
     """A random shift of up to ``padding`` pixels each way (a crop of the zero-padded image),
     without flips: for images whose mirror is another class (the glyphs)."""
     top, left = crop_offsets(ids, seed, padding)
-    return crop_and_flip(images, top, left, torch.zeros(ids.shape, dtype=torch.bool), padding)
+    return crop_and_flip(images, top, left, torch.zeros(ids.shape, dtype=torch.bool, device=ids.device), padding)

@@ -74,15 +74,26 @@ class InputSpec:
                 f"input.image.mode {self.image.mode} gives {IMAGE_MODES[self.image.mode]} channels; the input shape {list(self.shape)} has"
                 f" {self.shape[0]}"
             )
-        object.__setattr__(self, "_tensors", (mean, std))
+        # mean and std on each device that asked (the host's first): a copy from the host per batch
+        # would block the host until the device had run everything queued before it
+        object.__setattr__(self, "_tensors", {torch.device("cpu"): (mean, std)})
 
     @property
     def features(self) -> int:
         return math.prod(self.shape)
 
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mean`` and ``std`` as float32 tensors on ``device``, copied there once."""
+        if device not in self._tensors:
+            self._tensors[device] = tuple(t.to(device) for t in self._tensors[torch.device("cpu")])
+        return self._tensors[device]
+
+    def __getstate__(self) -> dict:  # pickled (to a Ray worker, say) with the host's copies only
+        return {**self.__dict__, "_tensors": {torch.device("cpu"): self._tensors[torch.device("cpu")]}}
+
     def apply(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw inputs ``[n, *shape]`` (any real dtype, any device) -> float32 model inputs."""
-        mean, std = (t.to(raw.device) for t in self._tensors)
+        mean, std = self.constants(raw.device)
         return (raw.to(torch.float32) / self.divisor - mean) / std
 
     def to_json(self) -> dict:

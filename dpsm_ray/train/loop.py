@@ -549,7 +549,8 @@ def term_gradient_norms(
         norms = {}
         for name, term in out.parts.items():  # CE's size term is a constant 0: no gradient
             grads = torch.autograd.grad(term.float(), weights, retain_graph=True, allow_unused=True) if term.requires_grad else ()
-            norms[f"{name}_grad_norm"] = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads if g is not None))
+            squares = [g.double().pow(2).sum() for g in grads if g is not None]  # read back once: a read per weight waits per weight
+            norms[f"{name}_grad_norm"] = math.sqrt(float(torch.stack(squares).sum())) if squares else 0.0
     return norms
 
 

@@ -118,3 +118,22 @@ def test_tensor_source_batches_on_the_gpu_equal_the_cpu():
     for (x_gpu, y_gpu), (x_cpu, y_cpu) in zip(on_gpu, on_cpu, strict=True):
         assert torch.equal(y_gpu, y_cpu)
         torch.testing.assert_close(x_gpu, x_cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: a CPU never waits on a copy (its twin: test_preprocessing's mean-and-std test)")
+def test_a_gpu_batch_after_the_first_makes_the_host_wait_for_nothing():
+    """A blocking copy from the host (the normalisation's mean and std, the crop's flips) would
+    make the host wait for every step queued before it: no trial of a group could overlap."""
+    from dpsm_ray.data import TensorSource
+    from dpsm_ray.data.augment import random_crop
+
+    source = TensorSource(random_images(40), torch.arange(40) % 7, cifar100_transform).to("cuda")
+    ids = [torch.tensor([3, 1, 4, 15, 9]).cuda(), torch.tensor([2, 6, 5]).cuda()]
+    next(source.batches(ids[:1], augment=True, seed=5))  # the first batch copies the constants over
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for (x, _), batch_ids in zip(source.batches(ids, augment=True, seed=5), ids, strict=True):
+            random_crop(x, batch_ids, 5, 2)  # the glyphs' shift: its no-flip mask is made on the device
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -85,3 +85,16 @@ def test_an_image_file_read_as_the_spec_says_gives_the_224_pixel_datasets_evalua
         assert raw.shape == (1, 3, 224, 224)
         assert torch.equal(data.input_spec.apply(raw), x)
     assert data.class_names == tuple(dataset.categories)
+
+
+def test_mean_and_std_go_to_a_device_once_and_a_pickle_holds_the_hosts_copies_only():
+    import pickle
+
+    spec = InputSpec((3, 1, 1), 255.0, [[[0.5]], [[0.25]], [[0.0]]], [[[0.5]], [[0.25]], [[1.0]]], "pixels")
+    first = spec.constants(torch.device("meta"))
+    assert [t.device.type for t in first] == ["meta", "meta"]
+    assert all(a is b for a, b in zip(spec.constants(torch.device("meta")), first))  # no copy per batch
+    again = pickle.loads(pickle.dumps(spec))
+    assert list(again._tensors) == [torch.device("cpu")] and again == spec
+    raw = torch.tensor([0, 255], dtype=torch.uint8).reshape(2, 1, 1, 1).expand(2, 3, 1, 1)
+    torch.testing.assert_close(again.apply(raw), spec.apply(raw))
