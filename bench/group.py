@@ -19,6 +19,11 @@ Measurements, in this order, in one process (each printed as a ``[group]`` line 
   runs (data, steps, diagnostics, validation, a checkpoint every epoch), of N members (seeds
   0..N-1) on generated CIFAR-100 files: the N members' training images of the last epoch over its
   wall time, and its ratio to the ``step`` figure of the same N.
+- ``sync_points`` (CUDA only): one member of the end-to-end run (two epochs) under torch's sync
+  debug mode: every call that made the host wait for the device, counted by the line of
+  ``dpsm_ray`` that made it, those inside an epoch's steps (``train_epoch``) apart, and how many
+  training steps ran.  A wait in every step serialises a group's members: the host cannot queue
+  member k+1's step until member k's has run.
 - ``step`` again with ``torch.backends.cudnn.benchmark`` on (``--cudnn-benchmark``), set before
   the members are built and captured.
 
@@ -244,6 +249,45 @@ def measure_end_to_end(args, count: int, data_root: Path, device) -> dict:
             "epochs": args.epochs, "train_subset": args.train_subset, "val_set_size": [round(o.epochs[-1]["val_set_size"], 3) for o in outcomes]}
 
 
+def measure_sync_points(args, data_root: Path, device) -> dict:
+    import traceback as tb
+    import warnings
+
+    from dpsm_ray.train.loop import training
+
+    package = str(ROOT / "dpsm_ray")
+    sites: collections.Counter = collections.Counter()
+    in_steps: collections.Counter = collections.Counter()
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        ours = [f for f in tb.extract_stack()[:-1] if f.filename.startswith(package)]
+        where = f"{Path(ours[-1].filename).relative_to(ROOT)}:{ours[-1].lineno} ({ours[-1].name})" if ours else f"{filename}:{lineno}"
+        sites[where] += 1
+        if any(f.name == "train_epoch" for f in ours):
+            in_steps[where] += 1
+
+    with tempfile.TemporaryDirectory() as folder:
+        config = TrainConfig(dataset="cifar100", data_root=str(data_root), model=args.model, method=args.method, init="scratch",
+                             epochs=args.epochs, batch_size=args.batch, seed=0, train_subset=args.train_subset, device=str(device),
+                             eval_splits=2, data_workers=0)
+        run, steps = training(config, Timed(device, Path(folder) / "checkpoint.pt")), 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            shown, warnings.showwarning = warnings.showwarning, note
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                while True:
+                    next(run)
+                    steps += 1
+            except StopIteration:
+                pass
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                warnings.showwarning = shown
+    return {"steps": steps, "epochs": args.epochs, "sites": dict(sites.most_common()),
+            "in_steps": dict(in_steps.most_common())}
+
+
 def measured(kind: str, row: dict, work, started: float, args) -> dict:
     """``row`` with what ``work()`` measured, its error, or its skip (past ``--budget-s``); printed as it ends."""
     row = {"measurement": kind, **row}
@@ -293,6 +337,10 @@ def table(rows: list[dict]) -> str:
         if "skipped" in r or "error" in r:
             note = r.get("skipped") or f"failed: {r['error'][:70]}"
             figure = ""
+        elif r["measurement"] == "sync_points":
+            figure = ""
+            note = (f"{sum(r['sites'].values())} host waits in {r['steps']} steps and their epochs' ends; within the steps: "
+                    f"{', '.join(f'{where} x{count}' for where, count in r['in_steps'].items()) or 'none'}")
         elif r["measurement"] == "overlap":
             figure = ""
             note = f"{r['concurrent_share']:.1%} of kernel time with 2+ streams running ({r['streams']} streams, {r['kernels']} kernels)"
@@ -325,6 +373,8 @@ def main(argv=None) -> int:
         for count in args.members:
             rows.append(measured("end_to_end", {"members": count, "cudnn_benchmark": False},
                                  lambda: measure_end_to_end(args, count, data_root, device), started, args))
+        if device.type == "cuda":
+            rows.append(measured("sync_points", {"members": 1}, lambda: measure_sync_points(args, data_root, device), started, args))
     finally:
         shutil.rmtree(data_root, ignore_errors=True)
     if True in args.cudnn_benchmark:
