@@ -9,6 +9,8 @@ ConfTr from scratch amplifies a 1e-7 weight perturbation to O(1) within two epoc
 alone, which would test chaos, not distribution.
 """
 
+import contextlib
+import gc
 import math
 
 import pytest
@@ -28,14 +30,27 @@ BASE = dict(
 )
 
 
-def _run_workers(rank, world, store, out_dir, configs):
+@contextlib.contextmanager
+def process_group(rank, world, store):
+    """A spawned worker's gloo group, torn down so that the process exits cleanly: every rank done
+    with it (a barrier) and its DDP wrappers and pending work freed before it is destroyed.  (A
+    gloo thread still holding work when the interpreter finalises aborts the process: SIGABRT,
+    'terminate called without an active exception', seen once in CI.)"""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
+        yield
+        dist.barrier()
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _run_workers(rank, world, store, out_dir, configs):
+    with process_group(rank, world, store):
         results = [train(TrainConfig.from_dict(c), ProcessGroupEnv(torch.device("cpu"), log=lambda line: None)) for c in configs]
         torch.save([(r.epochs, r.evals, r.model_state) for r in results], f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        del results
 
 
 def spawn(world, configs, tmp_path, function=_run_workers):
@@ -107,16 +122,14 @@ def test_batchnorm_workers_evaluate_with_rank_0s_statistics(tmp_path):
 
 
 def _gather_gradient(rank, world, store, out_dir, _):
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
+    with process_group(rank, world, store):
         local = torch.tensor([1.0, 2.0], dtype=torch.float64) * (rank + 1)
         local.requires_grad_(True)
         gathered = TorchDistributedCollective().gather(local)
         weights = torch.tensor([1.0, 10.0, 100.0, 1000.0], dtype=torch.float64) * (rank + 1)
         (weights * gathered).sum().backward()
         torch.save((gathered.detach(), local.grad), f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        del local, gathered, weights
 
 
 def test_the_all_gather_sends_every_workers_gradient_back_to_its_owner(tmp_path):
@@ -146,17 +159,15 @@ def _one_step(model, method, collective, x1, y1, x2, y2):
 
 
 def _step_workers(rank, world, store, out_dir, _):
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
+    with process_group(rank, world, store):
         results = {}
         for method in METHODS:
             model, x1, y1, x2, y2 = _step_setup()
             mine = slice(rank * 16, (rank + 1) * 16)
             ddp = torch.nn.parallel.DistributedDataParallel(model)
             results[method] = _one_step(ddp, method, current_collective(), x1[mine], y1[mine], x2[mine], y2[mine])
+            del ddp, model
         torch.save(results, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_one_step_gradients_and_q_equal_the_global_batch_exactly_in_float64(tmp_path):
