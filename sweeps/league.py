@@ -50,6 +50,12 @@ def main(argv: list[str]) -> int:
         return 0
     if known.dataset is None:
         front.exit(2, f"{front.prog}: error: --dataset is required: {', '.join(RECIPES)} (a recipe), or any dataset --dataset takes\n")
+    calibrations = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    calibrations.add_argument("--eval-calibrations", nargs="*")
+    asked = calibrations.parse_known_args(rest)[0].eval_calibrations
+    if asked is not None and "marginal" not in asked:  # before any Ray work: the league would end with nothing to rank
+        front.exit(2, f"{front.prog}: error: --eval-calibrations {' '.join(asked)}: the league ranks marginal sets; "
+                      f"keep marginal (e.g. --eval-calibrations marginal class)\n")
     out = known.results_dir or results_dir(known.dataset)
     recipe = ["--config", str(RECIPES[known.dataset])] if known.dataset in RECIPES else ["--dataset", known.dataset, *PROTOCOL]
     status = sweep("league", __doc__.splitlines()[0], GENERIC_DEFAULTS, [*recipe, "--results-dir", out, *rest])

@@ -29,3 +29,13 @@ def test_the_league_is_one_command_and_its_table_regenerates_from_its_compact_ro
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout == table, again.stdout + again.stderr
     assert "## The league" in (results / "report.md").read_text()
+
+
+def test_a_league_without_marginal_calibration_is_refused_in_one_line_before_any_ray_work(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "sweeps" / "league.py"), "--dataset", "digits", "--eval-calibrations", "class"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"})
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "sweeps/league.py: error: --eval-calibrations class: the league ranks marginal sets; keep marginal (e.g. --eval-calibrations marginal class)"
+    ]
+    assert not (tmp_path / "results").exists()

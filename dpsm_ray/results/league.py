@@ -35,6 +35,9 @@ def write_league_compact(results: str | Path) -> Path:
 
     reader = Results(results)
     final, trials = calibration_rows(reader.final("evals")), reader.final("trials")  # the league ranks marginal sets
+    if final.empty:
+        raise ValueError(f"{reader.directory} holds no final marginal evaluation rows: the league ranks marginal sets "
+                         f"(a sweep with --eval-calibrations marginal, its default)")
     evals = final[list(COMPACT_EVALS)].sort_values(["method", "seed", "score", "split"])
     failed = trials[trials.status == "failed"] if not trials.empty else trials
     folder = reader.directory / "compact"
