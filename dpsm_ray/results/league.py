@@ -26,12 +26,12 @@ COVERAGE_TOLERANCE = 0.005  # coverage outside 1 - alpha +- this does not count 
 MARGIN = -5.0  # percent: a gain that matters (the size the DPSM paper reports outside Caltech-101)
 COMPACT_EVALS = ("method", "seed", "score", "split", "set_size", "coverage", "accuracy")
 COMPACT_FAILED = ("method", "seed", "error")
-COMPACT_SEARCH = ("method", "trial", "status", "feasible", "val_set_size", "val_coverage", "epochs_completed")  # then the knobs, the error
 
 
 def write_league_compact(results: str | Path) -> Path:
     """``RESULTS/compact/league-{evals,failed}.csv`` and ``league.json`` from the sweep's final rows."""
     from dpsm_ray.files import write_json, write_text
+    from dpsm_ray.results.provenance import write_search_record  # pandas: not at import (the sweep's front door)
 
     reader = Results(results)
     final, trials = calibration_rows(reader.final("evals")), reader.final("trials")  # the league ranks marginal sets
@@ -46,27 +46,9 @@ def write_league_compact(results: str | Path) -> Path:
     failed = failed.reindex(columns=list(COMPACT_FAILED)).sort_values(["method", "seed"])
     write_text(folder / "league-failed.csv", failed.to_csv(index=False))
     dataset = (reader.sweep or {}).get("base", {}).get("dataset")
-    write_text(folder / "league-search.csv", search_records(reader.trials, reader.sweep).to_csv(index=False, float_format="%.17g"))
+    write_search_record(results, folder / "league-search.csv")
     write_json(folder / "league.json", {"dataset": dataset, "alpha": float(final.alpha.iloc[0])})
     return folder
-
-
-def search_records(trials, sweep: dict | None):
-    """One row per search trial, by method and trial (counted from 1, as the console counts them):
-    its status, feasibility, validation set size and coverage, the epochs it ran, the values of the
-    knobs its method searched (``provenance.searched_fields``) and its error, if any."""
-    import pandas as pd
-
-    from dpsm_ray.results.provenance import searched_fields
-
-    search = trials[trials.stage == "search"] if "stage" in trials else trials.iloc[:0]
-    rows = []
-    for trial in search.sort_values(["method", "trial_index"]).itertuples():
-        ran = json.loads(trial.config_json)
-        row = {"method": trial.method, "trial": int(trial.trial_index) + 1, **{c: getattr(trial, c) for c in COMPACT_SEARCH[2:]}}
-        rows.append({**row, **{knob: ran.get(knob) for knob in searched_fields(sweep, trial.method)}, "error": trial.error})
-    knobs = sorted({k for row in rows for k in row} - {*COMPACT_SEARCH, "error"})
-    return pd.DataFrame(rows, columns=[*COMPACT_SEARCH, *knobs, "error"])
 
 
 def read_league_compact(folder: str | Path):

@@ -18,6 +18,8 @@ from dpsm_ray.results.tables import method_name, method_order, ordered
 # method that does not read a field (its card's fields, dpsm_ray/methods.py) shows "—" there.
 PARAMETERS = SETTING_LABELS  # the fields marked with a ``label`` (dpsm_ray/config.py), in their order
 UNUSED = "—"
+# a search's record (``search.csv`` in a compact copy): one row per search trial, then the knobs it searched and its error
+COMPACT_SEARCH = ("method", "trial", "status", "feasible", "val_set_size", "val_coverage", "epochs_completed")
 
 
 def value_text(value) -> str:
@@ -40,6 +42,29 @@ def searched_fields(sweep: dict | None, method: str) -> list[str]:
         axes = paper_grid(method, dict(map(tuple, sweep.get("grid_fixed", []))), {k: tuple(v) for k, v in sweep.get("grid_subsets", [])})
         return [axis for axis, values in axes.items() if len(values) > 1]
     return list(method_card(method).knobs)
+
+
+def search_records(trials, sweep: dict | None):
+    """One row per search trial, by method and trial (counted from 1, as the console counts them):
+    its status, feasibility, validation set size and coverage, the epochs it ran, the values of the
+    knobs its method searched (``provenance.searched_fields``) and its error, if any."""
+    search = trials[trials.stage == "search"] if "stage" in trials else trials.iloc[:0]
+    rows = []
+    for trial in search.sort_values(["method", "trial_index"]).itertuples():
+        ran = json.loads(trial.config_json)
+        row = {"method": trial.method, "trial": int(trial.trial_index) + 1, **{c: getattr(trial, c) for c in COMPACT_SEARCH[2:]}}
+        rows.append({**row, **{knob: ran.get(knob) for knob in searched_fields(sweep, trial.method)}, "error": trial.error})
+    knobs = sorted({k for row in rows for k in row} - {*COMPACT_SEARCH, "error"})
+    return pd.DataFrame(rows, columns=[*COMPACT_SEARCH, *knobs, "error"])
+
+
+def write_search_record(sweep_dir, path) -> None:
+    """``search_records`` of the sweep in ``sweep_dir``, written to ``path`` as CSV (whole or not at all)."""
+    from dpsm_ray.files import write_text
+    from dpsm_ray.results.layout import Results
+
+    reader = Results(sweep_dir)
+    write_text(path, search_records(reader.trials, reader.sweep).to_csv(index=False, float_format="%.17g"))
 
 
 def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[list[list[str]], list[str]] | None:

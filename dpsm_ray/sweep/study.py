@@ -150,6 +150,17 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
     return tuple(arms)
 
 
+def keep_search_record(sweep_dir: str | None, out: Path) -> None:
+    """With ``--searched-from``: the search's record beside the study's compact results
+    (``compact/search.csv``, committed with them), so each searched arm's pick can be checked
+    against every trial of its search without the sweep's folder."""
+    if sweep_dir:
+        from dpsm_ray.results.provenance import write_search_record
+
+        (out / "compact").mkdir(parents=True, exist_ok=True)
+        write_search_record(sweep_dir, out / "compact" / "search.csv")
+
+
 def shortened(arms: tuple[Arm, ...], epochs: int, milestones: tuple[int, ...]) -> tuple[Arm, ...]:
     """The arms with every trained arm cut to ``epochs`` (smoke runs and CI)."""
     return tuple(
@@ -288,6 +299,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
             print(markdown_report(report_study(study, out, log=lambda line: print(line, flush=True))))
         except SweepError as error:
             parser.exit(2, f"{prog}: error: --report-now: {error}\n")
+        keep_search_record(args.searched_from, out)
         return 0
     if estimate is not None:
         print(estimate(study), flush=True)
@@ -297,10 +309,12 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
             analysis = run_study(study, out, resume=args.resume, log=lambda line: print(line, flush=True))
         except SweepFinished:  # the same command again: what it made
             print(markdown_report(analyse(study, out.resolve())))
+            keep_search_record(args.searched_from, out)
             print(f"{prog}: {out} holds this finished study (its tables are above); --resume runs arms added since, another --out a "
                   "new one")
             return 0
     print(markdown_report(analysis))
+    keep_search_record(args.searched_from, out)
     print(f"study finished in {time.perf_counter() - started:.0f}s; results in {out.resolve()} (fidelity.md, fidelity.json, *.parquet)")
     sys.stdout.flush()
     return 0

@@ -8,13 +8,13 @@ import pandas as pd
 import pytest
 
 from dpsm_ray.results.league import (
-    COMPACT_SEARCH,
     analyse_league,
     league_markdown,
     league_section,
     read_league_compact,
     verdict,
 )
+from dpsm_ray.results.provenance import COMPACT_SEARCH
 from dpsm_ray.results.stats import t_interval
 
 SEEDS = (0, 1, 2)
