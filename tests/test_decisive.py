@@ -281,19 +281,3 @@ def test_the_doc_s_decisive_tables_are_what_the_committed_results_regenerate():
         assert printed.returncode == 0, printed.stderr[-2000:]
         assert block["text"] == printed.stdout, f"docs/fidelity.md's block differs from `{block['command']}`: regenerate it"
 
-
-def test_a_study_with_searched_arms_keeps_its_search_s_record_beside_its_compact_results(tmp_path):
-    from fabricated import fabricate
-
-    from dpsm_ray.results.layout import Results
-    from dpsm_ray.results.provenance import COMPACT_SEARCH
-    from dpsm_ray.sweep.study import keep_search_record
-
-    sweep = fabricate(tmp_path / "search")  # CE, CUT and DPSM, 2 search trials each
-    keep_search_record(None, tmp_path / "study")
-    assert not (tmp_path / "study").exists()  # no --searched-from: nothing to keep
-    keep_search_record(str(sweep), tmp_path / "study")
-    record = pd.read_csv(tmp_path / "study" / "compact" / "search.csv")
-    trials = Results(sweep).trials
-    assert len(record) == (trials.stage == "search").sum() == 6 and list(record.columns[: len(COMPACT_SEARCH)]) == list(COMPACT_SEARCH)
-    assert sorted(zip(record.method, record.trial)) == [(m, t) for m in ("ce", "cut", "dpsm") for t in (1, 2)]

@@ -112,3 +112,20 @@ def test_the_league_ranks_marginal_sets_when_the_sweep_also_calibrated_by_class(
     assert (Results(both).final("evals").calibration == "class").any()
     tables = [read_league_compact(write_league_compact(results))[0] for results in (plain, both)]
     pd.testing.assert_frame_equal(tables[0], tables[1])  # the class-conditional rows (sets 1.5x larger) left out
+
+
+def test_a_study_with_searched_arms_keeps_its_search_s_record_beside_its_compact_results(tmp_path):
+    from fabricated import fabricate
+
+    from dpsm_ray.results.layout import Results
+    from dpsm_ray.results.provenance import COMPACT_SEARCH
+    from dpsm_ray.sweep.study import keep_search_record
+
+    sweep = fabricate(tmp_path / "search")  # CE, CUT and DPSM, 2 search trials each
+    keep_search_record(None, tmp_path / "study")
+    assert not (tmp_path / "study").exists()  # no --searched-from: nothing to keep
+    keep_search_record(str(sweep), tmp_path / "study")
+    record = pd.read_csv(tmp_path / "study" / "compact" / "search.csv")
+    trials = Results(sweep).trials
+    assert len(record) == (trials.stage == "search").sum() == 6 and list(record.columns[: len(COMPACT_SEARCH)]) == list(COMPACT_SEARCH)
+    assert sorted(zip(record.method, record.trial)) == [(m, t) for m in ("ce", "cut", "dpsm") for t in (1, 2)]
