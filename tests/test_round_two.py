@@ -86,6 +86,7 @@ def test_the_like_for_like_errors_and_gradient_norms_reach_the_compact_results_a
                 epochs.append({"stage": stage, "seed": seed, "epoch": epoch, "trial_id": f"{stage}-{seed}", "q": q, "q_dataset_train": 0.8, "q_error_train": 0.1 * epoch,
                                "train_set_size_q": 1.5, "val_set_size": 1.2, "q_dataset_train_mode": 0.85,
                                "q_error_train_mode": math.nan if stage == "ce" else 0.01 * epoch + seed,
+                               "q_dataset_train_mode_d1": 0.86, "q_error_train_mode_d1": math.nan if stage == "ce" else 0.02 * epoch + seed,
                                "ce_grad_norm": 2.0 * epoch, "size_grad_norm": 0.0 if stage == "ce" else 0.5 * epoch + seed})
             evals += [{"stage": stage, "seed": seed, "trial_id": f"{stage}-{seed}", "score": score, "split": 0, "set_size": 1.0, "coverage": 0.9, "covgap": 1.0,
                        "accuracy": 0.9} for score in ("hps", "aps")]
@@ -96,10 +97,12 @@ def test_the_like_for_like_errors_and_gradient_norms_reach_the_compact_results_a
     _, runs, _, _ = read_compact(tmp_path / "compact")
     dpsm = runs[runs.stage == "dpsm_t001_l05"].set_index("seed")
     assert dpsm.q_error_train_mode.tolist() == pytest.approx([0.04, 1.04])  # the last epoch's
+    assert dpsm.q_error_train_mode_d1.tolist() == pytest.approx([0.08, 1.08]) and dpsm.q_dataset_train_mode_d1.tolist() == [0.86, 0.86]
     assert dpsm.size_grad_norm_first.tolist() == pytest.approx([0.5, 1.5]) and dpsm.size_grad_norm_middle.tolist() == pytest.approx([1.0, 2.0])
     assert dpsm.ce_grad_norm_middle.tolist() == [4.0, 4.0]
     assert [g["arm"] for g in analysis["gradients"]] == ["ce", "dpsm_t001_l05"]  # CE's size term: 0, measured
     report = (tmp_path / "fidelity.md").read_text()
-    assert "| dpsm_t001_l05 | 0.4000 | 0.5400 | 0.8000 | 0.8500 |" in report  # eval-mode error, train-mode error, both Q_n
+    # eval-mode error, train-mode error, both Q_n; then D1's part alone: error (0.08 + 1.08) / 2, its Q_n
+    assert "| dpsm_t001_l05 | 0.4000 | 0.5400 | 0.8000 | 0.8500 | 0.5800 | 0.8600 |" in report
     assert "| dpsm_t001_l05 | 2.000 | 1.000 | 0.500 | 4.000 | 1.500 | 0.375 |" in report  # first: CE 2, size 1; middle: CE 4, size 1.5
     assert "| ce | 2.000 | 0.000 | 0.000 |" in report

@@ -57,6 +57,8 @@ EPOCHS = {
     # like for like with what a method learns from: the training scores augmented, in train mode
     "q_dataset_train_mode": pa.float64(),  # their Q_n
     "q_error_train_mode": pa.float64(),  # |q - Q_n| against it (ConfTr: batch taus recomputed from them)
+    "q_dataset_train_mode_d1": pa.float64(),  # the Q_n of their D1 part alone: what DPSM's lower level fits
+    "q_error_train_mode_d1": pa.float64(),  # |q - Q_n| against that
     # at the epoch's first batch, before its step (epoch 1: the run's first step)
     "ce_grad_norm": pa.float64(),  # the gradient norm of the CE term
     "size_grad_norm": pa.float64(),  # ... of the size term lambda x L_c (NaN where the loss is not CE + size)

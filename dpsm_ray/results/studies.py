@@ -70,6 +70,7 @@ COMPACT_RUNS = ("stage", "seed", "q", "q_dataset_train", "q_error_train", "train
 # in results written since they were measured: the like-for-like quantile error (last epoch) and each loss term's
 # gradient norm at the first step and at the start of the middle epoch
 LIKE_FOR_LIKE = ("q_dataset_train_mode", "q_error_train_mode")
+LIKE_FOR_LIKE_D1 = ("q_dataset_train_mode_d1", "q_error_train_mode_d1")  # ... against D1's part alone (results since they were measured)
 GRADIENTS = ("ce_grad_norm_first", "size_grad_norm_first", "ce_grad_norm_middle", "size_grad_norm_middle")
 COMPACT_FAILED = ("stage", "seed", "error")  # the trials that ended without a model (a diverged loss, a crash)
 
@@ -97,7 +98,8 @@ def write_compact(study: Study, results: Path) -> Path:
         middle = ordered[ordered.epoch == (ordered.groupby(["stage", "seed"]).epoch.transform("max") + 1) // 2].set_index(["stage", "seed"])
         runs = runs.assign(ce_grad_norm_first=first.ce_grad_norm, size_grad_norm_first=first.size_grad_norm,
                            ce_grad_norm_middle=middle.ce_grad_norm, size_grad_norm_middle=middle.size_grad_norm)
-        runs = runs.reset_index()[[*COMPACT_RUNS, *LIKE_FOR_LIKE, *GRADIENTS]]
+        d1 = [c for c in LIKE_FOR_LIKE_D1 if c in runs.columns]
+        runs = runs.reset_index()[[*COMPACT_RUNS, *LIKE_FOR_LIKE, *d1, *GRADIENTS]]
     else:  # results from before they were measured: the columns they have
         runs = runs.reset_index()[list(COMPACT_RUNS)]
     failed = pd.DataFrame(columns=list(COMPACT_FAILED))
@@ -169,7 +171,7 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
             "arm": arm.name,
             **{c: float(part[c].mean()) for c in ("q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size")},
             "q_error_train_all_epochs": float(part.q_error_train_all_epochs.mean()),
-            **{c: float(part[c].mean()) for c in LIKE_FOR_LIKE if c in part},
+            **{c: float(part[c].mean()) for c in (*LIKE_FOR_LIKE, *LIKE_FOR_LIKE_D1) if c in part},
         })
     gradients = []  # every arm whose loss is CE + a size term, in results that measured it
     for arm in present:
@@ -418,6 +420,10 @@ def markdown_report(analysis: dict) -> str:
         rows = [["arm", "\\|q - Q_n\\| eval mode", "\\|q - Q_n\\| train mode", "Q_n eval mode", "Q_n train mode"]]
         rows += [[mark(d["arm"]), fmt(d["q_error_train"], 4), fmt(d["q_error_train_mode"], 4), fmt(d["q_dataset_train"], 4),
                   fmt(d["q_dataset_train_mode"], 4)] for d in like]
+        if any(not math.isnan(d.get("q_error_train_mode_d1", math.nan)) for d in like):  # results since D1's were measured
+            rows[0] += ["\\|q - Q_n\\| train mode, D1", "Q_n train mode, D1"]
+            for row, d in zip(rows[1:], like):
+                row += [fmt(d.get("q_error_train_mode_d1", math.nan), 4), fmt(d.get("q_dataset_train_mode_d1", math.nan), 4)]
         lines += [markdown(rows), ""]
     if analysis.get("gradients"):
         lines += [

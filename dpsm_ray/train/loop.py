@@ -559,8 +559,11 @@ def train_mode_quantiles(model, objective: Objective, train_split: Split, d1, ep
     examples' scores as training sees them -- augmented, the network in train mode, in batches of
     the run's size -- their Q_n, and the learned quantile's distance to it (DPSM's q; ConfTr's
     batch quantiles recomputed from these scores).  ``q_error_train`` holds the same against
-    eval-mode scores.  The examples are ``diagnostic_sample``'s; nothing of the run changes."""
-    nan = {"q_dataset_train_mode": math.nan, "q_error_train_mode": math.nan}
+    eval-mode scores.  The ``_d1`` pair holds the same against the Q_n of the sample's D1 part
+    alone: what DPSM's lower level fits (its pinball loss sees B1, drawn from D1), and ConfTr's
+    B1 with the halves split.  The examples are ``diagnostic_sample``'s; nothing of the run changes."""
+    nan = {"q_dataset_train_mode": math.nan, "q_error_train_mode": math.nan, "q_dataset_train_mode_d1": math.nan,
+           "q_error_train_mode_d1": math.nan}
     if env.collective.world_size > 1:
         return nan
     sample = diagnostic_sample(len(train_split), config)
@@ -582,8 +585,11 @@ def train_mode_quantiles(model, objective: Objective, train_split: Split, d1, ep
     in_d1 = torch.isin(positions, d1).to(scores.device)
     q_train = empirical_quantile(scores, 1 - config.alpha)
     learned = learned_quantiles(objective, scores[in_d1], scores, config)
+    q_d1 = empirical_quantile(scores[in_d1], 1 - config.alpha) if bool(in_d1.any()) else None
     error = math.nan if learned is None else float((learned.to(scores.device) - q_train).abs().mean())
-    return {"q_dataset_train_mode": float(q_train), "q_error_train_mode": error}
+    error_d1 = math.nan if learned is None or q_d1 is None else float((learned.to(scores.device) - q_d1).abs().mean())
+    return {"q_dataset_train_mode": float(q_train), "q_error_train_mode": error,
+            "q_dataset_train_mode_d1": math.nan if q_d1 is None else float(q_d1), "q_error_train_mode_d1": error_d1}
 
 
 def learned_quantiles(

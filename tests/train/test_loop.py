@@ -335,6 +335,9 @@ def test_methods_without_a_quantile_have_only_the_dataset_quantiles():
     assert all(math.isnan(value) for name, value in row.items() if name not in ("q_dataset", "q_dataset_train", "soft_size"))
 
 
+TRAIN_MODE_COLUMNS = ("q_dataset_train_mode", "q_error_train_mode", "q_dataset_train_mode_d1", "q_error_train_mode_d1")
+
+
 class TrainMode(Table):
     """The table's logits, doubled in train mode (as augmentation or BatchNorm's batch statistics
     change what training sees); a train-mode forward also counts itself in a buffer and draws from
@@ -372,6 +375,10 @@ def test_train_mode_quantiles_by_hand_and_nothing_of_the_run_changes(method):
     learned = 0.5 if method == "dpsm" else sorted(scores[i] for i in d1.tolist())[2]
     assert row["q_dataset_train_mode"] == pytest.approx(q_train, abs=1e-6)  # the table's logits are float32
     assert row["q_error_train_mode"] == pytest.approx(abs(learned - q_train), abs=1e-6)
+    # against D1's part alone (examples 4, 0, 2): Q_n the ceil(3 x 0.6) = 2nd smallest of their scores
+    q_d1 = sorted(scores[i] for i in d1.tolist())[1]
+    assert row["q_dataset_train_mode_d1"] == pytest.approx(q_d1, abs=1e-6)
+    assert row["q_error_train_mode_d1"] == pytest.approx(abs(learned - q_d1), abs=1e-6)
     assert float(model.forwards) == 0 and not model.training and torch.equal(torch.get_rng_state(), rng)
     if method == "dpsm":
         assert float(objective.q) == 0.5
@@ -424,10 +431,10 @@ def test_the_diagnostics_leave_training_as_it_would_be_without_them(monkeypatch)
     changes = dict(model="mlp_bn", method="dpsm", sigmoid_temperature=0.1, conformal_weight=0.5)
     measured = run(**changes)
     monkeypatch.setattr(loop, "term_gradient_norms", lambda *a, **k: {"ce_grad_norm": math.nan, "size_grad_norm": math.nan})
-    monkeypatch.setattr(loop, "train_mode_quantiles", lambda *a, **k: {"q_dataset_train_mode": math.nan, "q_error_train_mode": math.nan})
+    monkeypatch.setattr(loop, "train_mode_quantiles", lambda *a, **k: dict.fromkeys(TRAIN_MODE_COLUMNS, math.nan))
     unmeasured = run(**changes)
     assert all(torch.equal(measured.model_state[k], unmeasured.model_state[k]) for k in measured.model_state)
-    skip = {*EPOCH_TIMINGS, "ce_grad_norm", "size_grad_norm", "q_dataset_train_mode", "q_error_train_mode"}
+    skip = {*EPOCH_TIMINGS, "ce_grad_norm", "size_grad_norm", *TRAIN_MODE_COLUMNS}
     assert [{k: v for k, v in r.items() if k not in skip} for r in measured.epochs] == [{k: v for k, v in r.items() if k not in skip} for r in unmeasured.epochs]
     assert all(r["size_grad_norm"] > 0 and r["q_dataset_train_mode"] > 0 for r in measured.epochs)
 
