@@ -255,6 +255,31 @@ def parse_fonts_transfer(spec: str) -> dict[str, float]:
     return options
 
 
+def fonts_backbone_options(options: dict) -> dict:
+    """The ``fonts`` options whose renders ``fonts_transfer`` with ``options`` cuts -- the data its
+    backbone is pretrained on: ``backbone_classes`` classes, the default renders a training face,
+    its ``eval`` and ``noise``."""
+    classes, renders, noise = int(options["backbone_classes"]), int(options["eval"]), float(options["noise"])
+    return {**FONTS_DEFAULTS, "classes": classes, "eval": renders, "noise": noise}
+
+
+def fonts_backbone_problem(spec: str, pretrained_on: str) -> str | None:
+    """Why weights pretrained on dataset ``pretrained_on`` are not the backbone ``fonts_transfer``
+    ``spec`` is cut for (None: they are): its renders and pixel statistics are those of
+    ``fonts_backbone_options``, and its classes must be the backbone's."""
+    expected = fonts_backbone_options(parse_fonts_transfer(spec))
+    wanted = "fonts:" + ",".join(f"{key}={value:g}" for key, value in expected.items())
+    if pretrained_on.partition(":")[0] != "fonts":
+        return f"were pretrained on {pretrained_on}; {spec} needs a backbone pretrained on {wanted}"
+    got = parse_fonts(pretrained_on)
+    differ = [key for key in expected if got[key] != expected[key]]
+    if not differ:
+        return None
+    theirs, ours = (", ".join(f"{key}={options[key]:g}" for key in differ) for options in (got, expected))
+    return (f"were pretrained on {pretrained_on} ({theirs}); {spec} cuts the renders of {wanted} ({ours}): pretrain on that,"
+            f" or give {spec} the backbone's options")
+
+
 def font_transfer_sizes(options: dict[str, float]) -> dict[str, int]:
     """The four splits' sizes: ``shots`` training images of each class; the rest of its held-out
     renders cut into validation (a fifth) and calibration and test (halves of the rest)."""

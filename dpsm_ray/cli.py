@@ -24,7 +24,7 @@ from dpsm_ray.cards import model_choices, score_names
 from dpsm_ray.cards import BASE_MODEL, METHODS
 from dpsm_ray.sweep.options import version_line
 from dpsm_ray.timing import skip_final_collection
-from dpsm_ray.config import ConfigError, TrainConfig, add_config_options, calibration_warnings
+from dpsm_ray.config import ConfigError, TrainConfig, add_config_options, calibration_warnings, check_pretrained
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
@@ -81,6 +81,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     predictor = None
     with exit_codes(parser, again=again, where=lambda: out, flag=flag_for), leaving_ray_as_it_was():
         check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
+        check_pretrained(config)
         result = run_training(config, out, **ray_options)
         if out is not None:
             from dpsm_ray.predict.export import chance_line, predictor_for_run

@@ -491,6 +491,21 @@ def calibration_warnings(config: TrainConfig) -> list[str]:
             "every prediction set will hold every class (coverage 1, a trivial result)" for where, n in parts.items() if n < need]
 
 
+def check_pretrained(config: TrainConfig) -> None:
+    """The pretrained weights a run names, checked before any Ray work (not in ``validate``: a
+    stored configuration stays readable after its weights file moves): the file exists, and where
+    the dataset is cut for a backbone (``fonts_transfer``), the run that made the weights trained on
+    that backbone's data.  ConfigError naming ``pretrained_path`` otherwise."""
+    path = config.pretrained_path
+    if path is None:
+        return
+    if not os.path.isfile(path):
+        raise ConfigError("pretrained_path", path, "no such file: give a local state dict file (a run's model.pt, an ImageNet file)")
+    problem = cards.pretrained_problem(config.dataset, path)
+    if problem is not None:
+        raise ConfigError("pretrained_path", path, f"the weights {problem}")
+
+
 def validate(config: TrainConfig) -> None:
     def need(ok: bool, name: str, allowed: str) -> None:
         if not ok:

@@ -1,6 +1,8 @@
 """The fonts benchmark on the real font files Debian's packages install (.ci/run installs them;
 without them these tests are skipped, and the missing-files error is checked anyway)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -134,6 +136,39 @@ def test_the_transfer_benchmark_cuts_the_held_out_renders_of_its_backbones_data(
     assert quiet["images"].shape == arrays["images"].shape and np.array_equal(quiet["labels"], arrays["labels"])
     assert (quiet["images"] == 0).mean() > 0.6 > (arrays["images"] == 0).mean()  # no noise: a black background
     assert len(list((tmp_path / "fonts").iterdir())) == 2
+
+
+def test_a_backbone_pretrained_on_other_fonts_data_is_refused_before_any_ray_work(tmp_path):
+    """fonts_transfer cuts the renders, and takes the pixel statistics, of its backbone's data: a
+    run's model.pt trained on other data (another class count, other renders, another dataset) is
+    named with what differs, from the config.json beside it; a bare file cannot be checked."""
+    from dpsm_ray.catalog import fonts_backbone_problem
+    from dpsm_ray.config import ConfigError, TrainConfig, check_pretrained
+
+    assert fonts_backbone_problem(TRANSFER, BACKBONE) is None
+    assert fonts_backbone_problem(TRANSFER, "fonts:eval=3,classes=12,noise=20.0") is None  # the same options in another spelling
+    wanted = "fonts:classes=12,train=2,eval=3,noise=20"
+    assert fonts_backbone_problem(TRANSFER, "fonts:classes=20,eval=3,noise=20") == (
+        f"were pretrained on fonts:classes=20,eval=3,noise=20 (classes=20); {TRANSFER} cuts the renders of {wanted} (classes=12):"
+        f" pretrain on that, or give {TRANSFER} the backbone's options"
+    )
+    assert "(eval=5, noise=50); " in fonts_backbone_problem(TRANSFER, "fonts:classes=12,eval=5")  # noise left at the fonts default, 50
+    assert fonts_backbone_problem(TRANSFER, "glyphs") == f"were pretrained on glyphs; {TRANSFER} needs a backbone pretrained on {wanted}"
+    run = tmp_path / "backbone"
+    run.mkdir()
+    weights = run / "model.pt"
+    weights.write_bytes(b"")  # only its name is read here
+    config = TrainConfig(dataset=TRANSFER, model="lenet", batch_size=16, pretrained_path=str(weights))
+    check_pretrained(config)  # no config.json beside it: nothing says what it trained on
+    (run / "config.json").write_text(json.dumps({"dataset": BACKBONE}))
+    check_pretrained(config)
+    (run / "config.json").write_text(json.dumps({"dataset": "fonts:classes=20,eval=3,noise=20"}))
+    with pytest.raises(ConfigError) as error:
+        check_pretrained(config)
+    assert error.value.field == "pretrained_path" and error.value.allowed.startswith("the weights were pretrained on fonts:classes=20")
+    with pytest.raises(ConfigError, match="no such file"):
+        check_pretrained(TrainConfig(dataset=TRANSFER, model="lenet", batch_size=16, pretrained_path=str(tmp_path / "missing.pt")))
+    check_pretrained(TrainConfig(dataset="fonts", model="lenet", pretrained_path=str(weights)))  # fonts takes any lenet weights
 
 
 @needs_fonts

@@ -63,6 +63,7 @@ from dpsm_ray.cards.datasets import (
     dataset_names,
     default_model,
     load_splits,
+    pretrained_problem,
     register_dataset,
     split_sizes,
 )
@@ -126,6 +127,7 @@ __all__ = [
     "paper_grid",
     "paper_score_names",
     "pretrainable_models",
+    "pretrained_problem",
     "reads",
     "register_card",
     "register_dataset",

@@ -9,6 +9,7 @@ a literal import, run only when a run loads the data.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from dpsm_ray import catalog, own_data
@@ -28,7 +29,9 @@ class DatasetCard:
     any one-time work (decoding into a cache): the driver runs it before anything starts.
     ``options``: the option names with their defaults (None: the name takes none).
     ``fingerprint(spec)``: a hash of the files it reads, for data that can change under the same
-    name (a cached base model is keyed by it too).
+    name (a cached base model is keyed by it too).  ``pretrained_problem(spec, path)``: for a dataset
+    cut for a pretrained backbone, why the weights at ``path`` are not that backbone, as far as the
+    run that made them says (None: they fit, or no run's files sit beside them).
     """
 
     name: str
@@ -40,6 +43,7 @@ class DatasetCard:
     options: Mapping[str, float] | None = None
     path: bool = False
     fingerprint: Callable[[str], str] | None = None
+    pretrained_problem: Callable[[str, str], str | None] | None = None
 
 
 _DATASETS = _registry("dataset")
@@ -90,6 +94,13 @@ def check_dataset(spec: str) -> str:
 def default_model(spec: str) -> str:
     """The model ``--model auto`` picks for ``spec``."""
     return dataset_card(spec).default_model
+
+
+def pretrained_problem(spec: str, path: str) -> str | None:
+    """Why the weights at ``path`` are not the backbone dataset ``spec`` is cut for (its card's
+    ``pretrained_problem``); None where they fit, nothing says, or the dataset takes any weights."""
+    card = dataset_card(spec)
+    return card.pretrained_problem(spec, path) if card.pretrained_problem is not None else None
 
 
 def check_data_present(spec: str, data_root: str | None = None, download: bool = False) -> None:
@@ -143,6 +154,19 @@ def _load_fonts_transfer(spec, *, data_root, seed, **_):
     from dpsm_ray.data.fonts import load_fonts_transfer
 
     return load_fonts_transfer(spec, data_root, seed)
+
+
+def _fonts_transfer_backbone(spec, path):
+    """What the run whose model.pt is at ``path`` trained on (its config.json beside it), against
+    the backbone data ``spec`` is cut for; a bare weights file says nothing (None)."""
+    import json
+
+    config = Path(path).parent / "config.json"
+    try:
+        pretrained_on = json.loads(config.read_text()).get("dataset")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return catalog.fonts_backbone_problem(spec, pretrained_on) if isinstance(pretrained_on, str) else None
 
 
 def _fonts_present(spec, data_root, download):
@@ -218,6 +242,7 @@ for _card in (
         "lenet",
         check_files=_fonts_present,
         options=catalog.FONTS_TRANSFER_DEFAULTS,
+        pretrained_problem=_fonts_transfer_backbone,
     ),
     DatasetCard(
         "fashion_mnist",

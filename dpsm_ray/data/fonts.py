@@ -53,6 +53,7 @@ from dpsm_ray.catalog import (
     font_faces,
     font_sizes,
     font_transfer_sizes,
+    fonts_backbone_options,
     parse_fonts,
     parse_fonts_transfer,
 )
@@ -255,24 +256,16 @@ def load_fonts_transfer(spec: str, data_root: str | os.PathLike | None, seed: in
     ImageNet.  Every split comes from the held-out faces: ``shots`` training images of each of the
     first ``classes`` classes, and the rest of its renders cut into validation, calibration and
     test, at random by ``seed``.  The renders are those of ``fonts:classes=B,eval=E,noise=S``
-    (``backbone_options``: the same cache), and the inputs are standardised by that dataset's training faces, so a network
+    (``catalog.fonts_backbone_options``: the same cache), and the inputs are standardised by that dataset's training faces, so a network
     pretrained there (``--pretrained-path``: its model.pt; every layer but the head) sees the pixel
     scale it learned on."""
     options = parse_fonts_transfer(spec)
     classes = int(options["classes"])
-    arrays = rendered(backbone_options(options), data_root, log=log)
+    arrays = rendered(fonts_backbone_options(options), data_root, log=log)
     labels, faces = arrays["labels"], arrays["faces"]
     held_out = np.flatnonzero(faces >= len(font_faces("train")))
     parts = held_out_parts(labels, held_out, font_transfer_sizes(options), classes, seed, ("train", "val", "cal", "test"))
     return font_splits(spec, arrays, parts, classes, np.flatnonzero(faces < len(font_faces("train"))))
-
-
-def backbone_options(options: dict) -> dict:
-    """The ``fonts`` options whose renders ``fonts_transfer`` with ``options`` cuts -- the data its
-    backbone is pretrained on: ``backbone_classes`` classes, the default renders a training face,
-    its ``eval`` and ``noise``."""
-    classes, renders, noise = int(options["backbone_classes"]), int(options["eval"]), float(options["noise"])
-    return {**FONTS_DEFAULTS, "classes": classes, "eval": renders, "noise": noise}
 
 
 def font_splits(spec: str, arrays: dict, parts: list[np.ndarray], classes: int, statistics_of: np.ndarray):

@@ -79,9 +79,11 @@ def holding(results: Path, config: TrainConfig, log):
     """The data there and the results directory claimed and locked by this driver for the block
     (SweepError naming the holder when another driver has it)."""
     from dpsm_ray.cards import check_data_present
+    from dpsm_ray.config import check_pretrained
     from dpsm_ray.results.layout import ResultsInUse, ResultsLock, describe_holder
 
     check_data_present(config.dataset, config.data_root, config.download)
+    check_pretrained(config)
     claim_results_dir(results)
     lock = ResultsLock(results)
     try:
