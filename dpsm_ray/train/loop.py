@@ -48,7 +48,7 @@ from dpsm_ray.results.schema import EPOCHS, RUN_KEY
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.config import WEIGHTS, ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine
-from dpsm_ray.train.step import GraphStep, auto_line, autocast, build_step, forward_objective, graph_capturable, resolve_channels_last
+from dpsm_ray.train.step import Forwards, GraphStep, auto_line, build_step, forward_objective, graph_capturable, resolve_channels_last
 
 EVAL_BATCH = 512
 # The epoch's wall time and its parts: the columns of epochs.parquet that differ between two runs of
@@ -145,17 +145,25 @@ def shard(n: int, rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env, precision: str = "fp32") -> torch.Tensor:
-    """Logits of ``split[positions]`` in eval mode (fp32 logits of a ``precision`` forward),
-    computed in shards over the workers and gathered so every position appears exactly once, in
-    order."""
+def predict(
+    model: nn.Module,
+    split: Split,
+    positions: torch.Tensor,
+    num_classes: int,
+    env,
+    precision: str = "fp32",
+    forwards: Forwards | None = None,
+) -> torch.Tensor:
+    """Logits of ``split[positions]`` in eval mode (fp32 logits of a ``precision`` forward, run by
+    ``forwards``: eagerly by default), computed in shards over the workers and gathered so every
+    position appears exactly once, in order."""
     mine, sizes = shard(positions.numel(), env.collective.rank, env.collective.world_size)
     was_training = model.training
     model.eval()
     batches = split.batches(list(positions[mine].split(EVAL_BATCH)), augment=False, seed=0)
     # the bare module: DDP's forward would sync buffers, a collective that uneven shards deadlock
-    with autocast(env.device, precision):
-        local = [unwrap(model)(x.to(env.device, non_blocking=True)).float() for x, _ in batches]
+    forwards = forwards or Forwards(precision)
+    local = [forwards(unwrap(model), x.to(env.device, non_blocking=True)) for x, _ in batches]
     model.train(was_training)
     local = torch.cat(local) if local else torch.empty(0, num_classes, device=env.device)
     return env.collective.gather_uneven(local, sizes)
@@ -268,6 +276,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
     clock.add("build", time.perf_counter() - build_started)
 
     step = None
+    forwards = Forwards(config.precision)  # captured once the steps are (below)
     for epoch in range(start_epoch, config.epochs):
         probed = time.perf_counter()
         with clock("evaluate"):  # before the epoch's first step: epoch 1's is the first step's gradient
@@ -282,12 +291,13 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
                     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
                 scheduler.step()
         trained = time.perf_counter()  # the epoch's statistics are Python floats: the steps have finished
+        forwards.capture = isinstance(step, GraphStep) and step.graph is not None
         row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr, **stats, **gradients}
         with clock("evaluate"):
-            row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env))
-            row.update(train_mode_quantiles(model, objective, data.train, d1, epoch, config, env))
+            row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env, forwards))
+            row.update(train_mode_quantiles(model, objective, data.train, d1, epoch, config, env, forwards))
             diagnosed = time.perf_counter()
-            row.update(validation_metrics(model, data.val, data.num_classes, config, env))
+            row.update(validation_metrics(model, data.val, data.num_classes, config, env, forwards))
         ended = time.perf_counter()
         row.update(
             epoch_seconds=ended - probed,
@@ -315,7 +325,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
 
     if config.evaluate_test:
         with clock("final_evaluation"):
-            result.evals, result.classes = final_evaluation(model, data, config, env)
+            result.evals, result.classes = final_evaluation(model, data, config, env, forwards)
     result.model_state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return result
 
@@ -412,7 +422,9 @@ def diagnostic_sample(train_size: int, config: TrainConfig) -> torch.Tensor | No
     return torch.randperm(train_size, generator=generator(config.seed, "diagnostics"))[: config.diagnostic_examples].sort().values
 
 
-def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env) -> dict:
+def epoch_diagnostics(
+    model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env, forwards: Forwards | None = None
+) -> dict:
     """The quantile's diagnostics at the end of an epoch, from the training split (or the seeded
     sample ``diagnostic_sample`` of it, D1 and D2 then their parts in the sample) in eval mode
     without augmentation (docs/results.md, epochs.parquet).
@@ -436,7 +448,7 @@ def epoch_diagnostics(model, objective: Objective, data: DataSplits, d1, d2, con
         else:
             sample = None
     positions = torch.arange(len(data.train)) if sample is None else sample
-    logits = predict(model, data.train, positions, data.num_classes, env, config.precision)
+    logits = predict(model, data.train, positions, data.num_classes, env, config.precision, forwards)
     labels = data.train.labels[positions].to(logits.device)
     scores = hps_scores(logits).double()
     train_scores = label_scores(scores, labels)
@@ -554,7 +566,9 @@ def term_gradient_norms(
     return norms
 
 
-def train_mode_quantiles(model, objective: Objective, train_split: Split, d1, epoch: int, config: TrainConfig, env) -> dict:
+def train_mode_quantiles(
+    model, objective: Objective, train_split: Split, d1, epoch: int, config: TrainConfig, env, forwards: Forwards | None = None
+) -> dict:
     """The quantile diagnostics like for like with what a method learns from: the training
     examples' scores as training sees them -- augmented, the network in train mode, in batches of
     the run's size -- their Q_n, and the learned quantile's distance to it (DPSM's q; ConfTr's
@@ -577,9 +591,9 @@ def train_mode_quantiles(model, objective: Objective, train_split: Split, d1, ep
         net.train()
         logits, labels = [], []
         batches = list(positions.tensor_split(max(1, positions.numel() // config.batch_size)))
+        forwards = forwards or Forwards(config.precision)
         for x, y in train_split.batches(batches, augment=True, seed=seed):
-            with autocast(env.device, config.precision):
-                logits.append(net(x.to(env.device)).float())
+            logits.append(forwards(net, x.to(env.device)))
             labels.append(y.to(env.device))
     scores = label_scores(hps_scores(torch.cat(logits)).double(), torch.cat(labels))
     in_d1 = torch.isin(positions, d1).to(scores.device)
@@ -601,10 +615,12 @@ def learned_quantiles(
     return objective.training_quantiles(d1_scores, train_scores, config.batch_size, generator(config.seed, "q_error"), DIAGNOSTIC_BATCHES)
 
 
-def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig, env) -> dict:
+def validation_metrics(
+    model, val: Split, num_classes: int, config: TrainConfig, env, forwards: Forwards | None = None
+) -> dict:
     """Split conformal inside the validation split (HPS), averaged over re-splits: what a sweep
     selects on.  The test data is never looked at."""
-    logits = predict(model, val, torch.arange(len(val)), num_classes, env, config.precision)
+    logits = predict(model, val, torch.arange(len(val)), num_classes, env, config.precision, forwards)
     resplits = Resplits(
         score_functions(("hps",)), splits=config.val_splits, cal_fraction=0.5, seed=derive_seed(config.seed, "val"), example_ids=val.ids
     )
@@ -616,12 +632,15 @@ def validation_metrics(model, val: Split, num_classes: int, config: TrainConfig,
     }
 
 
-def final_evaluation(model, data: DataSplits, config: TrainConfig, env) -> tuple[list[dict], list[dict]]:
+def final_evaluation(
+    model, data: DataSplits, config: TrainConfig, env, forwards: Forwards | None = None
+) -> tuple[list[dict], list[dict]]:
     """The paper's protocol: pool cal and test, re-split at random ``eval_splits`` times keeping
     the calibration size, and evaluate every score: one row per score and re-split, and one per
     score, re-split and class (the class-conditional coverage of the paper's figures 5-6)."""
+    logits = [predict(model, s, torch.arange(len(s)), data.num_classes, env, config.precision, forwards) for s in (data.cal, data.test)]
     probs = (
-        torch.cat([predict(model, s, torch.arange(len(s)), data.num_classes, env, config.precision) for s in (data.cal, data.test)])
+        torch.cat(logits)
         .double()
         .softmax(dim=1)
         .cpu()

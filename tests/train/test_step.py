@@ -297,3 +297,42 @@ def test_auto_step_and_precision_train_exactly_like_eager_fp32_on_a_cpu():
     for name, tensor in plain.model_state.items():
         assert torch.equal(tensor, auto.model_state[name]), name
     assert [row["set_size"] for row in auto.evals] == [row["set_size"] for row in plain.evals]
+
+
+def forwards_of(device, precision, capture):
+    """Eager logits, then a Forwards' (``capture``) of the same batches -- three of 16 and one of 7
+    -- from resnet20 in eval and in train mode (BatchNorm's batch statistics, the running ones
+    moved by each forward and put back between the two passes)."""
+    from dpsm_ray.train.step import Forwards
+
+    torch.manual_seed(0)
+    net = build_model("resnet20", 10).to(device)
+    xs = [torch.randn(16, 3, 32, 32, device=device) for _ in range(3)] + [torch.randn(7, 3, 32, 32, device=device)]
+    out = {}
+    for training in (False, True):
+        net.train(training)
+        state = {k: v.clone() for k, v in net.state_dict().items()}
+        eager = [Forwards(precision).eager(net, x) for x in xs]
+        net.load_state_dict(state)
+        forwards = Forwards(precision, capture=capture)
+        out[training] = eager, [forwards(net, x) for x in xs], forwards
+        assert all(torch.equal(a, b) for a, b in zip(state.values(), net.state_dict().values())) == (not training)
+        net.load_state_dict(state)
+    return out
+
+
+def test_forwards_on_a_cpu_are_the_eager_forward_and_capture_nothing():
+    for training, (eager, got, forwards) in forwards_of("cpu", "fp32", capture=True).items():
+        assert not forwards.graphs and all(torch.equal(a, b) for a, b in zip(eager, got)), training
+        assert all(t.dtype == torch.float32 and not t.requires_grad for t in got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device: graphs are a CUDA notion (its CPU twin is above)")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_captured_forwards_replay_the_eager_logits_in_eval_and_train_mode(precision, deterministic_cuda):
+    for training, (eager, got, forwards) in forwards_of("cuda", precision, capture=True).items():
+        assert len(forwards.graphs) == 1, training  # the batch of 16, from its second sighting; the 7 once, eagerly
+        tolerance = 1e-4 if precision == "fp32" else 3e-2  # a graph's cuBLAS workspace may pick other kernels: bf16 rounding apart
+        for a, b in zip(eager, got):
+            torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance)
