@@ -22,6 +22,7 @@ import time
 import warnings
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,7 @@ from dpsm_ray.train.lines import EpochLine
 from dpsm_ray.train.step import Forwards, GraphStep, auto_line, build_step, forward_objective, graph_capturable, resolve_channels_last
 
 EVAL_BATCH = 512
+T = TypeVar("T")
 # The epoch's wall time and its parts: the columns of epochs.parquet that differ between two runs of
 # the same configuration.
 EPOCH_TIMINGS = ("epoch_seconds", "train_seconds", "diagnostics_seconds", "validation_seconds")
@@ -144,7 +146,6 @@ def shard(n: int, rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
     return parts[rank], [p.numel() for p in parts]
 
 
-@torch.no_grad()
 def predict(
     model: nn.Module,
     split: Split,
@@ -157,14 +158,24 @@ def predict(
     """Logits of ``split[positions]`` in eval mode (fp32 logits of a ``precision`` forward, run by
     ``forwards``: eagerly by default), computed in shards over the workers and gathered so every
     position appears exactly once, in order."""
+    return run_to_end(predicting(model, split, positions, num_classes, env, precision, forwards))
+
+
+@torch.no_grad()  # on a generator: only while it runs, never across its yields (a group's other members step then)
+def predicting(model, split: Split, positions, num_classes: int, env, precision: str = "fp32", forwards: Forwards | None = None):
+    """``predict``, yielding after each batch: a trial group's members evaluate in turns, as they step."""
     mine, sizes = shard(positions.numel(), env.collective.rank, env.collective.world_size)
     was_training = model.training
     model.eval()
-    batches = split.batches(list(positions[mine].split(EVAL_BATCH)), augment=False, seed=0)
-    # the bare module: DDP's forward would sync buffers, a collective that uneven shards deadlock
     forwards = forwards or Forwards(precision)
-    local = [forwards(unwrap(model), x.to(env.device, non_blocking=True)) for x, _ in batches]
-    model.train(was_training)
+    local = []
+    try:
+        # the bare module: DDP's forward would sync buffers, a collective that uneven shards deadlock
+        for x, _ in split.batches(list(positions[mine].split(EVAL_BATCH)), augment=False, seed=0):
+            local.append(forwards(unwrap(model), x.to(env.device, non_blocking=True)))
+            yield
+    finally:
+        model.train(was_training)
     local = torch.cat(local) if local else torch.empty(0, num_classes, device=env.device)
     return env.collective.gather_uneven(local, sizes)
 
@@ -182,8 +193,8 @@ def train(config: TrainConfig, env) -> RunResult:
     return run_to_end(training(config, env))
 
 
-def run_to_end(run: Generator[None, None, RunResult]) -> RunResult:
-    """What a ``training`` generator returns, once it has run every step."""
+def run_to_end(run: Generator[None, None, T]) -> T:
+    """What a generator of this module (``training``, ``predicting``, ...) returns, once it has run to its end."""
     while True:
         try:
             next(run)
@@ -294,10 +305,11 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
         forwards.capture = isinstance(step, GraphStep) and step.graph is not None
         row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr, **stats, **gradients}
         with clock("evaluate"):
-            row.update(epoch_diagnostics(model, objective, data, d1, d2, config, env, forwards))
-            row.update(train_mode_quantiles(model, objective, data.train, d1, epoch, config, env, forwards))
+            # each yields after every batch, as the steps do: a trial group's members take turns through their epochs' ends too
+            row.update((yield from diagnosing(model, objective, data, d1, d2, config, env, forwards)))
+            row.update((yield from train_mode_scoring(model, objective, data.train, d1, epoch, config, env, forwards)))
             diagnosed = time.perf_counter()
-            row.update(validation_metrics(model, data.val, data.num_classes, config, env, forwards))
+            row.update((yield from validating(model, data.val, data.num_classes, config, env, forwards)))
         ended = time.perf_counter()
         row.update(
             epoch_seconds=ended - probed,
@@ -325,7 +337,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
 
     if config.evaluate_test:
         with clock("final_evaluation"):
-            result.evals, result.classes = final_evaluation(model, data, config, env, forwards)
+            result.evals, result.classes = yield from evaluating(model, data, config, env, forwards)
     result.model_state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return result
 
@@ -438,6 +450,11 @@ def epoch_diagnostics(
     random calibration batches of the run's size, each quantity averaged over them.  Methods
     without a quantile get NaN for every quantity that needs one.
     """
+    return run_to_end(diagnosing(model, objective, data, d1, d2, config, env, forwards))
+
+
+def diagnosing(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env, forwards: Forwards | None = None):
+    """``epoch_diagnostics``, yielding after each batch of its forward pass."""
     sample = diagnostic_sample(len(data.train), config)
     if sample is not None:  # D1 and D2 as positions within the sample (the whole split where the sample misses one)
         position = torch.full((len(data.train),), -1, dtype=torch.long)
@@ -448,7 +465,7 @@ def epoch_diagnostics(
         else:
             sample = None
     positions = torch.arange(len(data.train)) if sample is None else sample
-    logits = predict(model, data.train, positions, data.num_classes, env, config.precision, forwards)
+    logits = yield from predicting(model, data.train, positions, data.num_classes, env, config.precision, forwards)
     labels = data.train.labels[positions].to(logits.device)
     scores = hps_scores(logits).double()
     train_scores = label_scores(scores, labels)
@@ -576,6 +593,11 @@ def train_mode_quantiles(
     eval-mode scores.  The ``_d1`` pair holds the same against the Q_n of the sample's D1 part
     alone: what DPSM's lower level fits (its pinball loss sees B1, drawn from D1), and ConfTr's
     B1 with the halves split.  The examples are ``diagnostic_sample``'s; nothing of the run changes."""
+    return run_to_end(train_mode_scoring(model, objective, train_split, d1, epoch, config, env, forwards))
+
+
+def train_mode_scoring(model, objective: Objective, train_split: Split, d1, epoch: int, config: TrainConfig, env, forwards=None):
+    """``train_mode_quantiles``, yielding after each batch of its forward pass."""
     nan = {"q_dataset_train_mode": math.nan, "q_error_train_mode": math.nan, "q_dataset_train_mode_d1": math.nan,
            "q_error_train_mode_d1": math.nan}
     if env.collective.world_size > 1:
@@ -587,7 +609,8 @@ def train_mode_quantiles(
     positions = positions[torch.randperm(positions.numel(), generator=generator(config.seed, "train-mode order", epoch))]
     net = unwrap(model)
     seed = derive_seed(config.seed, "train-mode scores", epoch)
-    with Untouched(model, objective, env.device), torch.no_grad():
+    # Untouched spans the yields (it keeps this run's state); no grad mode does: Forwards turns gradients off per batch
+    with Untouched(model, objective, env.device):
         net.train()
         logits, labels = [], []
         batches = list(positions.tensor_split(max(1, positions.numel() // config.batch_size)))
@@ -595,6 +618,7 @@ def train_mode_quantiles(
         for x, y in train_split.batches(batches, augment=True, seed=seed):
             logits.append(forwards(net, x.to(env.device)))
             labels.append(y.to(env.device))
+            yield
     scores = label_scores(hps_scores(torch.cat(logits)).double(), torch.cat(labels))
     in_d1 = torch.isin(positions, d1).to(scores.device)
     q_train = empirical_quantile(scores, 1 - config.alpha)
@@ -620,7 +644,12 @@ def validation_metrics(
 ) -> dict:
     """Split conformal inside the validation split (HPS), averaged over re-splits: what a sweep
     selects on.  The test data is never looked at."""
-    logits = predict(model, val, torch.arange(len(val)), num_classes, env, config.precision, forwards)
+    return run_to_end(validating(model, val, num_classes, config, env, forwards))
+
+
+def validating(model, val: Split, num_classes: int, config: TrainConfig, env, forwards: Forwards | None = None):
+    """``validation_metrics``, yielding after each batch of its forward pass."""
+    logits = yield from predicting(model, val, torch.arange(len(val)), num_classes, env, config.precision, forwards)
     resplits = Resplits(
         score_functions(("hps",)), splits=config.val_splits, cal_fraction=0.5, seed=derive_seed(config.seed, "val"), example_ids=val.ids
     )
@@ -638,7 +667,14 @@ def final_evaluation(
     """The paper's protocol: pool cal and test, re-split at random ``eval_splits`` times keeping
     the calibration size, and evaluate every score: one row per score and re-split, and one per
     score, re-split and class (the class-conditional coverage of the paper's figures 5-6)."""
-    logits = [predict(model, s, torch.arange(len(s)), data.num_classes, env, config.precision, forwards) for s in (data.cal, data.test)]
+    return run_to_end(evaluating(model, data, config, env, forwards))
+
+
+def evaluating(model, data: DataSplits, config: TrainConfig, env, forwards: Forwards | None = None):
+    """``final_evaluation``, yielding after each batch of its forward passes."""
+    logits = []
+    for part in (data.cal, data.test):
+        logits.append((yield from predicting(model, part, torch.arange(len(part)), data.num_classes, env, config.precision, forwards)))
     probs = (
         torch.cat(logits)
         .double()

@@ -109,9 +109,11 @@ def test_a_group_trains_each_configuration_as_it_trains_alone(alone, tmp_path):
         assert_same_run(outcomes[i], result, f"member {i}")
         assert_same_checkpoint(tmp_path / str(i) / "checkpoint.pt", checkpoint, f"member {i}")
     # one step of each in turn: member 2 (1 epoch of 4 steps) ends first, member 1 (3 epochs of 8) last,
-    # and the epochs' reports interleave instead of coming member after member
+    # and the epochs' reports interleave instead of coming member after member. The epochs' ends take
+    # turns too, a batch of their forward passes each (members 0 and 2: 6 turns; member 1, batch 32: 10),
+    # so member 1's first epoch (8 steps) reports before member 0's second
     assert ended == [2, 0, 1]
-    assert seen == [(0, 1), (2, 1), (0, 2), (1, 1), (1, 2), (1, 3)]
+    assert seen == [(0, 1), (2, 1), (1, 1), (0, 2), (1, 2), (1, 3)]
 
 
 def test_a_diverging_member_fails_alone_and_its_neighbours_finish(alone, tmp_path):
@@ -119,7 +121,9 @@ def test_a_diverging_member_fails_alone_and_its_neighbours_finish(alone, tmp_pat
     group = envs(tmp_path, seen, lines)
     members = [(config(**CONFIGS[0]), group[0]), (config(**{**CONFIGS[1], "lr": 1e12}), group[1]), (config(**CONFIGS[2]), group[2])]
     outcomes = train_group(members, retries=1, ended=lambda i, outcome: ended.append((i, type(outcome).__name__)))
-    assert isinstance(outcomes[1], DivergedError) and ended == [(2, "RunResult"), (0, "RunResult"), (1, "DivergedError")]
+    # member 1 diverges at the end of its first epoch's 8 steps, twice (the retry starts over): before
+    # member 0 has stepped through its two epochs and their ends
+    assert isinstance(outcomes[1], DivergedError) and ended == [(2, "RunResult"), (1, "DivergedError"), (0, "RunResult")]
     # the error's line is what a lone trial's record holds: the last line of its traceback
     assert error_line(outcomes[1]) == f"dpsm_ray.train.loop.DivergedError: {outcomes[1]}" and "training loss is nan in epoch 1" in error_line(outcomes[1])
     # retried once from its checkpoint (none yet: from the start), as Tune retries a failed trial
@@ -140,12 +144,11 @@ def test_a_group_stopped_part_way_resumes_every_member_from_its_own_checkpoint(a
     seen, lines = [], []
     with pytest.raises(Stop):
         train_group([(config(**c), env) for c, env in zip(CONFIGS, envs(tmp_path, seen, lines, stop_at_member_1_epoch_1))])
-    assert seen == [(0, 1), (2, 1), (0, 2), (1, 1)]  # member 1 stopped after epoch 1 of 3, the others had ended
+    assert seen == [(0, 1), (2, 1), (1, 1)]  # stopped at member 1's epoch 1 of 3: member 2 had ended, member 0 was in epoch 2
     seen, lines = [], []
     outcomes = train_group([(config(**c), env) for c, env in zip(CONFIGS, envs(tmp_path, seen, lines))])
-    assert seen == [(1, 2), (1, 3)]  # only what had not run
-    assert sorted(line for line in lines if line.startswith("resumed")) == [
-        "resumed from the checkpoint after epoch 1", "resumed from the checkpoint after epoch 1", "resumed from the checkpoint after epoch 2"]
+    assert seen == [(0, 2), (1, 2), (1, 3)]  # only what had not run
+    assert sorted(line for line in lines if line.startswith("resumed")) == ["resumed from the checkpoint after epoch 1"] * 3
     for i, (result, checkpoint) in enumerate(alone):
         assert_same_run(outcomes[i], result, f"member {i} resumed")
         assert_same_checkpoint(tmp_path / str(i) / "checkpoint.pt", checkpoint, f"member {i} resumed")
