@@ -609,7 +609,7 @@ def train_mode_scoring(model, objective: Objective, train_split: Split, d1, epoc
     positions = positions[torch.randperm(positions.numel(), generator=generator(config.seed, "train-mode order", epoch))]
     net = unwrap(model)
     seed = derive_seed(config.seed, "train-mode scores", epoch)
-    # Untouched spans the yields (it keeps this run's state); no grad mode does: Forwards turns gradients off per batch
+    # Untouched spans the yields (it holds this run's state only); a grad mode must not: Forwards turns gradients off per batch
     with Untouched(model, objective, env.device):
         net.train()
         logits, labels = [], []
