@@ -235,8 +235,9 @@ class Forwards:
     CUDA graph for the network's mode and replayed from then on.  An eager forward of a deep network
     is bound by the host: on an H200, ResNet-110 at batch 128 took about 21 ms a forward under the
     profiler, where the whole captured training step takes 13.6 ms, and the train-mode diagnostic's
-    78 such batches made an epoch's end longer than its steps (bench/README.md, ``group.py``).  A shape seen once (a split's last, smaller batch) runs
-    eagerly: capturing it would cost more than it saves.  Replays write what an eager forward
+    78 such batches made an epoch's end longer than its steps (bench/README.md, ``group.py``).  A
+    shape seen once (a split's last, smaller batch) runs eagerly: capturing it would cost more than
+    it saves.  Replays write what an eager forward
     writes (BatchNorm's running statistics in train mode: the diagnostics' ``Untouched`` puts them
     back)."""
 
