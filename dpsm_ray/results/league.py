@@ -46,7 +46,7 @@ def write_league_compact(results: str | Path) -> Path:
     failed = failed.reindex(columns=list(COMPACT_FAILED)).sort_values(["method", "seed"])
     write_text(folder / "league-failed.csv", failed.to_csv(index=False))
     dataset = (reader.sweep or {}).get("base", {}).get("dataset")
-    write_search_record(results, folder / "league-search.csv")
+    write_search_record(reader, folder / "league-search.csv")
     write_json(folder / "league.json", {"dataset": dataset, "alpha": float(final.alpha.iloc[0])})
     return folder
 

@@ -58,12 +58,10 @@ def search_records(trials, sweep: dict | None):
     return pd.DataFrame(rows, columns=[*COMPACT_SEARCH, *knobs, "error"])
 
 
-def write_search_record(sweep_dir, path) -> None:
-    """``search_records`` of the sweep in ``sweep_dir``, written to ``path`` as CSV (whole or not at all)."""
+def write_search_record(reader, path) -> None:
+    """``search_records`` of the sweep ``reader`` (a ``Results``) reads, written to ``path`` as CSV (whole or not at all)."""
     from dpsm_ray.files import write_text
-    from dpsm_ray.results.layout import Results
 
-    reader = Results(sweep_dir)
     write_text(path, search_records(reader.trials, reader.sweep).to_csv(index=False, float_format="%.17g"))
 
 

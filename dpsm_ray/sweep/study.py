@@ -158,7 +158,7 @@ def keep_search_record(sweep_dir: str | None, out: Path) -> None:
         from dpsm_ray.results.provenance import write_search_record
 
         (out / "compact").mkdir(parents=True, exist_ok=True)
-        write_search_record(sweep_dir, out / "compact" / "search.csv")
+        write_search_record(Results(sweep_dir), out / "compact" / "search.csv")
 
 
 def shortened(arms: tuple[Arm, ...], epochs: int, milestones: tuple[int, ...]) -> tuple[Arm, ...]:

@@ -237,9 +237,8 @@ class Forwards:
     profiler, where the whole captured training step takes 13.6 ms, and the train-mode diagnostic's
     78 such batches made an epoch's end longer than its steps (bench/README.md, ``group.py``).  A
     shape seen once (a split's last, smaller batch) runs eagerly: capturing it would cost more than
-    it saves.  Replays write what an eager forward
-    writes (BatchNorm's running statistics in train mode: the diagnostics' ``Untouched`` puts them
-    back)."""
+    it saves.  Replays write what an eager forward writes (BatchNorm's running statistics in train
+    mode: the diagnostics' ``Untouched`` puts them back)."""
 
     def __init__(self, precision: str, capture: bool = False) -> None:
         self.precision, self.capture = precision, capture
