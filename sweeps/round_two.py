@@ -65,6 +65,8 @@ ANALYSIS = {
         ("dpsm_t003_l05", "cut_l05"), ("dpsm_t001_l01", "conftr_t001_l01"), ("dpsm_t001_l01", "cut_l01"),
         ("dpsm_t003_l01", "conftr_t003_l01"), ("dpsm_t003_l01", "cut_l01"),
         ("dpsm_t001_l05", "ce"), ("dpsm_t003_l05", "ce"), ("dpsm_t001_l01", "ce"), ("dpsm_t003_l01", "ce"),
+        # the criterion reports whether the sharp DPSM arms beat searched CE, with no criterion set
+        ("dpsm_t001_l05", "searched_ce"), ("dpsm_t003_l05", "searched_ce"), ("dpsm_t001_l01", "searched_ce"), ("dpsm_t003_l01", "searched_ce"),
         ("searched_dpsm", "searched_ce"), ("searched_dpsm", "searched_conftr"), ("searched_dpsm", "searched_cut"),
     ),
     "mechanism": (

@@ -183,6 +183,8 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
         {"arm": str(row.stage), "seed": int(row.seed), "error": str(row.error)}
         for row in failed.itertuples() if (row.stage, row.seed) not in modelled
     ]
+    ended = {failure["arm"] for failure in failures}
+    named = dict.fromkeys(arm for pair in (*study.comparisons, *study.mechanism) for arm in pair)
     analysis = {
         "study": study.name,
         "dataset": study.common.dataset,
@@ -195,6 +197,7 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
         "gradients": gradients,
         "batch": batch_gaps(study, evals, runs, scores),
         "failed": failures,
+        "not_run": [arm for arm in named if arm not in names and arm not in ended],  # no model and no failed trial: never ran
     }
     analysis["verdicts"] = verdicts(study, analysis, evals)
     return analysis
@@ -319,6 +322,9 @@ def markdown_report(analysis: dict) -> str:
         said = [f"`{arm}` seed{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}: {error}"
                 for (arm, error), lost in grouped.items()]
         lines += [f"Trials that ended without a model (in no table or comparison): {'; '.join(said)}.", ""]
+    if analysis.get("not_run"):
+        lines += [f"Arms the study's comparisons name that these results do not hold (not run: in no table, comparison or verdict): "
+                  f"{', '.join(f'`{arm}`' for arm in analysis['not_run'])}.", ""]
     detectable = [f"{s.upper()} detectable" for s in scores]
     for against in REFERENCES:
         part = [c for c in analysis["comparisons"] if c["against"] == against and not c.get("own")]
