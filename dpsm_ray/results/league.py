@@ -31,7 +31,7 @@ COMPACT_FAILED = ("method", "seed", "error")
 def write_league_compact(results: str | Path) -> Path:
     """``RESULTS/compact/league-{evals,failed}.csv`` and ``league.json`` from the sweep's final rows."""
     from dpsm_ray.files import write_json, write_text
-    from dpsm_ray.results.provenance import write_search_record  # pandas: not at import (the sweep's front door)
+    from dpsm_ray.results.provenance import picked_trial, searched_fields, write_search_record  # pandas: not at import (the front door)
 
     reader = Results(results)
     final, trials = calibration_rows(reader.final("evals")), reader.final("trials")  # the league ranks marginal sets
@@ -47,12 +47,23 @@ def write_league_compact(results: str | Path) -> Path:
     write_text(folder / "league-failed.csv", failed.to_csv(index=False))
     dataset = (reader.sweep or {}).get("base", {}).get("dataset")
     write_search_record(reader, folder / "league-search.csv")
-    write_json(folder / "league.json", {"dataset": dataset, "alpha": float(final.alpha.iloc[0])})
+    picks = {}  # each method's pick: the search trial (counted from 1) whose searched values its final models carry
+    everything = reader.trials
+    search, finals = everything[everything.stage == "search"], everything[everything.stage == "final"]
+    for method in sorted(set(search.method)):
+        ran = finals[finals.method == method].sort_values("seed")
+        pick = None if ran.empty else picked_trial(search[search.method == method], json.loads(ran.config_json.iloc[0]),
+                                                   searched_fields(reader.sweep, method))
+        if pick is not None:
+            picks[method] = int(pick.trial_index) + 1
+    write_json(folder / "league.json", {"dataset": dataset, "alpha": float(final.alpha.iloc[0]), "picks": picks})
     return folder
 
 
 def read_league_compact(folder: str | Path):
-    """``(evals, failed, alpha, dataset)`` from a compact copy; FileNotFoundError naming what is missing."""
+    """``(evals, failed, alpha, dataset, search)`` from a compact copy, ``search`` the record of the
+    search trials with each method's pick (``(DataFrame, {method: trial})``; None in a copy without
+    ``league-search.csv``); FileNotFoundError naming what is missing."""
     import pandas as pd
 
     folder = Path(folder)
@@ -61,7 +72,9 @@ def read_league_compact(folder: str | Path):
             raise FileNotFoundError(f"{folder / name} is missing: give a league's compact/ folder (RESULTS/compact, or its copy under "
                                     "docs/results/)")
     meta = json.loads((folder / "league.json").read_text())
-    return pd.read_csv(folder / "league-evals.csv"), pd.read_csv(folder / "league-failed.csv"), meta["alpha"], meta["dataset"]
+    record = folder / "league-search.csv"
+    search = (pd.read_csv(record), meta.get("picks", {})) if record.is_file() else None
+    return pd.read_csv(folder / "league-evals.csv"), pd.read_csv(folder / "league-failed.csv"), meta["alpha"], meta["dataset"], search
 
 
 def verdict(changes: dict, coverage: float, alpha: float) -> str:
@@ -80,9 +93,11 @@ def verdict(changes: dict, coverage: float, alpha: float) -> str:
     return "ties CE at this resolution"
 
 
-def analyse_league(evals, failed, alpha: float, dataset: str | None = None) -> dict:
+def analyse_league(evals, failed, alpha: float, dataset: str | None = None, search=None) -> dict:
     """Each method's sets, coverage and accuracy, its change against CE per seed (t interval and
-    detectable effect) and its verdict; the methods ordered by mean HPS set size; the answer."""
+    detectable effect) and its verdict; the methods ordered by mean HPS set size; the answer; and,
+    given ``search`` (``read_league_compact``'s), each method's search: its trials and their
+    outcomes, and its pick with the values it searched."""
     methods = sorted(set(evals.method))
     rows = []
     for method in methods:
@@ -105,7 +120,31 @@ def analyse_league(evals, failed, alpha: float, dataset: str | None = None) -> d
               else "CE fine-tuned, tuned as carefully, is as good as any of them here")
     failures = {} if failed is None or failed.empty else failed.groupby("method").size().to_dict()
     return {"dataset": dataset, "alpha": alpha, "ranked": ranked, "base": next((r for r in rows if r["method"] == BASE_MODEL), None),
-            "failed": {m: int(n) for m, n in failures.items()}, "answer": answer}
+            "failed": {m: int(n) for m, n in failures.items()}, "answer": answer,
+            "searches": [] if search is None else searches(*search, order=[r["method"] for r in ranked])}
+
+
+def searches(record, picks: dict, order: list[str]) -> list[dict]:
+    """Per searched method (in ``order``, then any other): its trials, how many ended feasible,
+    infeasible, stopped early or failed, and its pick (trial, validation metrics, searched values)."""
+    from dpsm_ray.results.provenance import COMPACT_SEARCH
+
+    knobs = [c for c in record.columns if c not in (*COMPACT_SEARCH, "error")]
+    methods = [m for m in order if m in set(record.method)] + sorted(set(record.method) - set(order))
+    rows = []
+    for method in methods:
+        mine = record[record.method == method]
+        ended = mine[mine.status == "ok"]
+        row = {"method": method, "trials": len(mine), "feasible": int((ended.feasible == True).sum()),  # noqa: E712 (read from CSV)
+               "infeasible": int((ended.feasible == False).sum()), "stopped": int((mine.status == "stopped").sum()),  # noqa: E712
+               "failed": int((mine.status == "failed").sum()), "pick": None}
+        chosen = mine[mine.trial == picks.get(method)]
+        if not chosen.empty:
+            pick = chosen.iloc[0]
+            row["pick"] = {"trial": int(pick.trial), "val_set_size": float(pick.val_set_size), "val_coverage": float(pick.val_coverage),
+                           "values": {k: pick[k] for k in knobs if not (isinstance(pick[k], float) and math.isnan(pick[k]))}}
+        rows.append(row)
+    return rows
 
 
 def league_section(evals, trials, alpha: float, sweep: dict | None) -> list[str]:
@@ -152,4 +191,18 @@ def league_markdown(analysis: dict) -> str:
         lines += ["", "Trials that ended without a model (a diverged loss, a crash): "
                   + ", ".join(f"{method_name(m)} {n}" for m, n in sorted(analysis["failed"].items())) + "."]
     lines += ["", f"**The answer on {analysis['dataset']}:** {analysis['answer']}."]
+    if analysis.get("searches"):
+        from dpsm_ray.results.provenance import value_text
+
+        header = ["method", "search trials", "feasible", "infeasible", "stopped early", "failed", "pick", "its values"]
+        lines += ["", "The searches (every trial in league-search.csv): each method's trials by outcome, and the trial whose "
+                  "values its 10 seeds re-trained, with its validation set size and coverage.", "",
+                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row in analysis["searches"]:
+            pick = row["pick"]
+            chosen = "—" if pick is None else (f"trial {pick['trial']} (size {pick['val_set_size']:.3f}, "
+                                               f"coverage {pick['val_coverage']:.4f})")
+            values = "—" if pick is None else ", ".join(f"{k} {value_text(v)}" for k, v in pick["values"].items())
+            lines.append("| " + " | ".join([method_name(row["method"]), str(row["trials"]), str(row["feasible"]), str(row["infeasible"]),
+                                             str(row["stopped"]), str(row["failed"]), chosen, values]) + " |")
     return "\n".join(lines) + "\n"

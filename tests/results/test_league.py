@@ -85,7 +85,16 @@ def test_the_compact_copy_regenerates_the_same_table(tmp_path):
     regenerated = league_markdown(analyse_league(*read_league_compact(folder)))
     reader = Results(results)
     direct = league_markdown(analyse_league(reader.final("evals"), reader.final("trials").iloc[:0], 0.1, "digits"))
-    assert regenerated == direct and "| CE base model (not fine-tuned; not ranked) | 3 |" in regenerated
+    # the same table, then the searches, which only the compact copy's record holds
+    table, searches = regenerated.split("\n\nThe searches (every trial in league-search.csv)")
+    assert table + "\n" == direct and "| CE base model (not fine-tuned; not ranked) | 3 |" in regenerated
+    # each method's first trial is its pick, both feasible; by HPS set size as the league: CE, DPSM, CUT
+    assert json.loads((folder / "league.json").read_text())["picks"] == {"ce": 1, "cut": 1, "dpsm": 1}
+    assert searches.splitlines()[-3:] == [
+        "| CE | 2 | 2 | 0 | 0 | 0 | trial 1 (size 1.000, coverage 0.9000) | lr 0.02 |",
+        "| DPSM | 2 | 2 | 0 | 0 | 0 | trial 1 (size 1.000, coverage 0.9000) | conformal_weight 3.24, lr 0.01, quantile_lr 0.005, sigmoid_temperature 0.5 |",
+        "| CUT | 2 | 2 | 0 | 0 | 0 | trial 1 (size 1.000, coverage 0.9000) | conformal_weight 0.2, lr 0.03 |",
+    ]
     section = league_section(reader.final("evals"), reader.trials, 0.1, reader.sweep)
     assert section[0] == "## The league" and section[2] == direct.rstrip()
     assert league_section(reader.final("evals")[reader.final("evals").method.isin(["ce", "dpsm"])], reader.trials, 0.1, None) == []
@@ -100,6 +109,8 @@ def test_the_compact_copy_regenerates_the_same_table(tmp_path):
     for row in search.itertuples():
         ran = json.loads(trials[(trials.method == row.method) & (trials.trial_index == row.trial - 1)].config_json.iloc[0])
         assert row.lr == ran["lr"] and row.status == "ok" and row.feasible
+    (folder / "league-search.csv").unlink()  # a copy without the record: the table alone
+    assert league_markdown(analyse_league(*read_league_compact(folder))) == direct
 
 
 def test_the_league_ranks_marginal_sets_when_the_sweep_also_calibrated_by_class(tmp_path):
