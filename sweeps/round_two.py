@@ -9,13 +9,15 @@ of its runs): the regime behind the paper's headline -- small data on pretrained
     python sweeps/round_two.py --dataset fonts_transfer --searched-from results/round_two-fonts_transfer-search --resume
     python sweeps/round_two.py --dataset fonts                                             # the sharp arms on fonts
     python sweeps/round_two.py --dataset fonts_transfer --report-from docs/results/round_two-fonts_transfer
+    python sweeps/round_two.py --dataset fashion_mnist --report-from docs/results/league-fashion_mnist  # the league's searches
 
 The backbone is read from ``runs/fonts-backbone/model.pt`` (``DPSM_RAY_BACKBONE`` names another
 file).  The arms (``sharp_arms``): the CE base model and CE fine-tuned; DPSM (CE on the whole batch)
 and ConfTr at T 0.01 and 0.03, each at lambda 0.5 and 0.1, and CUT at lambda 0.5 and 0.1, every one
 at the one fine-tuning lr the criterion's ConfTr pilot fixed in each regime (``SHARP_LR``), in the order they run:
-the arms the criterion's budget rule cuts first run last.  On fonts every search is the league's
-(docs/league.md), read under round two's criterion.
+the arms the criterion's budget rule cuts first run last.  On fonts and Fashion-MNIST every search is the
+league's (docs/league.md), read under round two's criterion: ``--report-from`` a league's compact folder
+takes each method's re-trained pick as the arm ``searched_<method>``.
 """
 
 import os
@@ -96,6 +98,15 @@ DATASETS = {
 }
 for name, definition in DATASETS.items():
     definition.update(arms=sharp_arms(SHARP_LR[name]), seeds=10, concurrency=2, prefix="round_two", **ANALYSIS)
+# Fashion-MNIST: the fair searches only, which are the league's (docs/league.md); read, never run here
+DATASETS["fashion_mnist"] = {
+    "common": {"dataset": "fashion_mnist", "alpha": 0.01, **DPSM_CODE_SHARED, **EVALUATION},  # the decisive test's recipe
+    "quick": {"common": {}, **QUICK},
+    "arms": (), "seeds": 10, "prefix": "round_two",
+    "comparisons": (("searched_dpsm", "searched_ce"), ("searched_dpsm", "searched_conftr"), ("searched_dpsm", "searched_cut")),
+    "report_only": "round two reads its searches from the league's results: python sweeps/league.py --dataset fashion_mnist, then "
+                   "python sweeps/round_two.py --dataset fashion_mnist --report-from results/league-fashion_mnist/compact",
+}
 
 if __name__ == "__main__":
     sys.exit(cli("sweeps/round_two.py", __doc__.splitlines()[0], DATASETS))

@@ -102,20 +102,20 @@ def test_the_claim_and_the_mechanism_verdicts_by_hand():
     assert "**The claim**" in report and "**supported**" in report and "gap(32) - gap(512)" in report and "holds" in report
 
 
-def test_arms_the_comparisons_name_but_the_results_lack_are_reported_as_not_run():
+def test_arms_the_comparisons_name_but_the_results_lack_are_named_as_absent():
     evals, runs = tables()
     evals, runs = evals[evals.stage != "cut_l05"], runs[runs.stage != "cut_l05"]
     # cut_l05 never ran; dpsm_l05_t1 failed on its only seed (reported with the failures, not as never run)
     failed = pd.DataFrame([{"stage": "dpsm_l05_t1", "seed": 0, "status": "failed", "error": "diverged"}])
     analysis = analyse_tables(study(), evals, runs, failed)
     # in the order the comparisons, then the mechanism, first name them (study() holds neither the lambda 0.1 arms nor these)
-    assert analysis["not_run"] == ["cut_l05", "dpsm_l01", "conftr_l01", "cut_l01", "dpsm_l05_ceb1", "dpsm_l005"]
+    assert analysis["absent"] == ["cut_l05", "dpsm_l01", "conftr_l01", "cut_l01", "dpsm_l05_ceb1", "dpsm_l005"]
     assert "mechanism" not in analysis["verdicts"]  # its only triple lacks cut_l05
     report = markdown_report(analysis)
-    assert ("do not hold (not run: in no table, comparison or verdict): `cut_l05`, `dpsm_l01`, `conftr_l01`, `cut_l01`, "
+    assert ("are not in these results (in no table, comparison or verdict): `cut_l05`, `dpsm_l01`, `conftr_l01`, `cut_l01`, "
             "`dpsm_l05_ceb1`, `dpsm_l005`.") in report
     assert "`dpsm_l05_t1` seed 0: diverged" in report
-    assert "not run" not in markdown_report(analyse_tables(study(), *tables()) | {"not_run": []})
+    assert "not in these results" not in markdown_report(analyse_tables(study(), *tables()) | {"absent": []})
 
 
 def test_a_contradicted_claim():

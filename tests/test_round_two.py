@@ -2,6 +2,8 @@
 criterion names, in the order its budget rule needs, at the settings its searches share."""
 
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -106,3 +108,35 @@ def test_the_like_for_like_errors_and_gradient_norms_reach_the_compact_results_a
     assert "| dpsm_t001_l05 | 0.4000 | 0.5400 | 0.8000 | 0.8500 | 0.5800 | 0.8600 |" in report
     assert "| dpsm_t001_l05 | 2.000 | 1.000 | 0.500 | 4.000 | 1.500 | 0.375 |" in report  # first: CE 2, size 1; middle: CE 4, size 1.5
     assert "| ce | 2.000 | 0.000 | 0.000 |" in report
+
+
+def test_a_league_s_compact_copy_is_read_as_the_study_s_searched_arms_under_its_criterion(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "tests" / "results"))
+    try:
+        from fabricated import SIZES, fabricate
+    finally:
+        sys.path.pop(0)
+    from dpsm_ray.results.league import write_league_compact
+    from dpsm_ray.sweep.study import cli
+
+    folder = write_league_compact(fabricate(tmp_path / "league"))  # CE, CUT, DPSM and the base model, 3 seeds, alpha 0.1
+    assert cli("sweeps/round_two.py", "round two", round_two.DATASETS, ["--dataset", "fonts_transfer", "--report-from", str(folder)]) == 0
+    report = capsys.readouterr().out
+    for arm in ("base", "searched_ce", "searched_cut", "searched_dpsm"):
+        assert f"(`{arm}`) | 3 |" in report
+    # DPSM's HPS sets per seed 10.01, 10.02, 10.03 against searched CE's 10: +0.2% on average, the best baseline for HPS
+    claim = next(line for line in report.splitlines() if line.startswith("**The claim**"))
+    assert "**contradicted**" in claim and "HPS: against `searched_ce` +0.2% [" in claim
+    assert SIZES["cut"][0] > SIZES["ce"][0]  # CUT's are larger: CE is the best baseline
+    # a league at another alpha than the study's is refused in one line
+    with pytest.raises(SystemExit) as stopped:
+        cli("sweeps/round_two.py", "round two", round_two.DATASETS, ["--dataset", "fashion_mnist", "--report-from", str(folder)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("a league at alpha 0.1; fashion_mnist's study is at alpha 0.01")
+
+
+def test_fashion_mnist_is_only_read_from_the_league_never_run_by_round_two(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "sweeps" / "round_two.py"), "--dataset", "fashion_mnist"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"})
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "round two reads its searches from the league's results" in run.stderr and not (tmp_path / "results").exists()

@@ -130,6 +130,33 @@ def read_compact(folder: Path):
     return pd.read_csv(folder / "evals.csv"), pd.read_csv(folder / "runs.csv"), arms, failed
 
 
+def read_league_as_study(folder: Path):
+    """A league's compact copy (``league-evals.csv``: docs/league.md) read as a study's, so that a
+    study's criterion judges the league's searches (round two on Fashion-MNIST and fonts): each
+    method's re-trained pick is the arm ``searched_<method>``, the CE base model ``base``.  The
+    league keeps no per-model diagnostics and no CovGap (both empty here).  Returns
+    ``read_compact``'s four and the league's alpha."""
+    import pandas as pd
+
+    from dpsm_ray.cards import BASE_MODEL
+    from dpsm_ray.results.league import read_league_compact
+    from dpsm_ray.results.tables import method_name, method_order, ordered
+
+    evals, failed, alpha, _, _ = read_league_compact(folder)
+
+    def arm_of(method: str) -> str:
+        return "base" if method == BASE_MODEL else f"searched_{method}"
+
+    arms = tuple(
+        Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": BASE_MODEL}) if method == BASE_MODEL
+        else Arm(arm_of(method), f"{method_name(method)}, searched (the league's pick)", {"method": method})
+        for method in ordered(sorted(set(evals.method)), method_order())
+    )
+    evals = evals.assign(stage=evals.method.map(arm_of), covgap=math.nan)[list(COMPACT_EVALS)]
+    failed = failed.assign(stage=failed.method.map(arm_of))[list(COMPACT_FAILED)]
+    return evals, pd.DataFrame(columns=list(COMPACT_RUNS)), arms, failed, float(alpha)
+
+
 def analyse(study: Study, results: Path) -> dict:
     """Write the compact results, and ``fidelity.json`` / ``fidelity.md`` from them."""
     from dpsm_ray.files import write_json, write_text
@@ -197,7 +224,7 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
         "gradients": gradients,
         "batch": batch_gaps(study, evals, runs, scores),
         "failed": failures,
-        "not_run": [arm for arm in named if arm not in names and arm not in ended],  # no model and no failed trial: never ran
+        "absent": [arm for arm in named if arm not in names and arm not in ended],  # no model and no failed trial: cut, or run elsewhere
     }
     analysis["verdicts"] = verdicts(study, analysis, evals)
     return analysis
@@ -322,9 +349,9 @@ def markdown_report(analysis: dict) -> str:
         said = [f"`{arm}` seed{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}: {error}"
                 for (arm, error), lost in grouped.items()]
         lines += [f"Trials that ended without a model (in no table or comparison): {'; '.join(said)}.", ""]
-    if analysis.get("not_run"):
-        lines += [f"Arms the study's comparisons name that these results do not hold (not run: in no table, comparison or verdict): "
-                  f"{', '.join(f'`{arm}`' for arm in analysis['not_run'])}.", ""]
+    if analysis.get("absent"):
+        lines += [f"Arms the study's comparisons name that are not in these results (in no table, comparison or verdict): "
+                  f"{', '.join(f'`{arm}`' for arm in analysis['absent'])}.", ""]
     detectable = [f"{s.upper()} detectable" for s in scores]
     for against in REFERENCES:
         part = [c for c in analysis["comparisons"] if c["against"] == against and not c.get("own")]

@@ -31,7 +31,16 @@ from dpsm_ray.config import TrainConfig
 from dpsm_ray.results.layout import SWEEP_FILE, CoverageFloor, Results
 if TYPE_CHECKING:
     from dpsm_ray.sweep.spec import SweepSpec
-from dpsm_ray.results.studies import SEARCHED_METHODS, Arm, Study, analyse, analyse_tables, markdown_report, read_compact
+from dpsm_ray.results.studies import (
+    SEARCHED_METHODS,
+    Arm,
+    Study,
+    analyse,
+    analyse_tables,
+    markdown_report,
+    read_compact,
+    read_league_as_study,
+)
 
 def study_spec(study: Study) -> SweepSpec:
     """``study`` as the sweep that runs it: its arms, over its common settings, with its seeds."""
@@ -197,7 +206,8 @@ def study_parser(prog: str, description: str, datasets: dict[str, dict]):
         metavar="FOLDER",
         help=(
             "print the study's tables from its compact results (a study's compact/ folder, e.g. the copy under "
-            "docs/results/) and exit: nothing is trained"
+            "docs/results/, or a league's, whose re-trained picks are read as the study's searched arms) and exit: "
+            "nothing is trained"
         ),
     )
     add(
@@ -270,7 +280,8 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     ``sweeps/cifar100_fidelity.py``: ``datasets`` maps a name to ``{"common": TrainConfig fields,
     "arms": (Arm, ...), "seeds": n, "concurrency": c, "quick": {"common": ..., "seeds": n, "epochs":
     e, "milestones": m}}`` and optionally the analysis' ``comparisons``, ``batch_pairs`` and
-    ``mechanism`` (``Study``'s) and the results directory's ``prefix`` (default ``fidelity``);
+    ``mechanism`` (``Study``'s), the results directory's ``prefix`` (default ``fidelity``) and
+    ``report_only`` (why a dataset is only read, from a league's results, never run);
     ``estimate(study)``, if given, is printed before the study starts.  Exit status as every
     command's (``dpsm_ray.sweep.exits``)."""
     import dataclasses
@@ -287,12 +298,21 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     definition = datasets[args.dataset]
     study = study_from_args(args, definition, parser)
     if args.report_from:
+        folder = Path(args.report_from)
         try:
-            evals, runs, arms, failed = read_compact(Path(args.report_from))
+            if (folder / "league-evals.csv").is_file():  # a league's searches, read under the study's criterion
+                evals, runs, arms, failed, alpha = read_league_as_study(folder)
+                if alpha != study.common.alpha:
+                    parser.exit(2, f"{prog}: error: --report-from {folder}: a league at alpha {alpha:g}; {args.dataset}'s study is at "
+                                   f"alpha {study.common.alpha:g}\n")
+            else:
+                evals, runs, arms, failed = read_compact(folder)
             print(markdown_report(analyse_tables(dataclasses.replace(study, arms=arms), evals, runs, failed)))
         except FileNotFoundError as error:
             parser.exit(2, f"{prog}: error: {error}\n")
         return 0
+    if definition.get("report_only"):
+        parser.exit(2, f"{prog}: error: --dataset {args.dataset}: {definition['report_only']}\n")
     out = Path(args.out or f"results/{definition.get('prefix', 'fidelity')}-{args.dataset}{'-quick' if args.quick else ''}")
     if args.report_now:
         try:
