@@ -292,7 +292,10 @@ def test_the_doc_s_study_tables_are_what_the_committed_results_regenerate():
     doc = (ROOT / "docs" / "fidelity.md").read_text()
     blocks = list(GENERATED.finditer(doc))
     committed = sorted(path.parent.name for study in ("decisive", "round_two") for path in (ROOT / "docs" / "results").glob(f"{study}-*/evals.csv"))
-    assert committed and sorted(Path(shlex.split(block["command"])[-1]).name for block in blocks) == committed
+    quoted = sorted(Path(shlex.split(block["command"])[-1]).name for block in blocks)
+    # round two on Fashion-MNIST and fonts also reads the leagues' committed searches (docs/results/league-*)
+    assert committed and [name for name in quoted if not name.startswith("league-")] == committed
+    assert all((ROOT / "docs" / "results" / name).is_dir() for name in quoted)
     for block in blocks:
         argv = shlex.split(block["command"])[1:]
         printed = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
