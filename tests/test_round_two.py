@@ -128,6 +128,8 @@ def test_a_league_s_compact_copy_is_read_as_the_study_s_searched_arms_under_its_
     claim = next(line for line in report.splitlines() if line.startswith("**The claim**"))
     assert "**contradicted**" in claim and "HPS: against `searched_ce` +0.2% [" in claim
     assert SIZES["cut"][0] > SIZES["ce"][0]  # CUT's are larger: CE is the best baseline
+    # the per-model diagnostics from league-runs.csv: DPSM's q error 0.1 / epoch, 0.0333 at the last of 3, 0.0611 over all
+    assert "| searched_dpsm | 0.2000 | 0.2000 | 0.0333 | 0.0611 | 1.00 | 1.10 |" in report
     # a league at another alpha than the study's is refused in one line
     with pytest.raises(SystemExit) as stopped:
         cli("sweeps/round_two.py", "round two", round_two.DATASETS, ["--dataset", "fashion_mnist", "--report-from", str(folder)])

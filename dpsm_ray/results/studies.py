@@ -86,22 +86,9 @@ def write_compact(study: Study, results: Path) -> Path:
     from dpsm_ray.results.tables import calibration_rows  # pandas: not at import, the sweep's front door reads this module
 
     reader = Results(results)
-    evals, epochs = calibration_rows(reader.evals), reader.epochs  # the criteria are of marginal sets
-    if "trial_id" in epochs and "trial_id" in evals:  # a seed that failed and was trained again: the epochs of its model only
-        epochs = epochs[epochs.trial_id.isin(set(evals.trial_id))]
+    evals = calibration_rows(reader.evals)  # the criteria are of marginal sets
+    runs = model_rows(evals, reader.epochs)
     evals = evals[list(COMPACT_EVALS)].sort_values(["stage", "seed", "score", "split"])
-    ordered = epochs.sort_values(["stage", "seed", "epoch"])
-    runs = ordered.groupby(["stage", "seed"]).tail(1).set_index(["stage", "seed"])
-    runs = runs.assign(q_error_train_all_epochs=ordered.groupby(["stage", "seed"]).q_error_train.mean())
-    if set(LIKE_FOR_LIKE) <= set(epochs.columns) and epochs[list(LIKE_FOR_LIKE)].notna().any().any():
-        first = ordered.groupby(["stage", "seed"]).head(1).set_index(["stage", "seed"])
-        middle = ordered[ordered.epoch == (ordered.groupby(["stage", "seed"]).epoch.transform("max") + 1) // 2].set_index(["stage", "seed"])
-        runs = runs.assign(ce_grad_norm_first=first.ce_grad_norm, size_grad_norm_first=first.size_grad_norm,
-                           ce_grad_norm_middle=middle.ce_grad_norm, size_grad_norm_middle=middle.size_grad_norm)
-        d1 = [c for c in LIKE_FOR_LIKE_D1 if c in runs.columns]
-        runs = runs.reset_index()[[*COMPACT_RUNS, *LIKE_FOR_LIKE, *d1, *GRADIENTS]]
-    else:  # results from before they were measured: the columns they have
-        runs = runs.reset_index()[list(COMPACT_RUNS)]
     failed = pd.DataFrame(columns=list(COMPACT_FAILED))
     if not reader.trials.empty:
         trials = reader.trials
@@ -117,6 +104,29 @@ def write_compact(study: Study, results: Path) -> Path:
     return folder
 
 
+def model_rows(evals, epochs, by: str = "stage"):
+    """One row per model of ``evals`` -- per (``by``, seed): its arm's or its method's -- from its
+    epochs: the quantile diagnostics at the last epoch, ``q_error_train`` averaged over all epochs,
+    and, in results that measured them, the like-for-like quantile errors and each loss term's
+    gradient norm at the first step and at the start of the middle epoch (``COMPACT_RUNS``'s
+    columns, ``by`` first)."""
+    if "trial_id" in epochs and "trial_id" in evals:  # a seed that failed and was trained again: the epochs of its model only
+        epochs = epochs[epochs.trial_id.isin(set(evals.trial_id))]
+    keys = [by, "seed"]
+    ordered = epochs.sort_values([*keys, "epoch"])
+    runs = ordered.groupby(keys).tail(1).set_index(keys)
+    runs = runs.assign(q_error_train_all_epochs=ordered.groupby(keys).q_error_train.mean())
+    columns = [by, *COMPACT_RUNS[1:]]
+    if set(LIKE_FOR_LIKE) <= set(epochs.columns) and epochs[list(LIKE_FOR_LIKE)].notna().any().any():
+        first = ordered.groupby(keys).head(1).set_index(keys)
+        middle = ordered[ordered.epoch == (ordered.groupby(keys).epoch.transform("max") + 1) // 2].set_index(keys)
+        runs = runs.assign(ce_grad_norm_first=first.ce_grad_norm, size_grad_norm_first=first.size_grad_norm,
+                           ce_grad_norm_middle=middle.ce_grad_norm, size_grad_norm_middle=middle.size_grad_norm)
+        d1 = [c for c in LIKE_FOR_LIKE_D1 if c in runs.columns]
+        return runs.reset_index()[[*columns, *LIKE_FOR_LIKE, *d1, *GRADIENTS]]
+    return runs.reset_index()[columns]  # results from before they were measured: the columns they have
+
+
 def read_compact(folder: Path):
     """The evaluation rows, the per-model rows, the arms and the failed trials of a study's compact
     results (a folder written before ``failed.csv`` existed had none)."""
@@ -128,33 +138,6 @@ def read_compact(folder: Path):
     arms = tuple(Arm(arm["name"], arm["title"], arm["settings"]) for arm in json.loads((folder / "arms.json").read_text()))
     failed = pd.read_csv(folder / "failed.csv") if (folder / "failed.csv").is_file() else pd.DataFrame(columns=list(COMPACT_FAILED))
     return pd.read_csv(folder / "evals.csv"), pd.read_csv(folder / "runs.csv"), arms, failed
-
-
-def read_league_as_study(folder: Path):
-    """A league's compact copy (``league-evals.csv``: docs/league.md) read as a study's, so that a
-    study's criterion judges the league's searches (round two on Fashion-MNIST and fonts): each
-    method's re-trained pick is the arm ``searched_<method>``, the CE base model ``base``.  The
-    league keeps no per-model diagnostics and no CovGap (both empty here).  Returns
-    ``read_compact``'s four and the league's alpha."""
-    import pandas as pd
-
-    from dpsm_ray.cards import BASE_MODEL
-    from dpsm_ray.results.league import read_league_compact
-    from dpsm_ray.results.tables import method_name, method_order, ordered
-
-    evals, failed, alpha, _, _ = read_league_compact(folder)
-
-    def arm_of(method: str) -> str:
-        return "base" if method == BASE_MODEL else f"searched_{method}"
-
-    arms = tuple(
-        Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": BASE_MODEL}) if method == BASE_MODEL
-        else Arm(arm_of(method), f"{method_name(method)}, searched (the league's pick)", {"method": method})
-        for method in ordered(sorted(set(evals.method)), method_order())
-    )
-    evals = evals.assign(stage=evals.method.map(arm_of), covgap=math.nan)[list(COMPACT_EVALS)]
-    failed = failed.assign(stage=failed.method.map(arm_of))[list(COMPACT_FAILED)]
-    return evals, pd.DataFrame(columns=list(COMPACT_RUNS)), arms, failed, float(alpha)
 
 
 def analyse(study: Study, results: Path) -> dict:
@@ -192,7 +175,7 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
     diagnostics = []
     for arm in present:
         part = runs[runs.stage == arm.name]
-        if part.empty or part.q.isna().all():
+        if part.empty or part.q_error_train.isna().all():  # no quantile the diagnostics read (ConfTS's q is an APS batch threshold)
             continue
         diagnostics.append({
             "arm": arm.name,
