@@ -17,10 +17,8 @@ from pathlib import Path
 from dpsm_ray.cards import BASE_MODEL
 from dpsm_ray.results.layout import Results
 from dpsm_ray.results.stats import T_LEVEL, paired_change
-from dpsm_ray.results.studies import COMPACT_EVALS as STUDY_EVALS
-from dpsm_ray.results.studies import COMPACT_FAILED as STUDY_FAILED
-from dpsm_ray.results.studies import COMPACT_RUNS, Arm, model_rows
-from dpsm_ray.results.tables import calibration_rows, method_name, method_order, ordered
+from dpsm_ray.results.runs import model_rows
+from dpsm_ray.results.tables import calibration_rows, method_name
 
 REFERENCE = "ce"  # every method is compared with CE fine-tuned, searched as carefully
 SCORES = ("hps", "aps", "raps")
@@ -100,34 +98,6 @@ def verdict(changes: dict, coverage: float, alpha: float) -> str:
     if all(c["high"] < 0 for c in deciding):
         return "beats CE"
     return "ties CE at this resolution"
-
-
-def read_league_as_study(folder: str | Path):
-    """A league's compact copy read as a study's (``studies.read_compact``'s four, then the
-    league's alpha), so that a study's criterion judges the league's searches (round two on
-    Fashion-MNIST and fonts, docs/fidelity.md): each method's re-trained pick is the arm
-    ``searched_<method>``, the CE base model ``base``.  The league keeps no CovGap (NaN here); its
-    per-model diagnostics come from ``league-runs.csv`` where the copy has one."""
-    import pandas as pd
-
-    folder = Path(folder)
-    evals, failed, alpha, _, _ = read_league_compact(folder)
-
-    def arm_of(method: str) -> str:
-        return "base" if method == BASE_MODEL else f"searched_{method}"
-
-    arms = tuple(
-        Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": BASE_MODEL}) if method == BASE_MODEL
-        else Arm(arm_of(method), f"{method_name(method)}, searched (the league's pick)", {"method": method})
-        for method in ordered(sorted(set(evals.method)), method_order())
-    )
-    evals = evals.assign(stage=evals.method.map(arm_of), covgap=math.nan)[list(STUDY_EVALS)]
-    failed = failed.assign(stage=failed.method.map(arm_of))[list(STUDY_FAILED)]
-    runs = pd.DataFrame(columns=list(COMPACT_RUNS))
-    if (folder / "league-runs.csv").is_file():
-        runs = pd.read_csv(folder / "league-runs.csv")
-        runs = runs.assign(stage=runs.method.map(arm_of)).drop(columns="method")
-    return evals, runs, arms, failed, float(alpha)
 
 
 def analyse_league(evals, failed, alpha: float, dataset: str | None = None, search=None) -> dict:

@@ -14,9 +14,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsm_ray.cards import score_names
+from dpsm_ray.cards import BASE_MODEL, score_names
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.results.layout import BASE_MODELS, Results
+from dpsm_ray.results.runs import COMPACT_RUNS, GRADIENTS, LIKE_FOR_LIKE, LIKE_FOR_LIKE_D1, model_rows
 from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
 
 REFERENCES = ("ce", "base")  # every arm is compared with CE fine-tuned and with the base model
@@ -66,12 +67,6 @@ class Study:
 # The compact results of a study (``RESULTS/compact/``, small enough to commit beside the doc that
 # quotes them): every model's evaluation rows, and one row per model of its quantile diagnostics.
 COMPACT_EVALS = ("stage", "seed", "score", "split", "set_size", "coverage", "covgap", "accuracy")
-COMPACT_RUNS = ("stage", "seed", "q", "q_dataset_train", "q_error_train", "train_set_size_q", "val_set_size", "q_error_train_all_epochs")
-# in results written since they were measured: the like-for-like quantile error (last epoch) and each loss term's
-# gradient norm at the first step and at the start of the middle epoch
-LIKE_FOR_LIKE = ("q_dataset_train_mode", "q_error_train_mode")
-LIKE_FOR_LIKE_D1 = ("q_dataset_train_mode_d1", "q_error_train_mode_d1")  # ... against D1's part alone (results since they were measured)
-GRADIENTS = ("ce_grad_norm_first", "size_grad_norm_first", "ce_grad_norm_middle", "size_grad_norm_middle")
 COMPACT_FAILED = ("stage", "seed", "error")  # the trials that ended without a model (a diverged loss, a crash)
 
 
@@ -104,29 +99,6 @@ def write_compact(study: Study, results: Path) -> Path:
     return folder
 
 
-def model_rows(evals, epochs, by: str = "stage"):
-    """One row per model of ``evals`` -- per (``by``, seed): its arm's or its method's -- from its
-    epochs: the quantile diagnostics at the last epoch, ``q_error_train`` averaged over all epochs,
-    and, in results that measured them, the like-for-like quantile errors and each loss term's
-    gradient norm at the first step and at the start of the middle epoch (``COMPACT_RUNS``'s
-    columns, ``by`` first)."""
-    if "trial_id" in epochs and "trial_id" in evals:  # a seed that failed and was trained again: the epochs of its model only
-        epochs = epochs[epochs.trial_id.isin(set(evals.trial_id))]
-    keys = [by, "seed"]
-    ordered = epochs.sort_values([*keys, "epoch"])
-    runs = ordered.groupby(keys).tail(1).set_index(keys)
-    runs = runs.assign(q_error_train_all_epochs=ordered.groupby(keys).q_error_train.mean())
-    columns = [by, *COMPACT_RUNS[1:]]
-    if set(LIKE_FOR_LIKE) <= set(epochs.columns) and epochs[list(LIKE_FOR_LIKE)].notna().any().any():
-        first = ordered.groupby(keys).head(1).set_index(keys)
-        middle = ordered[ordered.epoch == (ordered.groupby(keys).epoch.transform("max") + 1) // 2].set_index(keys)
-        runs = runs.assign(ce_grad_norm_first=first.ce_grad_norm, size_grad_norm_first=first.size_grad_norm,
-                           ce_grad_norm_middle=middle.ce_grad_norm, size_grad_norm_middle=middle.size_grad_norm)
-        d1 = [c for c in LIKE_FOR_LIKE_D1 if c in runs.columns]
-        return runs.reset_index()[[*columns, *LIKE_FOR_LIKE, *d1, *GRADIENTS]]
-    return runs.reset_index()[columns]  # results from before they were measured: the columns they have
-
-
 def read_compact(folder: Path):
     """The evaluation rows, the per-model rows, the arms and the failed trials of a study's compact
     results (a folder written before ``failed.csv`` existed had none)."""
@@ -138,6 +110,37 @@ def read_compact(folder: Path):
     arms = tuple(Arm(arm["name"], arm["title"], arm["settings"]) for arm in json.loads((folder / "arms.json").read_text()))
     failed = pd.read_csv(folder / "failed.csv") if (folder / "failed.csv").is_file() else pd.DataFrame(columns=list(COMPACT_FAILED))
     return pd.read_csv(folder / "evals.csv"), pd.read_csv(folder / "runs.csv"), arms, failed
+
+
+def read_league_as_study(folder: Path):
+    """A league's compact copy read as a study's (``read_compact``'s four, then the
+    league's alpha), so that a study's criterion judges the league's searches (round two on
+    Fashion-MNIST and fonts, docs/fidelity.md): each method's re-trained pick is the arm
+    ``searched_<method>``, the CE base model ``base``.  The league keeps no CovGap (NaN here); its
+    per-model diagnostics come from ``league-runs.csv`` where the copy has one."""
+    import pandas as pd
+
+    from dpsm_ray.results.league import read_league_compact
+    from dpsm_ray.results.tables import method_name, method_order, ordered
+
+    folder = Path(folder)
+    evals, failed, alpha, _, _ = read_league_compact(folder)
+
+    def arm_of(method: str) -> str:
+        return "base" if method == BASE_MODEL else f"searched_{method}"
+
+    arms = tuple(
+        Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": BASE_MODEL}) if method == BASE_MODEL
+        else Arm(arm_of(method), f"{method_name(method)}, searched (the league's pick)", {"method": method})
+        for method in ordered(sorted(set(evals.method)), method_order())
+    )
+    evals = evals.assign(stage=evals.method.map(arm_of), covgap=math.nan)[list(COMPACT_EVALS)]
+    failed = failed.assign(stage=failed.method.map(arm_of))[list(COMPACT_FAILED)]
+    runs = pd.DataFrame(columns=list(COMPACT_RUNS))
+    if (folder / "league-runs.csv").is_file():
+        runs = pd.read_csv(folder / "league-runs.csv")
+        runs = runs.assign(stage=runs.method.map(arm_of)).drop(columns="method")
+    return evals, runs, arms, failed, float(alpha)
 
 
 def analyse(study: Study, results: Path) -> dict:

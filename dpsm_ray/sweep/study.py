@@ -293,7 +293,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
         folder = Path(args.report_from)
         try:
             if (folder / "league-evals.csv").is_file():  # a league's searches, read under the study's criterion
-                from dpsm_ray.results.league import read_league_as_study
+                from dpsm_ray.results.studies import read_league_as_study
 
                 evals, runs, arms, failed, alpha = read_league_as_study(folder)
                 if alpha != study.common.alpha:
