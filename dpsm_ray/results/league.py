@@ -32,7 +32,7 @@ COMPACT_FAILED = ("method", "seed", "error")
 def write_league_compact(results: str | Path) -> Path:
     """``RESULTS/compact/league-{evals,failed,search,runs}.csv`` and ``league.json`` from the sweep's
     final rows, its search trials and its final models' epochs (``league-runs.csv``: one row per
-    model, the quantile and gradient diagnostics a study keeps, ``studies.model_rows``)."""
+    model, the quantile and gradient diagnostics a study keeps, ``runs.model_rows``)."""
     from dpsm_ray.files import write_json, write_text
     from dpsm_ray.results.provenance import picked_trial, searched_fields, write_search_record  # pandas: not at import (the front door)
 

@@ -31,7 +31,16 @@ from dpsm_ray.config import TrainConfig
 from dpsm_ray.results.layout import SWEEP_FILE, CoverageFloor, Results
 if TYPE_CHECKING:
     from dpsm_ray.sweep.spec import SweepSpec
-from dpsm_ray.results.studies import SEARCHED_METHODS, Arm, Study, analyse, analyse_tables, markdown_report, read_compact
+from dpsm_ray.results.studies import (
+    SEARCHED_METHODS,
+    Arm,
+    Study,
+    analyse,
+    analyse_tables,
+    markdown_report,
+    read_compact,
+    read_league_as_study,
+)
 
 
 def study_spec(study: Study) -> SweepSpec:
@@ -293,8 +302,6 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
         folder = Path(args.report_from)
         try:
             if (folder / "league-evals.csv").is_file():  # a league's searches, read under the study's criterion
-                from dpsm_ray.results.studies import read_league_as_study
-
                 evals, runs, arms, failed, alpha = read_league_as_study(folder)
                 if alpha != study.common.alpha:
                     parser.exit(2, f"{prog}: error: --report-from {folder}: a league at alpha {alpha:g}; {args.dataset}'s study is at "
