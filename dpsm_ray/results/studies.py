@@ -408,8 +408,8 @@ def markdown_report(analysis: dict) -> str:
         mechanism = verdict["mechanism"]
         lines += [
             (
-                f"**The mechanism** (`{mechanism['dpsm']}`, the lambda with DPSM's smaller HPS sets, smaller than `{mechanism['conftr']}`"
-                f" and `{mechanism['cut']}`, HPS and APS, intervals below 0): **{mechanism['verdict']}**."
+                f"**The mechanism** (`{mechanism['dpsm']}`, of the mechanism's settings the one with DPSM's smallest HPS sets, smaller"
+                f" than `{mechanism['conftr']}` and `{mechanism['cut']}`, HPS and APS, intervals below 0): **{mechanism['verdict']}**."
             ),
             "",
         ]
