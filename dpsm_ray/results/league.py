@@ -34,7 +34,7 @@ def write_league_compact(results: str | Path) -> Path:
     final rows, its search trials and its final models' epochs (``league-runs.csv``: one row per
     model, the quantile and gradient diagnostics a study keeps, ``runs.model_rows``)."""
     from dpsm_ray.files import write_json, write_text
-    from dpsm_ray.results.provenance import picked_trial, searched_fields, write_search_record  # pandas: not at import (the front door)
+    from dpsm_ray.results.provenance import search_picks, write_search_record  # pandas: not at import (the sweep's front door)
 
     reader = Results(results)
     final, trials = calibration_rows(reader.final("evals")), reader.final("trials")  # the league ranks marginal sets
@@ -54,15 +54,8 @@ def write_league_compact(results: str | Path) -> Path:
     if not epochs.empty:
         runs = model_rows(final, epochs, by="method").sort_values(["method", "seed"])
         write_text(folder / "league-runs.csv", runs.to_csv(index=False, float_format="%.17g"))
-    picks = {}  # each method's pick: the search trial (counted from 1) whose searched values its final models carry
-    everything = reader.trials
-    search, finals = everything[everything.stage == "search"], everything[everything.stage == "final"]
-    for method in sorted(set(search.method)):
-        ran = finals[finals.method == method].sort_values("seed")
-        pick = None if ran.empty else picked_trial(search[search.method == method], json.loads(ran.config_json.iloc[0]),
-                                                   searched_fields(reader.sweep, method))
-        if pick is not None:
-            picks[method] = int(pick.trial_index) + 1
+    # each method's pick, counted from 1 as the search record counts its trials
+    picks = {method: int(pick.trial_index) + 1 for method, pick in sorted(search_picks(reader.trials, reader.sweep).items())}
     write_json(folder / "league.json", {"dataset": dataset, "alpha": float(final.alpha.iloc[0]), "picks": picks})
     return folder
 
@@ -134,17 +127,14 @@ def analyse_league(evals, failed, alpha: float, dataset: str | None = None, sear
 def searches(record, picks: dict, order: list[str]) -> list[dict]:
     """Per searched method (in ``order``, then any other): its trials, how many ended feasible,
     infeasible, stopped early or failed, and its pick (trial, validation metrics, searched values)."""
-    from dpsm_ray.results.provenance import COMPACT_SEARCH
+    from dpsm_ray.results.provenance import COMPACT_SEARCH, outcome_counts
 
     knobs = [c for c in record.columns if c not in (*COMPACT_SEARCH, "error")]
     methods = [m for m in order if m in set(record.method)] + sorted(set(record.method) - set(order))
     rows = []
     for method in methods:
         mine = record[record.method == method]
-        ended = mine[mine.status == "ok"]
-        row = {"method": method, "trials": len(mine), "feasible": int((ended.feasible == True).sum()),  # noqa: E712 (read from CSV)
-               "infeasible": int((ended.feasible == False).sum()), "stopped": int((mine.status == "stopped").sum()),  # noqa: E712
-               "failed": int((mine.status == "failed").sum()), "pick": None}
+        row = {"method": method, "trials": len(mine), **outcome_counts(mine), "pick": None}
         chosen = mine[mine.trial == picks.get(method)]
         if not chosen.empty:
             pick = chosen.iloc[0]

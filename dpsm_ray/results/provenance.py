@@ -91,9 +91,9 @@ def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[lis
         if any(c != UNUSED for c in cells):
             rows.append([label, *cells])
     notes = []
-    search = trials[trials.stage == "search"]
+    picks = search_picks(trials, sweep)
     for method in trained:
-        pick = picked_trial(search[search.method == method], configs[method], searched_fields(sweep, method))
+        pick = picks.get(method)
         if pick is not None:
             # counted from 1, as the console counts it (trials.parquet's trial_index counts from 0)
             notes.append(f"{method_name(method)}: search trial {int(pick.trial_index) + 1} (validation set size {pick.val_set_size:.3f}, "
@@ -118,24 +118,47 @@ def search_outcomes(trials: pd.DataFrame, sweep: dict | None) -> list[list[str]]
     if trials.empty or "stage" not in trials or not (trials.stage == "search").any():
         return None
     search = trials[trials.stage == "search"]
-    final = trials[trials.stage == "final"]
+    picks = search_picks(trials, sweep)
     rows = [["method", "knobs", "trials", "feasible", "infeasible", "stopped early", "failed", "pick"]]
     for method in ordered(search.method, method_order()):
         mine = search[search.method == method]
-        ended = mine[mine.status == "ok"]
-        pick = "—"
-        if (final.method == method).any():
-            config = json.loads(final[final.method == method].sort_values("seed").iloc[0].config_json)
-            picked = picked_trial(mine, config, searched_fields(sweep, method))
-            if picked is not None:
-                pick = f"trial {int(picked.trial_index) + 1} (validation set size {picked.val_set_size:.3f})"
+        picked = picks.get(method)
+        pick = "—" if picked is None else f"trial {int(picked.trial_index) + 1} (validation set size {picked.val_set_size:.3f})"
         knobs = searched_fields(sweep, method)
+        counts = outcome_counts(mine)
         rows.append([
             method_name(method), f"{len(knobs)} ({', '.join(knobs)})" if knobs else "0", str(len(mine)),
-            str(int((ended.feasible == True).sum())), str(int((ended.feasible == False).sum())),  # noqa: E712 (a nullable column)
-            str(int((mine.status == "stopped").sum())), str(int((mine.status == "failed").sum())), pick,
+            *(str(counts[outcome]) for outcome in OUTCOMES), pick,
         ])
     return rows
+
+
+OUTCOMES = ("feasible", "infeasible", "stopped", "failed")  # how a search trial ends
+
+
+def outcome_counts(search: pd.DataFrame) -> dict[str, int]:
+    """How many of ``search``'s trials (rows with ``status`` and ``feasible``: trials.parquet's, or a
+    search record's) ended feasible or infeasible, were stopped early, or failed."""
+    ended = search[search.status == "ok"]
+    return {"feasible": int((ended.feasible == True).sum()), "infeasible": int((ended.feasible == False).sum()),  # noqa: E712 (nullable)
+            "stopped": int((search.status == "stopped").sum()), "failed": int((search.status == "failed").sum())}
+
+
+def search_picks(trials: pd.DataFrame, sweep: dict | None) -> dict:
+    """Each searched method's pick: the search trial (a row of ``trials``) whose searched values its
+    final models carry; a method with no final model, or none matching, has none."""
+    if trials.empty or "stage" not in trials:
+        return {}
+    search, final = trials[trials.stage == "search"], trials[trials.stage == "final"]
+    picks = {}
+    for method in ordered(search.method, method_order()):
+        ran = final[final.method == method]
+        if not ran.empty:
+            config = json.loads(ran.sort_values("seed").iloc[0].config_json)
+            pick = picked_trial(search[search.method == method], config, searched_fields(sweep, method))
+            if pick is not None:
+                picks[method] = pick
+    return picks
 
 
 def picked_trial(search: pd.DataFrame, config: dict, fields: list[str]):
