@@ -195,12 +195,12 @@ def test_every_decisive_arm_is_a_valid_configuration_on_both_datasets():
         assert all(set(pair[1:]) <= arms for pair in definition["batch_pairs"]) and all(set(t) <= arms for t in definition["mechanism"])
 
 
-def write_sweep(folder: Path, base: TrainConfig, methods=("ce", "dpsm"), grid=False) -> None:
+def write_sweep(folder: Path, base: TrainConfig, methods=("ce", "dpsm"), grid=False, trials_per_knob=None) -> None:
     from dpsm_ray.sweep.spec import LEDGER_FORMAT
 
     folder.mkdir()
     (folder / "sweep.json").write_text(json.dumps({"base": json.loads(json.dumps(base.to_dict(), default=list)), "grid": grid, "methods": list(methods),
-                                                   "trials": 2, "ledger": LEDGER_FORMAT}))
+                                                   "trials": 2, "trials_per_knob": trials_per_knob, "ledger": LEDGER_FORMAT}))
     trials = []
     for method in methods:
         for index, (size, lr) in enumerate(((1.5, 0.01), (1.2, 0.03))):
@@ -218,6 +218,15 @@ def test_the_searched_arms_are_each_methods_pick_from_its_sweep(tmp_path):
     # each at its pick (the finished feasible trial with the smallest validation set size), only the method's knobs
     assert arms[0].settings == {"method": "ce", "lr": 0.03}
     assert arms[1].settings["lr"] == 0.03 and arms[1].settings["conformal_weight"] == 0.3 and set(arms[1].settings) == {"method", "conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"}
+    assert [arm.title for arm in arms] == ["CE fine-tuned, searched (2 Optuna trials)", "DPSM, searched (2 Optuna trials)"]
+
+
+def test_a_searched_arm_s_title_gives_its_own_budget_when_the_search_s_follows_the_knobs(tmp_path):
+    """With --trials-per-knob 3 CE (1 knob) had 3 trials and DPSM (4 knobs) 12, whatever --trials said."""
+    common = TrainConfig(dataset="digits", alpha=0.1, epochs=3, batch_size=64)
+    write_sweep(tmp_path / "sweep", common, trials_per_knob=3)
+    arms = searched_arms(tmp_path / "sweep", common, log=lambda line: None)
+    assert [arm.title for arm in arms] == ["CE fine-tuned, searched (3 Optuna trials)", "DPSM, searched (12 Optuna trials)"]
 
 
 def test_a_sweep_that_differs_from_the_study_is_refused_naming_the_setting(tmp_path):

@@ -148,10 +148,12 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
         if method in stored.get("methods", ()):
             overrides = best_overrides(sweep_dir, method, method_knobs(method), log)
             if overrides is not None:
+                per_knob = stored.get("trials_per_knob")  # the budget the sweep gave this method, as SweepSpec.search_trials
+                budget = stored["trials"] if per_knob is None else per_knob * len(method_knobs(method))
                 arms.append(
                     Arm(
                         f"searched_{method}",
-                        f"{METHOD_TITLES[method]}, searched ({stored['trials']} Optuna trials)",
+                        f"{METHOD_TITLES[method]}, searched ({budget} Optuna trials)",
                         {"method": method, **overrides},
                     )
                 )
