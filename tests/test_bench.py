@@ -66,6 +66,23 @@ def test_predict_throughput_benchmark_runs_quick_on_cpu_and_prints_json_and_a_ta
     assert table[0].split()[:3] == ["model", "batch", "score"] and [line.split()[0] for line in table[1:]] == ["mlp", "mlp", "resnet110", "resnet110"]
 
 
+def test_eval_batch_benchmark_runs_quick_and_prints_json_and_a_table(tmp_path):
+    out = tmp_path / "eval_batch.json"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "eval_batch.py"), "--quick", "--json-out", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads(out.read_text()) and record["benchmark"] == "eval_batch" and record["quick"] and record["threads"] == 1
+    rows = record["results"]
+    assert [(r["model"], r["chunk"]) for r in rows] == [("lenet", 512), ("lenet", 256), ("mlp_bn", 512), ("mlp_bn", 256)]
+    for row in rows:
+        assert row["identical"] is True and row["inputs_per_s"] == row["examples"] / row["seconds"] > 0
+    table = result.stdout.splitlines()[1:]
+    assert table[0].split() == ["model", "chunk", "seconds", "inputs/s", "identical"] and len(table) == 5
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "eval_batch.py"), "--quick", "--models", "vit"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--models: unknown vit" in bad.stderr
+
+
 def test_predict_throughput_benchmark_rejects_bad_options_by_name():
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "predict_throughput.py"), "--quick", "--models", "mlp,vit"], capture_output=True, text=True)
     assert result.returncode == 2 and "--models: unknown vit" in result.stderr

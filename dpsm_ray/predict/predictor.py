@@ -57,7 +57,7 @@ INFO_FILE = "predictor.json"
 WEIGHTS_FILE = "weights.pt"
 # the chunks of the sweep's evaluation (train.loop.EVAL_BATCH): the same forward passes give the
 # same probabilities, to the last bit, as the rows of evals.parquet were computed from
-PREDICT_BATCH = 512
+PREDICT_BATCH = 256
 PRECISIONS = ("fp32", "bf16")
 INFO_FIELDS = (
     "format",

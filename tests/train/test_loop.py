@@ -461,3 +461,26 @@ def test_the_diagnostics_restore_state_an_objective_moves_to_the_device_before_i
     model = build_model("mlp", 10, input_shape=data.input_shape)
     row = term_gradient_norms(model, objective, data.train, d1, d2, 0, config, LocalEnv(torch.device("cpu"), **QUIET))
     assert row["size_grad_norm"] > 0 and objective.moved and float(objective.q) == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("architecture, shape", [("lenet", (1, 32, 32)), ("mlp_bn", (1, 28, 28))])
+def test_a_forward_pass_in_eval_mode_gives_the_same_logits_in_chunks_of_any_size(monkeypatch, architecture, shape):
+    """EVAL_BATCH is speed alone: the logits a run's diagnostics, validation and evaluation read are
+    bit for bit the same in chunks of 512 (what runs used before it was 256), 256, 64 or 8 -- of 8 or more
+    examples, the last one too; a chunk of 1 or 2 takes another kernel, a last bit apart (PyTorch 2.14, CPU)."""
+    import dpsm_ray.train.loop as loop
+    from dpsm_ray.cards import build_model
+    from dpsm_ray.data import Split, TensorSource
+    from dpsm_ray.train.loop import predict
+
+    torch.manual_seed(0)
+    model = build_model(architecture, 141, input_shape=shape)
+    n = 600  # a partial last chunk of 88 (512, 256) or 24 (64) examples
+    split = Split("test", torch.arange(n), TensorSource(torch.rand(n, *shape), torch.zeros(n, dtype=torch.long)))
+    env = LocalEnv(torch.device("cpu"), **QUIET)
+    logits = {}
+    for chunk in (512, 256, 64, 8):
+        monkeypatch.setattr(loop, "EVAL_BATCH", chunk)
+        logits[chunk] = predict(model, split, torch.arange(n), 141, env)
+    assert logits[512].shape == (n, 141)
+    assert all(torch.equal(logits[512], logits[chunk]) for chunk in (256, 64, 8))
