@@ -5,12 +5,14 @@ shown once in a while instead of one line each.
     [0:00:41] base model: epoch 14/30  val size 1.21  (9s per epoch, about 2m24s left)
     [0:03:05] search-ce 2/4  done in 31s  val size 1.230  val cov 0.905  lr=0.0123  | trial 2/20, about 9m10s left
 
-The estimate is the trials left times the time between trial ends in this run: the wall time from
-the first trial that ended to the latest, over the trials that ended after the first.  That counts
-concurrency (trials ending side by side), the work between stages and each trial's own start-up,
-but not the first trial's wait for Ray, the data and the base model, which made an estimate from
-the first trial alone several times too long; so the first trial's line has no estimate.  It does
-not count the end of the sweep (the predictors, the report: tens of seconds).
+The estimate is the trials left times this run's time per ended trial: the wall time from its first
+trial's start to now, over the trials that ended since.  That counts concurrency (two trials side
+by side end twice as often), the work between stages and each trial's own start-up, but not the
+wait for Ray before the first trial started.  The first trial's line has no estimate: with trials
+side by side, the others are about to end too.  (The time between trial ends alone, the estimate
+before this one, took two trials that started together and ended 20 s apart for 20 s a trial, and
+said "about 9m50s left" of 100 minutes.)  It does not count the end of the sweep (the predictors,
+the report: tens of seconds).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class Progress:
         self.total = 0  # trials in the whole sweep (the stages not built yet as planned)
         self.done = 0  # trials ended, in this run or (resumed) before it
         self.ended_now = 0  # trials ended in this run
-        self.first_end: float | None = None  # when this run's first trial ended
+        self.first_start: float | None = None  # when this run's first trial started
         self._last_epoch_line = -float("inf")
 
     def __call__(self, line: str) -> None:
@@ -72,21 +74,26 @@ class Progress:
         """``count`` trials that a resumed sweep finds ended."""
         self.done += count
 
+    def trial_started(self) -> None:
+        """A trial's process is up (the first one's start is where this run's estimate counts from)."""
+        if self.first_start is None:
+            self.first_start = self.clock()
+
     def trial_ended(self) -> str:
         """Count one ended trial; the counter and estimate to append to its line."""
         self.done += 1
         self.ended_now += 1
-        if self.first_end is None:
-            self.first_end = self.clock()
+        if self.first_start is None:  # ended without a start seen (a trial that failed to start)
+            self.first_start = self.clock()
         left = self.left_seconds()
         return f"trial {self.done}/{self.total}" + (
             f", about {duration_text(left)} left" if left is not None and self.done < self.total else ""
         )
 
     def left_seconds(self) -> float | None:
-        if self.ended_now < 2 or self.first_end is None:
+        if self.ended_now < 2 or self.first_start is None:
             return None
-        per_trial = (self.clock() - self.first_end) / (self.ended_now - 1)
+        per_trial = (self.clock() - self.first_start) / self.ended_now
         return max(0, self.total - self.done) * per_trial
 
     # -- the base model's epochs ----------------------------------------------------------------

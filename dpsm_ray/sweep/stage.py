@@ -459,6 +459,7 @@ class LedgerCallback(tune.Callback):
         launched = max(self._seen.get(trial.trial_id, now), min(self._last_end, now))
         self._launched.setdefault(trial.trial_id, launched)  # a retried trial keeps its first launch
         self._last_line[trial.trial_id] = now
+        self.log.trial_started()
 
     def launched_at(self, trial) -> float | None:
         """When the trial was launched, in seconds since the epoch."""

@@ -31,21 +31,36 @@ def test_every_line_carries_the_time_since_the_sweep_started():
     assert lines == ["[0:00:00] search-ce: 4 trials", "[0:01:15] final: 2 methods"]
 
 
-def test_the_counter_spans_the_stages_and_the_estimate_is_trials_left_times_the_time_between_trial_ends():
+def test_the_counter_spans_the_stages_and_the_estimate_is_trials_left_times_this_run_s_time_per_ended_trial():
     log, _, clock = progress()
     log.plan(10)
     log.already_ended(2)  # a resumed sweep: two trials ended in an earlier run
-    clock.now += 35  # this run's first trial ends 35 s in, most of it spent waiting for Ray, the data and the base model
+    clock.now += 35  # waiting for Ray: not counted
+    log.trial_started()
+    log.trial_started()  # two side by side
+    clock.now += 390
     assert log.trial_ended() == "trial 3/10"  # no estimate from the first trial alone
-    clock.now += 4
-    assert log.trial_ended() == "trial 4/10, about 24s left"  # 6 left x 4 s between ends (not 6 x 17 s)
-    clock.now += 0
-    assert log.trial_ended() == "trial 5/10, about 10s left"  # two trials side by side: 5 left x (4 s / 2)
+    clock.now += 20
+    # 6 left x (410 s / 2 trials ended): not 6 x 20 s, the time between the two ends
+    assert log.trial_ended() == "trial 4/10, about 20m30s left"
+    log.trial_started()
+    log.trial_started()
+    clock.now += 400
+    assert log.trial_ended() == "trial 5/10, about 22m30s left"  # 5 left x 810 s / 3
     log.replan(planned=4, actual=3)  # a method whose every search trial failed: one final trial fewer
     assert log.total == 9
     for _ in range(3):
         log.trial_ended()
     assert log.trial_ended() == "trial 9/9"  # nothing left: no estimate
+
+
+def test_a_trial_that_ended_without_a_start_seen_starts_the_estimate_s_clock():
+    log, _, clock = progress()
+    log.plan(4)
+    clock.now += 10
+    assert log.trial_ended() == "trial 1/4"
+    clock.now += 30
+    assert log.trial_ended() == "trial 2/4, about 30s left"  # 2 left x 30 s / 2
 
 
 def test_no_estimate_before_a_trial_of_this_run_ended():
