@@ -10,6 +10,7 @@ of its runs): the regime behind the paper's headline -- small data on pretrained
     python sweeps/round_two.py --dataset fonts                                             # the sharp arms on fonts
     python sweeps/round_two.py --dataset fonts_transfer --report-from docs/results/round_two-fonts_transfer
     python sweeps/round_two.py --dataset fashion_mnist --report-from docs/results/league-fashion_mnist  # the league's searches
+    python sweeps/round_two.py --dataset fonts --report-from docs/results/round_two-fonts docs/results/league-fonts  # both, as one
 
 The backbone is read from ``runs/fonts-backbone/model.pt`` (``DPSM_RAY_BACKBONE`` names another
 file).  The arms (``sharp_arms``): the CE base model and CE fine-tuned; DPSM (CE on the whole batch)
@@ -17,7 +18,8 @@ and ConfTr at T 0.01 and 0.03, each at lambda 0.5 and 0.1, and CUT at lambda 0.5
 at the one fine-tuning lr the criterion's ConfTr pilot fixed in each regime (``SHARP_LR``), in the order they run:
 the arms the criterion's budget rule cuts first run last.  On fonts and Fashion-MNIST every search is the
 league's (docs/league.md), read under round two's criterion: ``--report-from`` a league's compact folder
-takes each method's re-trained pick as the arm ``searched_<method>``.
+takes each method's re-trained pick as the arm ``searched_<method>``; on fonts, beside the study's own
+compact results (the base model both hold is read once, and only if its rows are the same in both).
 """
 
 import os

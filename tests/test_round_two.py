@@ -142,3 +142,56 @@ def test_fashion_mnist_is_only_read_from_the_league_never_run_by_round_two(tmp_p
                          capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"})
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "round two reads its searches from the league's results" in run.stderr and not (tmp_path / "results").exists()
+
+
+def test_a_study_s_own_arms_and_a_league_s_searches_are_read_as_one_study_the_shared_base_model_once(tmp_path, capsys):
+    """Round two on fonts: its sharp arms from its own compact results, its searched arms from the league's;
+    the base model both hold is the same models (the same rows), counted once -- and refused if its rows differ."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "tests" / "results"))
+    try:
+        from fabricated import fabricate
+    finally:
+        sys.path.pop(0)
+    from dpsm_ray.results.league import write_league_compact
+    from dpsm_ray.results.runs import COMPACT_RUNS
+    from dpsm_ray.results.studies import read_league_as_study
+    from dpsm_ray.sweep.study import cli
+
+    league = write_league_compact(fabricate(tmp_path / "league"))  # CE, CUT, DPSM and the base model, 3 seeds, alpha 0.1
+    evals, _, _, _, _ = read_league_as_study(league)
+    sharp = evals[evals.stage == "searched_dpsm"].assign(stage="dpsm_t001_l05")
+    sharp = sharp.assign(set_size=sharp.set_size * 1.1)  # 10% larger than searched DPSM's, seed by seed
+    study = tmp_path / "study"
+    study.mkdir()
+
+    def write_study(base_rows) -> None:
+        import pandas as pd
+
+        pd.concat([base_rows, sharp]).to_csv(study / "evals.csv", index=False)
+        pd.DataFrame(columns=list(COMPACT_RUNS)).to_csv(study / "runs.csv", index=False)
+        (study / "arms.json").write_text(json.dumps([
+            {"name": "base", "title": "CE base model, not fine-tuned (the paper's CE column)", "settings": {"method": "base", "epochs": 0}},
+            {"name": "dpsm_t001_l05", "title": "DPSM, T 0.01, lambda 0.5", "settings": {"method": "dpsm"}},
+        ]))
+
+    base = evals[evals.stage == "base"]
+    write_study(base)
+    argv = ["--dataset", "fonts_transfer", "--report-from", str(study), str(league)]
+    assert cli("sweeps/round_two.py", "round two", round_two.DATASETS, argv) == 0
+    report = capsys.readouterr().out
+    for arm in ("base", "dpsm_t001_l05", "searched_ce", "searched_cut", "searched_dpsm"):
+        assert report.count(f"(`{arm}`) | 3 |") == 1, arm  # the base model once, with its 3 models
+    # a comparison across the two folders, paired by seed: the sharp arm against searched CE
+    row = next(line for line in report.splitlines() if line.startswith("| dpsm_t001_l05 | searched_ce |"))
+    searched = evals[(evals.stage == "searched_dpsm") & (evals.score == "hps")].groupby("seed").set_size.mean()
+    ce = evals[(evals.stage == "searched_ce") & (evals.score == "hps")].groupby("seed").set_size.mean()
+    assert row.split("|")[3].strip().startswith(f"{100 * ((1.1 * searched / ce) - 1).mean():+.1f}% [")
+
+    write_study(base.assign(set_size=base.set_size + 0.01))  # another base model under the same name
+    with pytest.raises(SystemExit) as stopped:
+        cli("sweeps/round_two.py", "round two", round_two.DATASETS, argv)
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and f"arm base is in {study} and in {league} with different evaluation rows" in error

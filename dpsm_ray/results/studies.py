@@ -143,6 +143,48 @@ def read_league_as_study(folder: Path):
     return evals, runs, arms, failed, float(alpha)
 
 
+def read_study_folders(folders) -> tuple:
+    """The results of one or more folders read as one study's (``read_compact``'s four, then each
+    folder's alpha, None for a study's): each folder a study's compact results or a league's copy
+    (``read_league_as_study``) -- round two on fonts reads its own sharp arms and the league's
+    searches together.  An arm in two folders is kept once if its evaluation rows are the same in
+    both (the same models); ValueError naming it and both folders if they differ."""
+    import pandas as pd
+
+    evals, runs, failed, arms, alphas, source = [], [], [], [], [], {}
+    for folder in map(Path, folders):
+        if (folder / "league-evals.csv").is_file():
+            part_evals, part_runs, part_arms, part_failed, alpha = read_league_as_study(folder)
+        else:
+            (part_evals, part_runs, part_arms, part_failed), alpha = read_compact(folder), None
+        alphas.append(alpha)
+        mine = []  # the arms this folder adds, its rows in its own order
+        for arm in part_arms:
+            rows = part_evals[part_evals.stage == arm.name]
+            if arm.name in source:
+                first, kept = source[arm.name]
+                if not rows_equal(rows, kept):
+                    raise ValueError(f"arm {arm.name} is in {first} and in {folder} with different evaluation rows: "
+                                     "they are not the same models; report them apart")
+                continue
+            source[arm.name] = (folder, rows)
+            arms.append(arm)
+            mine.append(arm.name)
+        evals.append(part_evals[part_evals.stage.isin(mine)])
+        runs.append(part_runs[part_runs.stage.isin(mine)])
+        failed.append(part_failed[part_failed.stage.isin(mine)])
+    return (pd.concat(evals, ignore_index=True), pd.concat(runs, ignore_index=True), tuple(arms),
+            pd.concat(failed, ignore_index=True), alphas)
+
+
+def rows_equal(one, other) -> bool:
+    """The same evaluation rows (set sizes, coverages, accuracies of each seed, score and re-split);
+    a league keeps no CovGap, so that column is left out."""
+    keys, values = ["stage", "seed", "score", "split"], ["set_size", "coverage", "accuracy"]
+    one, other = (frame[keys + values].sort_values(keys).reset_index(drop=True) for frame in (one, other))
+    return one.shape == other.shape and bool((one == other).all().all())
+
+
 def analyse(study: Study, results: Path) -> dict:
     """Write the compact results, and ``fidelity.json`` / ``fidelity.md`` from them."""
     from dpsm_ray.files import write_json, write_text

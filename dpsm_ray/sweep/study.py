@@ -38,8 +38,7 @@ from dpsm_ray.results.studies import (
     analyse,
     analyse_tables,
     markdown_report,
-    read_compact,
-    read_league_as_study,
+    read_study_folders,
 )
 
 
@@ -207,10 +206,11 @@ def study_parser(prog: str, description: str, datasets: dict[str, dict]):
     add(
         "--report-from",
         metavar="FOLDER",
+        nargs="+",
         help=(
             "print the study's tables from its compact results (a study's compact/ folder, e.g. the copy under "
-            "docs/results/, or a league's, whose re-trained picks are read as the study's searched arms) and exit: "
-            "nothing is trained"
+            "docs/results/, or a league's, whose re-trained picks are read as the study's searched arms; several "
+            "are read as one study) and exit: nothing is trained"
         ),
     )
     add(
@@ -301,18 +301,15 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     definition = datasets[args.dataset]
     study = study_from_args(args, definition, parser)
     if args.report_from:
-        folder = Path(args.report_from)
-        try:
-            if (folder / "league-evals.csv").is_file():  # a league's searches, read under the study's criterion
-                evals, runs, arms, failed, alpha = read_league_as_study(folder)
-                if alpha != study.common.alpha:
-                    parser.exit(2, f"{prog}: error: --report-from {folder}: a league at alpha {alpha:g}; {args.dataset}'s study is at "
-                                   f"alpha {study.common.alpha:g}\n")
-            else:
-                evals, runs, arms, failed = read_compact(folder)
-            print(markdown_report(analyse_tables(dataclasses.replace(study, arms=arms), evals, runs, failed)))
-        except FileNotFoundError as error:
-            parser.exit(2, f"{prog}: error: {error}\n")
+        try:  # a league's searches are read as the study's searched arms, under the study's criterion
+            evals, runs, arms, failed, alphas = read_study_folders(args.report_from)
+        except (FileNotFoundError, ValueError) as error:
+            parser.exit(2, f"{prog}: error: --report-from: {error}\n")
+        for folder, alpha in zip(args.report_from, alphas):
+            if alpha is not None and alpha != study.common.alpha:
+                parser.exit(2, f"{prog}: error: --report-from {folder}: a league at alpha {alpha:g}; {args.dataset}'s study is at "
+                               f"alpha {study.common.alpha:g}\n")
+        print(markdown_report(analyse_tables(dataclasses.replace(study, arms=arms), evals, runs, failed)))
         return 0
     if definition.get("report_only"):
         parser.exit(2, f"{prog}: error: --dataset {args.dataset}: {definition['report_only']}\n")
