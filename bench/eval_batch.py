@@ -27,7 +27,7 @@ from dpsm_ray.cards import build_model
 from dpsm_ray.data import Split, TensorSource
 from dpsm_ray.train import LocalEnv
 from dpsm_ray.train.loop import predict
-from record import emit  # bench/record.py (bench/ is on the path of python bench/NAME.py)
+from record import emit, listed, with_preset  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 MODELS = {  # name -> (architecture, classes, input shape): the studies' models
     "lenet": ("lenet", 141, (1, 32, 32)),  # fonts
@@ -47,14 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s, as the studies run)")
     parser.add_argument("--json-out", help="also write the JSON line to this file")
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else FULL
-    for name, default in preset.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    args.models = args.models.split(",")
-    unknown = [m for m in args.models if m not in MODELS]
-    if unknown:
-        parser.error(f"--models: unknown {', '.join(unknown)}; allowed: {', '.join(MODELS)}")
+    with_preset(args, QUICK, FULL)
+    args.models = listed(parser, "--models", args.models, MODELS)
     try:
         args.chunks = [int(size) for size in args.chunks.split(",")]
     except ValueError:

@@ -31,6 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from record import with_preset  # bench/record.py (bench/ is on the path of python bench/NAME.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = ("fp32", "bf16")
 SCORES = ("hps", "aps")
@@ -52,10 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: train the config in this JSON file, write its figures to --result
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else FULL
-    for name, default in preset.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
+    with_preset(args, QUICK, FULL)
     try:
         args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
         args.milestones = tuple(int(m) for m in str(args.milestones).split(",") if m.strip())

@@ -25,7 +25,7 @@ import torch
 from dpsm_ray.cards import score_names
 from dpsm_ray.cards import build_model
 from dpsm_ray.predict.predictor import Predictor
-from record import emit  # bench/record.py (bench/ is on the path of python bench/NAME.py)
+from record import emit, listed, with_preset  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 MODELS = {  # name -> (architecture, classes, where its input description comes from)
     "mlp": ("mlp", 10, "digits"),
@@ -46,14 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed calls first")
     parser.add_argument("--json-out", help="also write the JSON line to this file")
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else FULL
-    for name, default in preset.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    args.models = args.models.split(",")
-    unknown = [m for m in args.models if m not in MODELS]
-    if unknown:
-        parser.error(f"--models: unknown {', '.join(unknown)}; allowed: {', '.join(MODELS)}")
+    with_preset(args, QUICK, FULL)
+    args.models = listed(parser, "--models", args.models, MODELS)
     try:
         sizes = dict((name, int(size)) for name, size in (item.split(":") for item in args.batch_sizes.split(",")))
     except ValueError:

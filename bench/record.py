@@ -1,5 +1,7 @@
-"""What every benchmark here ends with: its record as one JSON line on stdout, and, with
-``--json-out FILE``, the same line written to FILE whole or not at all (a temporary file renamed)."""
+"""What the benchmarks here share: their sizes from a preset (``--quick`` or the full one) where an
+option is not given, a comma-separated option checked against what it may name, and how each
+ends -- its record as one JSON line on stdout, and, with ``--json-out FILE``, the same line
+written to FILE whole or not at all (a temporary file renamed)."""
 
 import json
 import os
@@ -12,3 +14,19 @@ def emit(record: dict, json_out: str | None) -> None:
         with open(json_out + ".tmp", "w") as file:
             file.write(line + "\n")
         os.replace(json_out + ".tmp", json_out)
+
+
+def with_preset(args, quick: dict, full: dict):
+    """``args`` with each option of the preset (``quick`` under --quick, else ``full``) that was not given."""
+    for name, default in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
+
+
+def listed(parser, option: str, text: str, allowed) -> list[str]:
+    """The names of a comma-separated ``option``; a parser error naming the first unknown ones and what is allowed."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if unknown := [name for name in names if name not in allowed]:
+        parser.error(f"{option}: unknown {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+    return names

@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from record import emit  # bench/record.py (bench/ is on the path of python bench/NAME.py)
+from record import emit, listed, with_preset  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = dict(concurrency="8,16,32,64", requests=1000, max_seconds=120.0)
@@ -71,10 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-restart", action="store_true", help="skip the restart on the same port")
     parser.add_argument("--json-out", help="also write the JSON line to this file")
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else FULL
-    for name, default in preset.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
+    with_preset(args, QUICK, FULL)
     try:
         args.concurrency = [int(c) for c in args.concurrency.split(",")]
     except ValueError:

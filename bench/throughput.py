@@ -38,7 +38,7 @@ from dpsm_ray.data.vision import CIFAR100_MEAN, CIFAR100_STD, cifar100_transform
 from dpsm_ray.cards import build_model
 from dpsm_ray.cards import METHODS, PAPER_METHODS, build_objective
 from dpsm_ray.train.step import EagerStep, GraphStep
-from record import emit  # bench/record.py (bench/ is on the path of python bench/NAME.py)
+from record import emit, listed, with_preset  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 CLASSES = 100
 FULL = dict(models="resnet110,densenet100", methods=",".join(PAPER_METHODS), batches="64,128", packs="1,2,4,8", steps=50, warmup=10, images=50000)
@@ -61,10 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--loader-workers", type=int, default=min(8, os.cpu_count() or 1), help="DataLoader processes of the official pipeline (default: %(default)s)")
     parser.add_argument("--json-out", help="also write the JSON line to this file")
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else FULL
-    for name, default in preset.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
+    with_preset(args, QUICK, FULL)
     args.models = args.models.split(",")
     args.methods = args.methods.split(",")
     args.batches = [int(b) for b in args.batches.split(",")]
