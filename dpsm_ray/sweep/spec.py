@@ -180,9 +180,7 @@ class SweepSpec:
         return {"method": method, **(preset_values(self.preset, method, schedule=False) if self.preset else {})}
 
     def search_trials(self, method: str) -> int:
-        """The Optuna budget of ``method``'s search: ``trials``, or ``trials_per_knob`` times its
-        number of knobs."""
-        return self.trials if self.trials_per_knob is None else self.trials_per_knob * len(method_knobs(method))
+        return search_budget(self.trials, self.trials_per_knob, method)
 
     def trial_demand(self) -> Demand:
         """What one trial holds at once (its own process, and its Ray Train workers)."""
@@ -231,6 +229,12 @@ class SweepSpec:
         payload["base"] = self.base.to_dict()
         payload["arms"] = {arm.name: arm.settings for arm in self.arms}  # a resume matches arms by name
         return json.loads(json.dumps(payload, default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v)))
+
+
+def search_budget(trials: int, trials_per_knob: int | None, method: str) -> int:
+    """The Optuna budget of ``method``'s search: ``trials``, or ``trials_per_knob`` times its
+    number of knobs (a spec's, or the ``trials`` and ``trials_per_knob`` a sweep.json stored)."""
+    return trials if trials_per_knob is None else trials_per_knob * len(method_knobs(method))
 
 
 # --- the results directory ------------------------------------------------------------------

@@ -125,7 +125,7 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
     from dpsm_ray.sweep.pick import best_overrides
     from dpsm_ray.sweep.space import method_knobs
     from dpsm_ray.results.layout import SWEEP_FILE
-    from dpsm_ray.sweep.spec import SweepError, read_sweep_file
+    from dpsm_ray.sweep.spec import SweepError, read_sweep_file, search_budget
 
     sweep_dir = Path(sweep_dir)
     if not (sweep_dir / SWEEP_FILE).is_file():
@@ -147,8 +147,7 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
         if method in stored.get("methods", ()):
             overrides = best_overrides(sweep_dir, method, method_knobs(method), log)
             if overrides is not None:
-                per_knob = stored.get("trials_per_knob")  # the budget the sweep gave this method, as SweepSpec.search_trials
-                budget = stored["trials"] if per_knob is None else per_knob * len(method_knobs(method))
+                budget = search_budget(stored["trials"], stored.get("trials_per_knob"), method)  # what the sweep gave it
                 arms.append(
                     Arm(
                         f"searched_{method}",
