@@ -70,6 +70,23 @@ def test_the_transfer_search_config_searches_at_the_study_s_settings_with_the_fa
     assert {method: spec.search_trials(method) for method in spec.methods} == {"ce": 2, "conftr": 6, "cut": 4, "dpsm": 8}
 
 
+def test_the_fonts_arms_fine_tune_from_the_fonts_league_s_base_models():
+    """Read as one study with the league (``--report-from`` both folders), the two share each seed's
+    base model: one cache entry, though the league scores its diagnostics on a sample."""
+    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, GENERIC_DEFAULTS, build_parser, spec_from_args
+    from dpsm_ray.sweep.options import GENERIC, parse_with_config
+    from dpsm_ray.train.base_model import cache_entry
+
+    config = ROOT / "sweeps" / "league-fonts.yaml"
+    args = parse_with_config(build_parser(GENERIC, "", GENERIC_DEFAULTS), GENERIC, CONFIG_OPTIONS, ["--config", str(config)])
+    league = spec_from_args(GENERIC, args, GENERIC_DEFAULTS).base
+    arms = configs("fonts")
+    assert league.diagnostic_examples != arms["ce"].diagnostic_examples  # the reason the key must leave it out
+    for seed in (0, 9):
+        entries = {cache_entry(config.replace(seed=seed), "cache") for config in (league, *arms.values()) if config.init == "base"}
+        assert len(entries) == 1, entries
+
+
 def test_the_like_for_like_errors_and_gradient_norms_reach_the_compact_results_and_the_tables(tmp_path):
     """A study whose epochs measured them: the compact runs keep the last epoch's train-mode error
     and each run's first-step and middle-epoch gradient norms; the report prints both tables."""

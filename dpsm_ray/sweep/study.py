@@ -187,7 +187,8 @@ def study_parser(prog: str, description: str, datasets: dict[str, dict]):
     add = parser.add_argument
     add("--dataset", choices=list(datasets), default=next(iter(datasets)), help="(default: %(default)s)")
     add("--data-root", help="where the dataset's files are (the dataset's default otherwise)")
-    add("--out", help="the study's directory (default: results/fidelity-DATASET[-quick])")
+    prefixes = sorted({definition.get("prefix", "fidelity") for definition in datasets.values()})
+    add("--out", help=f"the study's directory (default: results/{'|'.join(prefixes)}-DATASET[-quick])")
     add("--resume", action="store_true", help="continue an interrupted study in --out")
     add("--seeds", type=int, help="training seeds per arm (default: the dataset's)")
     add("--arms", help="a comma-separated subset of the arms, the searched ones too with --searched-from (default: all)")

@@ -51,6 +51,10 @@ FINE_TUNING_DEFAULTS = {
     name: TrainConfig.__dataclass_fields__[name].default
     for name in ("alpha", *sorted(method_fields()), "val_splits", "eval_splits", "eval_scores", "eval_calibrations")
 }
+# What only a run's per-epoch diagnostics read: their sample comes from a generator of its own, so
+# the base model's weights are the same whatever it is, and studies that score their diagnostics
+# differently (a league's 10000 examples, round two's whole split) share one base model per seed.
+DIAGNOSTICS_DEFAULTS = {"diagnostic_examples": TrainConfig.__dataclass_fields__["diagnostic_examples"].default}
 
 
 def base_config(config: TrainConfig) -> TrainConfig:
@@ -76,6 +80,7 @@ def base_config(config: TrainConfig) -> TrainConfig:
         base_milestones=None,
         **recipe,
         **FINE_TUNING_DEFAULTS,
+        **DIAGNOSTICS_DEFAULTS,
     )
 
 

@@ -44,6 +44,15 @@ def test_the_base_recipe_is_cross_entropy_with_fine_tuning_knobs_reset():
     assert base_config(chosen) == base_config(fine) and base_config(chosen).lr_schedule == "step"
 
 
+def test_the_diagnostics_sample_leaves_the_base_weights_and_their_cache_entry_as_they_are(tmp_path):
+    config = TrainConfig(**SMALL, method="dpsm", cache_dir=str(tmp_path))
+    assert cache_entry(config.replace(diagnostic_examples=0), tmp_path) == cache_entry(config, tmp_path)
+    # the reason it may: a CE run's weights do not depend on which examples its diagnostics score
+    base = base_config(config)
+    states = [run_training(base.replace(diagnostic_examples=n), log=lambda line: None).model_state for n in (0, 50)]
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
 def test_a_backbone_retrained_at_the_same_path_is_another_base_model(tmp_path):
     from dpsm_ray.cards import build_model
 
