@@ -221,7 +221,7 @@ def drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, l
     planned_final = len(spec.methods) * spec.final_seeds + (spec.final_seeds if spec.base.init == "base" else 0)
     log.plan(sum(search_size(spec, method) for method in spec.methods) + (0 if search_only else planned_final))
     with clock("base_model"):
-        base = with_base_model(spec.base, spec.base.seed, results, log)
+        base = with_base_models(spec, [spec.base.seed], results, log)[spec.base.seed]
     if not spec.grid:
         if spec.trials_per_knob is None:
             budget = f"{spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}"
@@ -310,11 +310,82 @@ def quiet_libraries() -> None:
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
 
-def with_base_model(config: TrainConfig, seed: int, results: Path, log) -> TrainConfig:
-    """``config`` for ``seed``, pointed at its cached base model under ``results/base_models``."""
-    from dpsm_ray.train import resolve_base_model
+def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, TrainConfig]:
+    """``spec.base`` for each of ``seeds``, pointed at its cached base model under
+    ``results/base_models``.  Those not cached yet train at once, each as a Ray task holding what a
+    trial holds: on a cluster a training node's GPU, never the driver's CPU, and one seed's beside
+    another's on a laptop's cores.  (With Ray Train workers a base model trains on them, from here.)
+    One base model's lines reach ``log`` as if it trained here; several report as each ends."""
+    import ray
+    from ray.util.queue import Queue
 
-    return resolve_base_model(config.replace(seed=seed, cache_dir=str(results / BASE_MODELS)), log)
+    from dpsm_ray.sweep.progress import duration_text
+    from dpsm_ray.train import resolve_base_model
+    from dpsm_ray.train.base_model import cache_entry
+    from dpsm_ray.train.lines import EpochLine
+
+    configs = {seed: spec.base.replace(seed=seed, cache_dir=str(results / BASE_MODELS)) for seed in seeds}
+    missing = [seed for seed, config in configs.items()
+               if config.init == "base" and not (cache_entry(config, config.cache_dir) / "model.pt").exists()]
+    if spec.base.workers > 0 or not missing:
+        return {seed: resolve_base_model(config, log) for seed, config in configs.items()}
+    resources = dict(spec.trial_resources)
+    options = {"num_cpus": resources.pop("cpu", 0), "num_gpus": resources.pop("gpu", 0), "resources": resources, "max_retries": 0}
+    held = ", ".join(f"{name} {amount:g}" for name, amount in spec.trial_resources)
+    if len(missing) == 1:
+        log(f"base model: seed {missing[0]} trains as a Ray task holding a trial's resources ({held})")
+    else:
+        log(f"base models: training {len(missing)} (seeds {', '.join(map(str, missing))}) as Ray tasks holding a trial's "
+            f"resources ({held}) each, as many at once as fit")
+    lines = Queue(actor_options={"num_cpus": 0}) if len(missing) == 1 else None
+    started = time.monotonic()
+    task = ray.remote(train_base_model).options(**options)
+    pending = {task.remote(configs[seed].to_dict(), lines): seed for seed in missing}
+    resolved = {seed: resolve_base_model(config, log) for seed, config in configs.items() if seed not in missing}
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=None if lines is None else 1.0)
+            for text, numbers in lines.get_nowait_batch(lines.qsize()) if lines is not None else ():
+                log(EpochLine(text, **numbers) if numbers else text)
+            for ref in ready:
+                seed = pending.pop(ref)
+                try:
+                    weights, seconds, host, pid = ray.get(ref)
+                except ray.exceptions.RayTaskError as error:
+                    raise (error.cause if isinstance(error.cause, Exception) else error) from None  # the driver's own error
+                resolved[seed] = configs[seed].replace(init_checkpoint=weights)
+                done = len(missing) - len(pending)
+                left = f", about {duration_text((time.monotonic() - started) / done * len(pending))} left" if pending else ""
+                if lines is None:  # one base model's own lines said it already
+                    log(f"base model: trained in {seconds:.0f}s, seed {seed} (process {pid} on {host}; {done} of {len(missing)}{left})")
+    finally:
+        for ref in pending:  # interrupted, or another seed failed: each resumes from its checkpoint next time
+            ray.cancel(ref)
+        if lines is not None:
+            lines.shutdown()
+    return {seed: resolved[seed] for seed in seeds}
+
+
+EPOCH_NUMBERS = ("epoch", "epochs", "seconds", "val_set_size", "method")
+
+
+def train_base_model(config: dict, lines) -> tuple[str, float, str, int]:
+    """A Ray task: ``config``'s base model found or trained into its cache (``with_base_models``),
+    its log lines put on ``lines`` (a Ray queue, or None); its weights' path, the seconds it took,
+    and where it trained (host, process)."""
+    import socket
+
+    from dpsm_ray.train import resolve_base_model
+    from dpsm_ray.train.lines import EpochLine
+
+    def forward(line: str) -> None:
+        if lines is not None:  # an epoch line's numbers (a str subclass's attributes) do not pickle with it
+            numbers = {name: getattr(line, name) for name in EPOCH_NUMBERS} if isinstance(line, EpochLine) else None
+            lines.put_nowait((str(line), numbers))
+
+    started = time.monotonic()
+    weights = resolve_base_model(TrainConfig.from_dict(config), log=forward).init_checkpoint
+    return weights, time.monotonic() - started, socket.gethostname(), os.getpid()
 
 
 def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: dict, log):
@@ -401,7 +472,7 @@ def final_stage(spec: SweepSpec, results: Path, log):
     if not chosen:
         return None
     seeds = [spec.base.seed + offset for offset in range(spec.final_seeds)]
-    bases = {seed: with_base_model(spec.base, seed, results, log) for seed in seeds}
+    bases = with_base_models(spec, seeds, results, log)
     points = [
         {**spec.method_settings(method), **overrides, "seed": seed, "init_checkpoint": bases[seed].init_checkpoint}
         for method, overrides in chosen.items() for seed in seeds
