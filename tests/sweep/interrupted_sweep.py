@@ -16,6 +16,8 @@ POINT is one of
     kill-told:<stage>:<n>    kill -9 right after the study is told (as its "done" line prints)
     kill-asked:<stage>:<n>   kill -9 while trial n is being proposed: its first parameter is in
                              the study, the others are not
+    kill-base-model          kill -9 as the first epoch line of a base model comes back from the
+                             Ray task training it (its checkpoint written, the task still running)
     trace-writes             no interruption; print each file write's target to stderr (to choose
                              kill-write instants)
     none                     no interruption
@@ -29,6 +31,7 @@ import sys
 from pathlib import Path
 
 from dpsm_ray.sweep import protocol, search, stage
+from dpsm_ray.train.lines import EpochLine
 from dpsm_ray.train.ray_train import FINISHED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +115,18 @@ def interrupt_at(point: str) -> None:
             return sampler_for(self, number_, parameter)
 
         search.MethodStudy.sampler_for = hooked_sampler
+    elif point == "kill-base-model":
+        with_base_models = protocol.with_base_models
+
+        def hooked_base_models(spec, seeds, results, log):
+            def killing(line):
+                log(line)
+                if isinstance(line, EpochLine):  # the base model's task has checkpointed an epoch
+                    kill()
+
+            return with_base_models(spec, seeds, results, killing)
+
+        protocol.with_base_models = hooked_base_models
     elif kind != "none":
         raise SystemExit(f"unknown interruption point {point!r}")
 

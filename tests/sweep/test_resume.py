@@ -187,14 +187,15 @@ def test_an_interrupted_sweep_resumes_to_the_rows_of_an_uninterrupted_one(uninte
 
 
 # Instants at which the driver is killed (kill -9), one after another on the same sweep, each run
-# resuming the last: its k-th file write half done (sweep.json; the base model's checkpoint, Parquet
-# files and manifest; a stage's Parquet files and manifest; a figure; report.md -- a resumed run
-# counts its own writes), right after a trial's record and before Optuna hears of it, right after
-# Optuna is told (as the "done" line prints), and in the middle of proposing a trial.  Issue 21: a
+# resuming the last: its k-th file write half done (sweep.json; a stage's Parquet files and
+# manifest; a figure; report.md -- a resumed run counts its own writes), while the Ray task that
+# trains the base model runs (it dies with the driver's job; the next one resumes its checkpoint),
+# right after a trial's record and before Optuna hears of it, right after Optuna is told (as the
+# "done" line prints), and in the middle of proposing a trial.  Issue 21: a
 # kill as a trial finished left Optuna and Tune disagreeing for ever.  (`interrupted_sweep.py
 # trace-writes` lists a run's writes.)
 KILLS = [
-    "kill-write:1", "kill-write:3", "kill-write:6", "kill-recorded:search-ce:1", "kill-told:search-ce:2", "kill-asked:search-dpsm:2",
+    "kill-write:1", "kill-base-model", "kill-recorded:search-ce:1", "kill-told:search-ce:2", "kill-asked:search-dpsm:2",
     "kill-recorded:search-dpsm:2", "kill-write:12", "kill-recorded:final:1", "kill-write:20", "kill-write:26", "kill-write:32",
 ]
 
@@ -210,6 +211,7 @@ def test_a_sweep_killed_at_many_instants_resumes_each_time_to_the_rows_of_an_uni
         raise AssertionError(f"the last resume failed:\n{run.stdout}{run.stderr}")
     killed = [point for point, code in outcomes if code == -signal.SIGKILL]
     assert len(killed) >= 10, outcomes  # the instants were reached, not skipped by a finished sweep
+    assert "kill-base-model" in killed, outcomes  # the driver died while its base model's task trained
     assert_same_rows(results, uninterrupted_sweep, "kills at " + ", ".join(killed))
 
 
