@@ -330,7 +330,9 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
     if spec.base.workers > 0 or not missing:
         return {seed: resolve_base_model(config, log) for seed, config in configs.items()}
     resources = dict(spec.trial_resources)
-    options = {"num_cpus": resources.pop("cpu", 0), "num_gpus": resources.pop("gpu", 0), "resources": resources, "max_retries": 0}
+    # a node lost under a task (a preempted GPU node) starts it again, from its checkpoint, as a trial's retries would
+    options = {"num_cpus": resources.pop("cpu", 0), "num_gpus": resources.pop("gpu", 0), "resources": resources,
+               "max_retries": spec.trial_retries}
     held = ", ".join(f"{name} {amount:g}" for name, amount in spec.trial_resources)
     if len(missing) == 1:
         log(f"base model: seed {missing[0]} trains as a Ray task holding a trial's resources ({held})")
