@@ -265,3 +265,24 @@ def test_the_group_benchmark_s_overlap_is_the_time_kernels_of_two_streams_ran_at
     # busy 0-35; two streams at once 5-10 and 20-25; 30 touches 30 without overlapping
     assert concurrency(intervals) == {"kernels": 4, "streams": 2, "busy_us": 35.0, "concurrent_us": 10.0, "concurrent_share": 10 / 35}
     assert concurrency([(0.0, 10.0, 1), (10.0, 20.0, 2)])["concurrent_us"] == 0.0  # one stream after the other
+
+
+@pytest.mark.ray
+def test_base_models_benchmark_runs_quick_on_the_session_s_ray_and_the_tasks_weights_are_the_driver_s(ray_session, tmp_path):
+    import ray
+
+    out = tmp_path / "base_models.json"
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "base_models.py"), "--quick", "--json-out", str(out)],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads(out.read_text()) and record["benchmark"] == "base_models" and record["quick"] and record["seeds"] == 2
+    rows = record["results"]
+    assert rows[0]["how"] == "driver, one after another, 1 thread" and rows[-1]["how"].startswith("Ray tasks, 1 CPU each")
+    assert len(rows) == (2 if record["default_threads"] == 1 else 3) and all(row["seconds"] > 0 for row in rows)
+    assert rows[0]["identical"] is True and rows[-1]["identical"] is True  # a task trains what the driver trained at one thread
+    table = result.stdout.splitlines()[1:]
+    assert table[0].split() == ["how", "seconds", "speed-up", "identical"] and len(table) == len(rows) + 1
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "base_models.py"), "--seeds", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--seeds and --epochs must be >= 1; got 0" in bad.stderr
