@@ -334,6 +334,7 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
     options = {"num_cpus": resources.pop("cpu", 0), "num_gpus": resources.pop("gpu", 0), "resources": resources,
                "max_retries": spec.trial_retries}
     held = ", ".join(f"{name} {amount:g}" for name, amount in spec.trial_resources)
+    resolved = {seed: resolve_base_model(config, log) for seed, config in configs.items() if seed not in missing}  # the cached
     if len(missing) == 1:
         log(f"base model: seed {missing[0]} trains as a Ray task holding a trial's resources ({held})")
     else:
@@ -343,7 +344,6 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
     started = time.monotonic()
     task = ray.remote(train_base_model).options(**options)
     pending = {task.remote(configs[seed].to_dict(), lines): seed for seed in missing}
-    resolved = {seed: resolve_base_model(config, log) for seed, config in configs.items() if seed not in missing}
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=None if lines is None else 1.0)
