@@ -62,6 +62,7 @@ FINISHED_FILE = "finished.json"  # written last, once the report is: the sweep h
 RUNS = "runs"
 RECORD_FILE = "record.json"
 CHECKPOINT_FILE = "checkpoint.pt"
+MODEL_FILE = "model.pt"  # a finished run's weights (its state dict)
 EPOCHS_FILE = "epochs.json"
 RESULT_FILE = "result.json"
 PREDICTORS = "predictors"

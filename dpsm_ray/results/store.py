@@ -19,7 +19,7 @@ from dpsm_ray.files import (
     write_checked_json,
     write_json,
 )
-from dpsm_ray.results.layout import MANIFEST, PARQUET, read_manifest
+from dpsm_ray.results.layout import MANIFEST, MODEL_FILE, PARQUET, read_manifest
 from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, arrow_schema
 
 
@@ -87,7 +87,7 @@ def write_run(out_dir: str | os.PathLike, result) -> None:
     import torch
 
     out = Path(out_dir)
-    atomic_write(out / "model.pt", lambda handle: torch.save(result.model_state, handle))
+    atomic_write(out / MODEL_FILE, lambda handle: torch.save(result.model_state, handle))
     key = run_key(result.config)
     record = {**result.config.to_dict(), "run_id": key["run_id"], "split_sizes": result.split_sizes, "runtime": runtime(result)}
     write_json(out / "config.json", record)

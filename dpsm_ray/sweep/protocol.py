@@ -321,12 +321,12 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
 
     from dpsm_ray.sweep.progress import duration_text
     from dpsm_ray.train import resolve_base_model
-    from dpsm_ray.train.base_model import cache_entry
+    from dpsm_ray.train.base_model import cached_weights
     from dpsm_ray.train.lines import EpochLine
 
     configs = {seed: spec.base.replace(seed=seed, cache_dir=str(results / BASE_MODELS)) for seed in seeds}
     missing = [seed for seed, config in configs.items()
-               if config.init == "base" and not (cache_entry(config, config.cache_dir) / "model.pt").exists()]
+               if config.init == "base" and not cached_weights(config, config.cache_dir).exists()]
     if spec.base.workers > 0 or not missing:
         return {seed: resolve_base_model(config, log) for seed, config in configs.items()}
     resources = dict(spec.trial_resources)

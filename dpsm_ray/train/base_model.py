@@ -19,7 +19,7 @@ from dpsm_ray.files import cache_home, sha256_file
 from dpsm_ray.cards import method_fields
 from dpsm_ray.cards import dataset_card
 from dpsm_ray.config import TrainConfig
-from dpsm_ray.results.layout import BASE_MODELS, CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
+from dpsm_ray.results.layout import BASE_MODELS, CHECKPOINT_FILE, EPOCHS_FILE, MODEL_FILE, RESULT_FILE
 from dpsm_ray.train.ray_train import RAY_TRAIN_DIR
 
 # CE training recipes (the official code's CIFAR recipes; the 224-pixel models use
@@ -100,13 +100,19 @@ def cache_entry(config: TrainConfig, cache_dir: str | os.PathLike | None = None)
     return root / f"{base.dataset.partition(':')[0]}-{model}-seed{base.seed}-{base.config_hash()}{data}{weights}"
 
 
+def cached_weights(config: TrainConfig, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where ``config``'s base model keeps its weights in the cache: they exist once it has trained
+    (a ``.partial`` entry never holds them there)."""
+    return cache_entry(config, cache_dir) / MODEL_FILE
+
+
 def ensure_base_model(config: TrainConfig, run, cache_dir: str | os.PathLike | None = None, log=print) -> TrainConfig:
     """``config`` pointed at its base model's weights, training the base model first on a cache
     miss.  ``run(base_config, out_dir)`` trains a config and writes its run files to ``out_dir``."""
     if config.init != "base":
         return config
-    entry = cache_entry(config, cache_dir)
-    weights = entry / "model.pt"
+    weights = cached_weights(config, cache_dir)
+    entry = weights.parent
     if weights.exists():
         log(f"base model: cache hit, reusing {entry}")
     else:
