@@ -69,3 +69,13 @@ def skip_final_collection() -> None:
 
 
 _skipping = False
+
+
+def duration_text(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``2h10m``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -286,3 +286,24 @@ def test_base_models_benchmark_runs_quick_on_the_session_s_ray_and_the_tasks_wei
     assert table[0].split() == ["how", "seconds", "speed-up", "identical"] and len(table) == len(rows) + 1
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "base_models.py"), "--seeds", "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--seeds and --epochs must be >= 1; got 0" in bad.stderr
+
+
+@pytest.mark.ray
+def test_predictor_export_benchmark_runs_quick_on_the_session_s_ray_and_the_tasks_predictors_are_the_driver_s(ray_session, tmp_path):
+    import ray
+
+    out = tmp_path / "predictor_export.json"
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "predictor_export.py"), "--quick", "--json-out", str(out)],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record == json.loads(out.read_text()) and record["benchmark"] == "predictor_export" and record["models"] == 3
+    rows = record["rows"]
+    assert rows[0]["how"] == "driver, one after another, 1 thread" and rows[-1]["how"].startswith("Ray tasks, 1 CPU each")
+    assert len(rows) == (2 if record["default_threads"] == 1 else 3) and all(row["seconds"] > 0 for row in rows)
+    assert rows[-1]["identical"] is True  # a task writes the predictor the driver wrote at one thread
+    table = result.stdout.splitlines()[1:]
+    assert table[0].split() == ["how", "seconds", "speed-up", "identical"] and len(table) == len(rows) + 1
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "predictor_export.py")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "give --results DIR (a finished sweep) or --quick" in bad.stderr

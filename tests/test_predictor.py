@@ -505,3 +505,18 @@ def test_a_predictor_whose_model_is_ones_own_factory_loads_only_when_trusted(tmp
         main(["predict", str(tmp_path / "run" / "predictor"), "--input", str(tmp_path / "x.npy"), "--out", str(tmp_path / "sets.parquet")])
     assert "--trust-code" in capsys.readouterr().err
     assert main(["predict", str(tmp_path / "run" / "predictor"), "--input", str(tmp_path / "x.npy"), "--out", str(tmp_path / "sets.parquet"), "--trust-code"]) == 0
+
+
+def test_a_long_export_says_its_first_model_then_one_line_a_while_and_its_last_with_the_time_left(monkeypatch):
+    from dpsm_ray.predict import export
+
+    now = [100.0]
+    monkeypatch.setattr(export.time, "monotonic", lambda: now[0])
+    lines = []
+    progress = export.ExportProgress(5, lines.append, every=15.0)
+    for seconds in (5, 5, 5, 5, 5):  # a model each 5 s: lines at 5 s, 20 s and the last, 25 s
+        now[0] += seconds
+        progress.ended(f"m{len(lines)}", " (process 7 on h)")
+    assert lines == ["predictors: m0 written (process 7 on h), 1 of 5, about 20s left",
+                     "predictors: m1 written (process 7 on h), 4 of 5, about 5s left",
+                     "predictors: m2 written (process 7 on h), 5 of 5"]

@@ -117,6 +117,16 @@ def test_the_index_and_the_report_name_each_method_s_choice(sweep):
     assert any("] predictors chosen per method: " in line and "dpsm-seed0" in line and str(results / PREDICTORS) in line for line in lines)
 
 
+def test_the_sweep_writes_its_predictors_in_ray_tasks_not_in_the_driver(sweep):
+    """On a cluster the driver's node has no GPU: each predictor's forward passes run where a trial's would."""
+    _, results, lines = sweep
+    said = [line.split("] ", 1)[1] for line in lines if "] predictors: " in line]
+    assert said[:2] == [f"predictors: writing 3 final models as conformal predictors under {results / PREDICTORS}",
+                        "predictors: 3 Ray tasks holding a trial's resources (cpu 1) each, as many at once as fit"]
+    written = [line for line in said if " written (process " in line]
+    assert written and written[-1].endswith(", 3 of 3") and all(f"(process {os.getpid()} " not in line for line in written)
+
+
 def test_a_resumed_sweep_keeps_its_predictors_and_rebuilds_a_missing_one(sweep, tmp_path):
     spec, original, _ = sweep
     results = tmp_path / "digits"
@@ -163,6 +173,9 @@ def test_export_builds_the_predictors_of_a_sweep_finished_without_them(sweep, tm
     assert "has no predictors yet: exporting its final models" in capsys.readouterr().out
     rebuilt = read_checked_json(tmp_path / "dpsm" / "predictor.json")
     assert rebuilt["scores"] == read_checked_json(original / PREDICTORS / "dpsm-seed0" / "predictor.json")["scores"]
+    for name in ("base-seed0", "ce-seed0", "dpsm-seed0"):  # built here, one after another, as the sweep's Ray tasks built them
+        here, there = (read_checked_json(r / PREDICTORS / name / "predictor.json") for r in (results, original))
+        assert {k: here[k] for k in ("run_id", "scores", "test")} == {k: there[k] for k in ("run_id", "scores", "test")}
 
 
 # ----------------------------------------------------------------------------- serving

@@ -21,22 +21,13 @@ import time
 from collections.abc import Callable
 
 from dpsm_ray.train.lines import EpochLine
+from dpsm_ray.timing import duration_text
 
 
 def clock_text(seconds: float) -> str:
     """``h:mm:ss``."""
     seconds = max(0, int(seconds))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def duration_text(seconds: float) -> str:
-    """``45s``, ``3m05s``, ``2h10m``."""
-    seconds = max(0, int(round(seconds)))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class Progress:

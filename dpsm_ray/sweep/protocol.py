@@ -253,7 +253,7 @@ def drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, l
     if search_only:
         return results
     with clock("export"):
-        index = export_sweep(results, log=log)
+        index = export_sweep(results, log=log, build=export_predictors(spec))
     if spec.tracking:
         from dpsm_ray.sweep.tracking import log_predictors
 
@@ -319,7 +319,7 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
     import ray
     from ray.util.queue import Queue
 
-    from dpsm_ray.sweep.progress import duration_text
+    from dpsm_ray.timing import duration_text
     from dpsm_ray.train import resolve_base_model
     from dpsm_ray.train.base_model import cached_weights
     from dpsm_ray.train.lines import EpochLine
@@ -329,11 +329,7 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
                if config.init == "base" and not cached_weights(config, config.cache_dir).exists()]
     if spec.base.workers > 0 or not missing:
         return {seed: resolve_base_model(config, log) for seed, config in configs.items()}
-    resources = dict(spec.trial_resources)
-    # a node lost under a task (a preempted GPU node) starts it again, from its checkpoint, as a trial's retries would
-    options = {"num_cpus": resources.pop("cpu", 0), "num_gpus": resources.pop("gpu", 0), "resources": resources,
-               "max_retries": spec.trial_retries}
-    held = ", ".join(f"{name} {amount:g}" for name, amount in spec.trial_resources)
+    options, held = trial_task_options(spec)
     resolved = {seed: resolve_base_model(config, log) for seed, config in configs.items() if seed not in missing}  # the cached
     if len(missing) == 1:
         log(f"base model: seed {missing[0]} trains as a Ray task holding a trial's resources ({held})")
@@ -366,6 +362,57 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
         if lines is not None:
             lines.shutdown()
     return {seed: resolved[seed] for seed in seeds}
+
+
+def trial_task_options(spec: SweepSpec) -> tuple[dict, str]:
+    """Ray task options that hold what one of ``spec``'s trials holds (its CPUs, its share of a
+    GPU, custom resources), and those resources in words."""
+    resources = dict(spec.trial_resources)
+    # a node lost under a task (a preempted GPU node) starts it again (from its checkpoint, if it has one), as a trial's retries would
+    options = {"num_cpus": resources.pop("cpu", 0), "num_gpus": resources.pop("gpu", 0), "resources": resources,
+               "max_retries": spec.trial_retries}
+    return options, ", ".join(f"{name} {amount:g}" for name, amount in spec.trial_resources)
+
+
+def export_predictors(spec: SweepSpec):
+    """``export_sweep``'s builder for a sweep: each final model's predictor written by a Ray task
+    holding what a trial holds -- its forward passes on a training node's GPU, never on the
+    driver's CPU, and side by side -- so it computes them as the trial's own evaluation did.  A
+    failing one raises its own error; the others are cancelled (a resumed sweep writes them)."""
+
+    def build(results: Path, stale: list[int], log) -> None:
+        import ray
+
+        from dpsm_ray.predict.export import ExportProgress
+
+        options, held = trial_task_options(spec)
+        log(f"predictors: {len(stale)} Ray task{'s' * (len(stale) > 1)} holding a trial's resources ({held}) each, as many at once as fit")
+        task = ray.remote(exported_where).options(**options)
+        pending = [task.remote(str(results), index) for index in stale]
+        progress = ExportProgress(len(stale), log)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                try:
+                    name, host, pid = ray.get(ready[0])
+                except ray.exceptions.RayTaskError as error:
+                    raise (error.cause if isinstance(error.cause, Exception) else error) from None  # the driver's own error
+                progress.ended(name, f" (process {pid} on {host})")
+        finally:
+            for ref in pending:
+                ray.cancel(ref)
+
+    return build
+
+
+def exported_where(results: str, index: int) -> tuple[str, str, int]:
+    """A Ray task: final trial ``index``'s predictor written (``export_final_model``); its name,
+    and where it ran (host, process)."""
+    import socket
+
+    from dpsm_ray.predict.export import export_final_model
+
+    return export_final_model(results, index), socket.gethostname(), os.getpid()
 
 
 EPOCH_NUMBERS = ("epoch", "epochs", "seconds", "val_set_size", "method")

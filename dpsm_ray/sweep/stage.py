@@ -42,7 +42,8 @@ from ray.tune.search import Searcher
 from dpsm_ray.files import DiskFullError, is_disk_full
 from dpsm_ray import cards
 from dpsm_ray.results.layout import TUNE, Ledger
-from dpsm_ray.sweep.progress import Progress, duration_text
+from dpsm_ray.sweep.progress import Progress
+from dpsm_ray.timing import duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers
 from dpsm_ray.timing import process_started_at
 from dpsm_ray.config import TrainConfig

@@ -1,7 +1,8 @@
 """The sweep's progress lines: time stamps, the overall trial counter and its estimate, and the
 base model's epochs thinned (the lines of a real sweep: tests/sweep/test_sweep.py)."""
 
-from dpsm_ray.sweep.progress import Progress, clock_text, duration_text
+from dpsm_ray.sweep.progress import Progress, clock_text
+from dpsm_ray.timing import duration_text
 from dpsm_ray.train.lines import EpochLine
 
 
