@@ -19,8 +19,6 @@ Prints one JSON line (every measurement, the machine) and then a table.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -31,7 +29,7 @@ import torch
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.train import resolve_base_model
-from record import emit, with_preset  # bench/record.py (bench/ is on the path of python bench/NAME.py)
+from record import emit, machine, print_speed_table, with_preset  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 FULL = dict(dataset="fonts:train=1", seeds=4, epochs=2)
 QUICK = dict(dataset="digits", seeds=2, epochs=2)
@@ -91,13 +89,10 @@ def main(argv=None) -> int:
         del session
     record = {"benchmark": "base_models", "quick": args.quick, "seeds": args.seeds, "epochs": args.epochs, "dataset": args.dataset,
               "model": base.resolved_model(), "default_threads": default_threads,
-              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__},
+              "machine": machine(),
               "results": rows}
     emit(record, args.json_out)
-    first = rows[0]["seconds"]
-    print(f"{'how':<48} {'seconds':>8} {'speed-up':>8} {'identical':>9}")
-    for row in rows:
-        print(f"{row['how']:<48} {row['seconds']:>8.1f} {first / row['seconds']:>7.2f}x {str(row['identical']):>9}")
+    print_speed_table(rows)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import torch
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.files import read_checked_json
 from dpsm_ray.results.layout import INDEX_FILE, PREDICTORS, Ledger
-from record import emit  # bench/record.py (bench/ is on the path of python bench/NAME.py)
+from record import emit, machine, print_speed_table  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -116,13 +115,10 @@ def main(argv=None) -> int:
         del session
     record = {"benchmark": "predictor_export", "quick": args.quick, "results": None if args.quick else str(args.results), "models": models,
               "dataset": base.dataset, "model": base.resolved_model(), "default_threads": default_threads,
-              "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__},
+              "machine": machine(),
               "rows": rows}
     emit(record, args.json_out)
-    first = rows[0]["seconds"]
-    print(f"{'how':<48} {'seconds':>8} {'speed-up':>8} {'identical':>9}")
-    for row in rows:
-        print(f"{row['how']:<48} {row['seconds']:>8.1f} {first / row['seconds']:>7.2f}x {str(row['identical']):>9}")
+    print_speed_table(rows)
     return 0
 
 

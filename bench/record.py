@@ -30,3 +30,20 @@ def listed(parser, option: str, text: str, allowed) -> list[str]:
     if unknown := [name for name in names if name not in allowed]:
         parser.error(f"{option}: unknown {', '.join(unknown)}; allowed: {', '.join(allowed)}")
     return names
+
+
+def machine() -> dict:
+    """The machine a record was measured on: its CPU, its cores and torch's version."""
+    import platform
+
+    import torch
+
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__}
+
+
+def print_speed_table(rows: list[dict]) -> None:
+    """Rows of ``how``, ``seconds`` and ``identical`` (to the first row's result), each with its speed-up over the first."""
+    first = rows[0]["seconds"]
+    print(f"{'how':<48} {'seconds':>8} {'speed-up':>8} {'identical':>9}")
+    for row in rows:
+        print(f"{row['how']:<48} {row['seconds']:>8.1f} {first / row['seconds']:>7.2f}x {str(row['identical']):>9}")
