@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
+from dpsm_ray import cards
 from dpsm_ray.cards import BASE_MODEL
 from dpsm_ray.results.layout import BASE_MODELS, PARQUET, TUNE
 from dpsm_ray.seeding import derive_seed
@@ -339,7 +340,8 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
     lines = Queue(actor_options={"num_cpus": 0}) if len(missing) == 1 else None
     started = time.monotonic()
     task = ray.remote(train_base_model).options(**options)
-    pending = {task.remote(configs[seed].to_dict(), lines): seed for seed in missing}
+    outside = cards.outside_cards()  # a dataset or model registered outside the package: the task's process registers it too
+    pending = {task.remote(configs[seed].to_dict(), lines, outside): seed for seed in missing}
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=None if lines is None else 1.0)
@@ -388,7 +390,8 @@ def export_predictors(spec: SweepSpec):
         options, held = trial_task_options(spec)
         log(f"predictors: {len(stale)} Ray task{'s' * (len(stale) > 1)} holding a trial's resources ({held}) each, as many at once as fit")
         task = ray.remote(exported_where).options(**options)
-        pending = [task.remote(str(results), index) for index in stale]
+        outside = cards.outside_cards()  # cards registered outside the package, which the task's process registers too
+        pending = [task.remote(str(results), index, outside) for index in stale]
         progress = ExportProgress(len(stale), log)
         try:
             while pending:
@@ -405,12 +408,16 @@ def export_predictors(spec: SweepSpec):
     return build
 
 
-def exported_where(results: str, index: int) -> tuple[str, str, int]:
+def exported_where(results: str, index: int, outside=()) -> tuple[str, str, int]:
     """A Ray task: final trial ``index``'s predictor written (``export_final_model``); its name,
-    and where it ran (host, process)."""
+    and where it ran (host, process).  ``outside``: the driver's cards registered outside the
+    package, registered here too (as a trial does)."""
     import socket
 
     from dpsm_ray.predict.export import export_final_model
+
+    for card in outside:
+        cards.register_card(card)
 
     return export_final_model(results, index), socket.gethostname(), os.getpid()
 
@@ -418,11 +425,14 @@ def exported_where(results: str, index: int) -> tuple[str, str, int]:
 EPOCH_NUMBERS = ("epoch", "epochs", "seconds", "val_set_size", "method")
 
 
-def train_base_model(config: dict, lines) -> tuple[str, float, str, int]:
+def train_base_model(config: dict, lines, outside=()) -> tuple[str, float, str, int]:
     """A Ray task: ``config``'s base model found or trained into its cache (``with_base_models``),
     its log lines put on ``lines`` (a Ray queue, or None); its weights' path, the seconds it took,
-    and where it trained (host, process)."""
+    and where it trained (host, process).  ``outside``: as ``exported_where``'s."""
     import socket
+
+    for card in outside:
+        cards.register_card(card)
 
     from dpsm_ray.train import resolve_base_model
     from dpsm_ray.train.lines import EpochLine

@@ -57,7 +57,9 @@ def test_a_dataset_model_and_score_registered_outside_the_package_run_a_sweep_en
     from dpsm_ray import Predictor
     from dpsm_ray.cards import load_splits
 
-    base = TrainConfig(dataset="blobs", init="scratch", epochs=2, batch_size=64, val_splits=2, eval_splits=2, workers=0, eval_scores=("hps", "top_gap"))
+    # from a base model: its training, as the predictors' writing, runs in a Ray task that must register the outside cards
+    base = TrainConfig(dataset="blobs", init="base", base_epochs=1, epochs=2, batch_size=64, val_splits=2, eval_splits=2, workers=0,
+                       eval_scores=("hps", "top_gap"))
     spec = SweepSpec(name="outside", base=base, methods=("ce",), trials=1, final_seeds=1, coverage_slack=0.2, seed=0)
     run_sweep(spec, tmp_path, log=lambda line: None)
     trials = pd.read_parquet(tmp_path / "trials.parquet")
