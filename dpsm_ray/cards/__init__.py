@@ -73,17 +73,22 @@ from dpsm_ray.cards.scores import (
 from dpsm_ray.cards.registry import built_in, outside_cards, unregister
 
 
-def register_card(card, *, replace: bool = True):
-    """Register a card of any axis (what a trial does with the cards its sweep sends)."""
-    for kind, register in (
-        (MethodCard, register_method),
-        (DatasetCard, register_dataset),
-        (ModelCard, register_model),
-        (ScoreCard, register_score),
-    ):
-        if isinstance(card, kind):
-            return register(card, replace=replace)
-    raise TypeError(f"not a card: {card!r}")
+def register_cards(outside) -> None:
+    """Register cards of any axis, each replacing one of its name: what a process of a sweep's
+    (a trial, a base model's or a predictor's Ray task) does with the cards its driver registered
+    outside the package (``outside_cards``)."""
+    for card in outside:
+        for kind, register in (
+            (MethodCard, register_method),
+            (DatasetCard, register_dataset),
+            (ModelCard, register_model),
+            (ScoreCard, register_score),
+        ):
+            if isinstance(card, kind):
+                register(card, replace=True)
+                break
+        else:
+            raise TypeError(f"not a card: {card!r}")
 
 
 __all__ = [
@@ -129,7 +134,7 @@ __all__ = [
     "pretrainable_models",
     "pretrained_problem",
     "reads",
-    "register_card",
+    "register_cards",
     "register_dataset",
     "register_method",
     "register_model",

@@ -147,44 +147,43 @@ def existing_info(directory: Path) -> dict | None:
         return None
 
 
-def stale_predictors(results: str | os.PathLike) -> list[int]:
-    """The final trials of the sweep in ``results`` (their indexes in its ledger) that finished and
-    have no predictor yet, or one built from another run."""
+def final_predictors(results: Path) -> dict[int, tuple[dict, dict | None]]:
+    """Each finished final trial of the sweep in ``results`` (by its index in the ledger): its
+    record, and the info of its predictor when that one is whole and built from this run, else
+    None (a predictor to write)."""
     from dpsm_ray.config import TrainConfig
 
-    ledger, stale = Ledger(Path(results)), []
-    for index, record in sorted(ledger.records("final").items()):
-        if record["status"] != "ok":
-            continue
-        config = TrainConfig.from_dict(record["config"])
-        info = existing_info(Path(results) / PREDICTORS / predictor_name(config))
-        if info is None or info["run_id"] != config.config_hash():
-            stale.append(index)
-    return stale
+    finals = {}
+    for index, record in sorted(Ledger(results).records("final").items()):
+        if record["status"] == "ok":
+            config = TrainConfig.from_dict(record["config"])
+            info = existing_info(results / PREDICTORS / predictor_name(config))
+            finals[index] = record, info if info is not None and info["run_id"] == config.config_hash() else None
+    return finals
 
 
 def predictor_name(config) -> str:
     return f"{config.method}-seed{config.seed}"
 
 
-def export_final_model(results: str | os.PathLike, index: int, *, data=None, device: str = "auto") -> str:
-    """Write final trial ``index`` of the sweep in ``results`` as a predictor under
-    ``results/predictors/`` (replacing one built from another run); its name.  ``data``: the
-    run's ``DataSplits`` when already loaded.  Run in the driver (``export_sweep``) or as one
-    Ray task per model (the sweep's ``export_predictors``): it reads and writes only files."""
+def export_final_model(results: str | os.PathLike, index: int, record: dict, sweep: str, *, data=None, device: str = "auto") -> str:
+    """Write final trial ``index`` (its ledger ``record``) of the sweep named ``sweep`` in
+    ``results`` as a predictor under ``results/predictors/`` (replacing one built from another
+    run); its name.  ``data``: the run's ``DataSplits`` when already loaded.  Run in the driver
+    (``export_sweep``) or as one Ray task per model (the sweep's ``export_predictors``): it reads
+    and writes only files."""
     from dpsm_ray.config import TrainConfig
     from dpsm_ray.train.env import load_checkpoint
 
     results = Path(results)
-    ledger = Ledger(results)
-    record = ledger.records("final")[index]
+    run_dir = Ledger(results).run_dir("final", index)
     config = TrainConfig.from_dict(record["config"])
     provenance = {
-        "source": f"sweep {read_sweep_settings(results)['name']}, final stage", "trial_index": index, "trial_id": record["trial_id"],
-        "run_dir": str(ledger.run_dir("final", index).relative_to(results)), "validation": record["metrics"],
+        "source": f"sweep {sweep}, final stage", "trial_index": index, "trial_id": record["trial_id"],
+        "run_dir": str(run_dir.relative_to(results)), "validation": record["metrics"],
         "exported_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    state = load_checkpoint(ledger.run_dir("final", index) / CHECKPOINT_FILE)["model"]
+    state = load_checkpoint(run_dir / CHECKPOINT_FILE)["model"]
     predictor = predictor_for_run(config, state, data=data, device=device, provenance=provenance)
     name = predictor_name(config)
     predictor.save(results / PREDICTORS / name, overwrite=True)  # the run changed: its predictor is rebuilt
@@ -213,46 +212,47 @@ class ExportProgress:
         self.log(f"predictors: {name} written{where}, {self.done} of {self.total}{left}")
 
 
-def export_in_driver(results: Path, stale: list[int], log, device: str = "auto") -> None:
-    """``stale``'s predictors built here, one after another, each data split loaded once."""
+def export_in_driver(results: Path, sweep: str, stale: dict[int, dict], log, device: str = "auto") -> None:
+    """``stale``'s predictors (``{ledger index: record}``) built here, one after another, each
+    data split loaded once."""
     from dpsm_ray.config import TrainConfig
     from dpsm_ray.train.loop import load_data
 
-    records, loaded = Ledger(results).records("final"), {}  # the final models share their data split
+    loaded = {}  # the final models share their data split
     progress = ExportProgress(len(stale), log)
-    for index in stale:
-        config = TrainConfig.from_dict(records[index]["config"])
+    for index, record in stale.items():
+        config = TrainConfig.from_dict(record["config"])
         key = (config.dataset, config.data_root, config.data_seed(), config.train_subset)
         if key not in loaded:
             loaded[key] = load_data(config, torch.device("cpu"))
-        progress.ended(export_final_model(results, index, data=loaded[key], device=device))
+        progress.ended(export_final_model(results, index, record, sweep, data=loaded[key], device=device))
 
 
 def export_sweep(results: str | os.PathLike, log=print, device: str = "auto", build=None) -> dict:
     """Write every finished final model of the sweep in ``results`` as a predictor under
     ``results/predictors/`` and the index naming each method's chosen one (``CHOICE_RULE``);
     returns the index.  A predictor already there for the same run is kept, so running this
-    again (a resumed sweep) rewrites only the index.  ``build(results, stale, log)`` writes the
-    missing ones (``stale_predictors``); by default here, one after another."""
+    again (a resumed sweep) rewrites only the index.  ``build(results, sweep, stale, log)``
+    writes the missing ones (``stale``: ``{ledger index: record}``, ``sweep``: the sweep's name);
+    by default here, one after another."""
     from dpsm_ray.config import TrainConfig
 
     results = Path(results)
     settings = read_sweep_settings(results)
     floor = CoverageFloor.of(settings)
-    stale = stale_predictors(results)
+    finals = final_predictors(results)
+    stale = {index: record for index, (record, info) in finals.items() if info is None}
     if stale:
         log(f"predictors: writing {len(stale)} final model{'s' * (len(stale) > 1)} as conformal predictors under {results / PREDICTORS}")
-        (build or (lambda r, s, lg: export_in_driver(r, s, lg, device)))(results, stale, log)
-    ledger, entries, exported = Ledger(results), [], []
-    for index, record in sorted(ledger.records("final").items()):
-        if record["status"] != "ok":
-            continue
+        (build or (lambda r, n, s, lg: export_in_driver(r, n, s, lg, device)))(results, settings["name"], stale, log)
+    entries, exported = [], []
+    for index, (record, info) in finals.items():
         config = TrainConfig.from_dict(record["config"])
         name = predictor_name(config)
-        info = existing_info(results / PREDICTORS / name)
-        if info is None or info["run_id"] != config.config_hash():
-            raise PredictorError(f"final trial {index} ({name}) has no predictor under {results / PREDICTORS} after exporting it")
-        if index in stale:
+        if index in stale:  # written just now: read once more
+            info = existing_info(results / PREDICTORS / name)
+            if info is None or info["run_id"] != config.config_hash():
+                raise PredictorError(f"final trial {index} ({name}) has no predictor under {results / PREDICTORS} after exporting it")
             exported.append(name)
         metrics = record["metrics"]
         entries.append({

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
@@ -342,28 +342,47 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
     task = ray.remote(train_base_model).options(**options)
     outside = cards.outside_cards()  # a dataset or model registered outside the package: the task's process registers it too
     pending = {task.remote(configs[seed].to_dict(), lines, outside): seed for seed in missing}
+
+    def said() -> None:  # the one base model's own lines, as they come
+        for text, numbers in lines.get_nowait_batch(lines.qsize()):
+            log(EpochLine(text, **numbers) if numbers else text)
+
     try:
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=None if lines is None else 1.0)
-            for text, numbers in lines.get_nowait_batch(lines.qsize()) if lines is not None else ():
-                log(EpochLine(text, **numbers) if numbers else text)
-            for ref in ready:
-                seed = pending.pop(ref)
-                try:
-                    weights, seconds, host, pid = ray.get(ref)
-                except ray.exceptions.RayTaskError as error:
-                    raise (error.cause if isinstance(error.cause, Exception) else error) from None  # the driver's own error
+        with closing(each_ended(pending, poll=said if lines is not None else None)) as ended:
+            for done, (seed, (weights, seconds, host, pid)) in enumerate(ended, 1):
                 resolved[seed] = configs[seed].replace(init_checkpoint=weights)
-                done = len(missing) - len(pending)
                 left = f", about {duration_text((time.monotonic() - started) / done * len(pending))} left" if pending else ""
                 if lines is None:  # one base model's own lines said it already
                     log(f"base model: trained in {seconds:.0f}s, seed {seed} (process {pid} on {host}; {done} of {len(missing)}{left})")
-    finally:
-        for ref in pending:  # interrupted, or another seed failed: each resumes from its checkpoint next time
-            ray.cancel(ref)
+    finally:  # a task cancelled (interrupted, or another seed failed) resumes from its checkpoint next time
         if lines is not None:
             lines.shutdown()
     return {seed: resolved[seed] for seed in seeds}
+
+
+def each_ended(pending: dict, poll=None):
+    """``pending``'s Ray tasks (``{ref: key}``, emptied as they end) in the order they end, as
+    ``(key, result)``.  A failing task raises its own error (the driver's, not Ray's wrapper of
+    it); the tasks still pending when the caller stops -- a failure, an interrupt, an error of its
+    own -- are cancelled (use it with ``contextlib.closing``).  ``poll()``: called about once a
+    second while waiting."""
+    import ray
+
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=None if poll is None else 1.0)
+            if poll is not None:
+                poll()
+            for ref in ready:
+                key = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayTaskError as error:
+                    raise (error.cause if isinstance(error.cause, Exception) else error) from None  # the driver's own error
+                yield key, result
+    finally:
+        for ref in pending:
+            ray.cancel(ref)
 
 
 def trial_task_options(spec: SweepSpec) -> tuple[dict, str]:
@@ -382,7 +401,7 @@ def export_predictors(spec: SweepSpec):
     driver's CPU, and side by side -- so it computes them as the trial's own evaluation did.  A
     failing one raises its own error; the others are cancelled (a resumed sweep writes them)."""
 
-    def build(results: Path, stale: list[int], log) -> None:
+    def build(results: Path, sweep: str, stale: dict[int, dict], log) -> None:
         import ray
 
         from dpsm_ray.predict.export import ExportProgress
@@ -391,24 +410,16 @@ def export_predictors(spec: SweepSpec):
         log(f"predictors: {len(stale)} Ray task{'s' * (len(stale) > 1)} holding a trial's resources ({held}) each, as many at once as fit")
         task = ray.remote(exported_where).options(**options)
         outside = cards.outside_cards()  # cards registered outside the package, which the task's process registers too
-        pending = [task.remote(str(results), index, outside) for index in stale]
+        pending = {task.remote(str(results), index, record, sweep, outside): index for index, record in stale.items()}
         progress = ExportProgress(len(stale), log)
-        try:
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                try:
-                    name, host, pid = ray.get(ready[0])
-                except ray.exceptions.RayTaskError as error:
-                    raise (error.cause if isinstance(error.cause, Exception) else error) from None  # the driver's own error
+        with closing(each_ended(pending)) as ended:
+            for _, (name, host, pid) in ended:
                 progress.ended(name, f" (process {pid} on {host})")
-        finally:
-            for ref in pending:
-                ray.cancel(ref)
 
     return build
 
 
-def exported_where(results: str, index: int, outside=()) -> tuple[str, str, int]:
+def exported_where(results: str, index: int, record: dict, sweep: str, outside=()) -> tuple[str, str, int]:
     """A Ray task: final trial ``index``'s predictor written (``export_final_model``); its name,
     and where it ran (host, process).  ``outside``: the driver's cards registered outside the
     package, registered here too (as a trial does)."""
@@ -416,10 +427,8 @@ def exported_where(results: str, index: int, outside=()) -> tuple[str, str, int]
 
     from dpsm_ray.predict.export import export_final_model
 
-    for card in outside:
-        cards.register_card(card)
-
-    return export_final_model(results, index), socket.gethostname(), os.getpid()
+    cards.register_cards(outside)
+    return export_final_model(results, index, record, sweep), socket.gethostname(), os.getpid()
 
 
 EPOCH_NUMBERS = ("epoch", "epochs", "seconds", "val_set_size", "method")
@@ -431,8 +440,7 @@ def train_base_model(config: dict, lines, outside=()) -> tuple[str, float, str, 
     and where it trained (host, process).  ``outside``: as ``exported_where``'s."""
     import socket
 
-    for card in outside:
-        cards.register_card(card)
+    cards.register_cards(outside)
 
     from dpsm_ray.train import resolve_base_model
     from dpsm_ray.train.lines import EpochLine

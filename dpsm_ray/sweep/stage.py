@@ -103,8 +103,7 @@ def run_trial(params: dict, outside=()) -> None:
     ``outside``: the cards (methods, models, datasets, scores) registered outside the package in
     the driver, registered here too."""
     started = time.time()
-    for card in outside:
-        cards.register_card(card)
+    cards.register_cards(outside)
     if "group" in params:
         run_group(params, started)
         return
