@@ -11,8 +11,11 @@ by side end twice as often), the work between stages and each trial's own start-
 wait for Ray before the first trial started.  The first trial's line has no estimate: with trials
 side by side, the others are about to end too.  (The time between trial ends alone, the estimate
 before this one, took two trials that started together and ended 20 s apart for 20 s a trial, and
-said "about 9m50s left" of 100 minutes.)  It does not count the end of the sweep (the predictors,
-the report: tens of seconds).
+said "about 9m50s left" of 100 minutes.)  A trial resumed from its checkpoint counts as the share
+of its epochs that ran in this run: two resumed after 9 of 10 epochs count as a fifth of a trial,
+not two.  (Counted whole, two trials resumed near their last epoch, ending 19 s and 37 s into the
+run, said "about 10m57s left" of a study with 40 trials of 4-5 minutes each to go, two at a time.)
+It does not count the end of the sweep (the predictors, the report: tens of seconds).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Progress:
         self.total = 0  # trials in the whole sweep (the stages not built yet as planned)
         self.done = 0  # trials ended, in this run or (resumed) before it
         self.ended_now = 0  # trials ended in this run
+        self.work_now = 0.0  # their work done in this run, in trials (a resumed trial's share of its epochs)
         self.first_start: float | None = None  # when this run's first trial started
         self._last_epoch_line = -float("inf")
 
@@ -70,10 +74,12 @@ class Progress:
         if self.first_start is None:
             self.first_start = self.clock()
 
-    def trial_ended(self) -> str:
-        """Count one ended trial; the counter and estimate to append to its line."""
+    def trial_ended(self, share: float = 1.0) -> str:
+        """Count one ended trial; the counter and estimate to append to its line.  ``share``: the
+        part of the trial's work done in this run (resumed after k of n epochs: (n - k) / n)."""
         self.done += 1
         self.ended_now += 1
+        self.work_now += share
         if self.first_start is None:  # ended without a start seen (a trial that failed to start)
             self.first_start = self.clock()
         left = self.left_seconds()
@@ -82,9 +88,9 @@ class Progress:
         )
 
     def left_seconds(self) -> float | None:
-        if self.ended_now < 2 or self.first_start is None:
+        if self.ended_now < 2 or self.first_start is None or self.work_now <= 0:
             return None
-        per_trial = (self.clock() - self.first_start) / self.ended_now
+        per_trial = (self.clock() - self.first_start) / self.work_now
         return max(0, self.total - self.done) * per_trial
 
     # -- the base model's epochs ----------------------------------------------------------------

@@ -430,6 +430,7 @@ class LedgerCallback(tune.Callback):
         self._last_end = -math.inf
         self._member_results: dict[tuple[str, int], dict] = {}  # a group member's last report before its end
         self._recorded: set[tuple[str, int]] = set()  # the group members recorded by this driver
+        self._resumed_after: dict[tuple[str, int], int] = {}  # the epochs a trial resumed from its checkpoint after
         self.out_of_space: str | None = None
 
     def stage_of(self, trial, point: dict | None = None) -> Stage:
@@ -473,6 +474,8 @@ class LedgerCallback(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         point = self.point_of(trial, result)
+        if result.get(RESUMED):
+            self._resumed_after[point["stage"], point["index"]] = result.get("epoch", 0)
         if "group" in trial.config:
             if result.get(FINISHED) or MEMBER_FAILED in result:
                 self.member_ended(trial, result)
@@ -524,7 +527,14 @@ class LedgerCallback(tune.Callback):
         self.record(trial, "failed", message, self._member_results.get((point["stage"], point["index"]), {}), point)
         self.wall_seconds(trial)
         self.say(trial, f"FAILED: {message} (a member of a trial group; its traceback is in the group's output: --worker-logs)",
-                 self.log.trial_ended(), point)
+                 self.log.trial_ended(self.share_now(trial, point)), point)
+
+    def share_now(self, trial, point: dict) -> float:
+        """The part of the trial's epochs that ran in this run: all of them, unless it resumed
+        from a checkpoint (the estimate of the time left counts this, ``Progress``)."""
+        epochs = trial_config(trial.config, point).epochs
+        after = self._resumed_after.get((point["stage"], point["index"]), 0)
+        return max(epochs - after, 0) / epochs if epochs else 1.0
 
     def say_ended(self, trial, status: str, result: dict, point: dict) -> None:
         config, stage = trial_config(trial.config, point), self.stage_of(trial, point)
@@ -538,7 +548,7 @@ class LedgerCallback(tune.Callback):
         validated = (
             f"val size {size:.3f}  val cov {coverage:.3f}" if size is not None and size == size else "no training epochs, nothing validated"
         )
-        self.say(trial, f"{ended}  {validated}  {knobs}", self.log.trial_ended(), point)
+        self.say(trial, f"{ended}  {validated}  {knobs}", self.log.trial_ended(self.share_now(trial, point)), point)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         error = trial.get_error()
@@ -557,7 +567,8 @@ class LedgerCallback(tune.Callback):
             return
         self.record(trial, "failed", message, trial.last_result or {})
         self.wall_seconds(trial)
-        self.say(trial, f"FAILED: {message} (traceback: {Path(trial.local_path) / 'error.txt'})", self.log.trial_ended())
+        share = self.share_now(trial, trial.config["point"])
+        self.say(trial, f"FAILED: {message} (traceback: {Path(trial.local_path) / 'error.txt'})", self.log.trial_ended(share))
 
     def record(self, trial, status: str, error: str | None, result: dict, point: dict | None = None) -> None:
         """Write the record of the trial (of its group's member at ``point``), then tell the study

@@ -83,3 +83,39 @@ def test_the_base_models_epochs_show_once_per_interval_and_never_the_last():
     # epochs end at 2, 4, ... 40 s; the first line 30 s after epoch 1, i.e. at epoch 16 (32 s)
     assert lines == ["[0:00:32] base model: epoch 16/20  val size 1.50  (2.0s per epoch, about 8s left)"]
     assert isinstance(epoch(1), str) and epoch(3) == "[ce] epoch   3/20"  # still the loop's own line for everyone else
+
+
+def test_a_trial_resumed_from_its_checkpoint_counts_as_the_share_of_its_epochs_run_now():
+    """Two trials resumed after 9 and 8 of their 10 epochs end 20 s apart: 0.3 of a trial's work
+    in 40 s, not two trials (counted whole, they said "about 4m00s left", not 27 minutes)."""
+    log, _, clock = progress()
+    log.plan(42)
+    log.already_ended(28)
+    log.trial_started()
+    log.trial_started()
+    clock.now += 20
+    assert log.trial_ended(share=0.1) == "trial 29/42"
+    clock.now += 20
+    assert log.trial_ended(share=0.2) == "trial 30/42, about 26m40s left"  # 12 left x 40 s / 0.3
+    log.trial_started()
+    clock.now += 160
+    assert log.trial_ended() == "trial 31/42, about 28m12s left"  # 11 left x 200 s / 1.3
+    assert Progress(print).trial_ended(share=0.0) == "trial 1/0"  # no work counted: no estimate, no division by zero
+
+
+def test_the_sweep_s_callback_takes_a_trial_s_share_from_the_epoch_it_resumed_after(tmp_path):
+    from types import SimpleNamespace
+
+    from dpsm_ray.config import TrainConfig
+    from dpsm_ray.results.layout import Ledger
+    from dpsm_ray.sweep.stage import RESUMED, LedgerCallback
+
+    def trial(index: int) -> SimpleNamespace:
+        point = {"stage": "final", "index": index, "overrides": {"seed": index}}
+        return SimpleNamespace(trial_id=f"t{index}", config={"point": point, "bases": {"final": TrainConfig(epochs=10).to_dict()}})
+
+    callback = LedgerCallback(Ledger(tmp_path), [], stopper=None, log=Progress(print))
+    resumed, fresh = trial(0), trial(1)
+    callback.on_trial_result(0, [], resumed, {"epoch": 8, RESUMED: True})
+    assert callback.share_now(resumed, resumed.config["point"]) == 0.2
+    assert callback.share_now(fresh, fresh.config["point"]) == 1.0
