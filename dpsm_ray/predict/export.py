@@ -147,19 +147,25 @@ def existing_info(directory: Path) -> dict | None:
         return None
 
 
-def final_predictors(results: Path) -> dict[int, tuple[dict, dict | None]]:
+def final_predictors(results: Path) -> dict[int, tuple[dict, object, dict | None]]:
     """Each finished final trial of the sweep in ``results`` (by its index in the ledger): its
-    record, and the info of its predictor when that one is whole and built from this run, else
-    None (a predictor to write)."""
+    record, its ``TrainConfig``, and its predictor's info (``current_info``; None: a predictor
+    to write)."""
     from dpsm_ray.config import TrainConfig
 
     finals = {}
     for index, record in sorted(Ledger(results).records("final").items()):
         if record["status"] == "ok":
             config = TrainConfig.from_dict(record["config"])
-            info = existing_info(results / PREDICTORS / predictor_name(config))
-            finals[index] = record, info if info is not None and info["run_id"] == config.config_hash() else None
+            finals[index] = record, config, current_info(results, config)
     return finals
+
+
+def current_info(results: Path, config) -> dict | None:
+    """The info of ``config``'s predictor under ``results/predictors/`` when it is whole and
+    built from this run (``config``'s hash), else None."""
+    info = existing_info(results / PREDICTORS / predictor_name(config))
+    return info if info is not None and info["run_id"] == config.config_hash() else None
 
 
 def predictor_name(config) -> str:
@@ -235,23 +241,20 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto", bu
     again (a resumed sweep) rewrites only the index.  ``build(results, sweep, stale, log)``
     writes the missing ones (``stale``: ``{ledger index: record}``, ``sweep``: the sweep's name);
     by default here, one after another."""
-    from dpsm_ray.config import TrainConfig
-
     results = Path(results)
     settings = read_sweep_settings(results)
     floor = CoverageFloor.of(settings)
     finals = final_predictors(results)
-    stale = {index: record for index, (record, info) in finals.items() if info is None}
+    stale = {index: record for index, (record, _, info) in finals.items() if info is None}
     if stale:
         log(f"predictors: writing {len(stale)} final model{'s' * (len(stale) > 1)} as conformal predictors under {results / PREDICTORS}")
         (build or (lambda r, n, s, lg: export_in_driver(r, n, s, lg, device)))(results, settings["name"], stale, log)
     entries, exported = [], []
-    for index, (record, info) in finals.items():
-        config = TrainConfig.from_dict(record["config"])
+    for index, (record, config, info) in finals.items():
         name = predictor_name(config)
         if index in stale:  # written just now: read once more
-            info = existing_info(results / PREDICTORS / name)
-            if info is None or info["run_id"] != config.config_hash():
+            info = current_info(results, config)
+            if info is None:
                 raise PredictorError(f"final trial {index} ({name}) has no predictor under {results / PREDICTORS} after exporting it")
             exported.append(name)
         metrics = record["metrics"]

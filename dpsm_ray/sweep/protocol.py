@@ -347,14 +347,14 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
         for text, numbers in lines.get_nowait_batch(lines.qsize()):
             log(EpochLine(text, **numbers) if numbers else text)
 
-    try:
+    try:  # a task cancelled (interrupted, or another seed failed) resumes from its checkpoint next time
         with closing(each_ended(pending, poll=said if lines is not None else None)) as ended:
             for done, (seed, (weights, seconds, host, pid)) in enumerate(ended, 1):
                 resolved[seed] = configs[seed].replace(init_checkpoint=weights)
                 left = f", about {duration_text((time.monotonic() - started) / done * len(pending))} left" if pending else ""
                 if lines is None:  # one base model's own lines said it already
                     log(f"base model: trained in {seconds:.0f}s, seed {seed} (process {pid} on {host}; {done} of {len(missing)}{left})")
-    finally:  # a task cancelled (interrupted, or another seed failed) resumes from its checkpoint next time
+    finally:
         if lines is not None:
             lines.shutdown()
     return {seed: resolved[seed] for seed in seeds}
