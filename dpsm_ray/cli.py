@@ -66,7 +66,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         fail(parser, error)
     import pandas as pd
 
-    from dpsm_ray.cards import check_data_present
+    from dpsm_ray.cards import check_data_present, is_factory
     from dpsm_ray.results import write_run
     from dpsm_ray.results.tables import format_summary, summarise
     from dpsm_ray.sweep.exits import exit_codes
@@ -82,12 +82,17 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     with exit_codes(parser, again=again, where=lambda: out, flag=flag_for), leaving_ray_as_it_was():
         check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
         check_pretrained(config)
+        if out is not None:
+            claim_run_dir(out, config, parser)
         result = run_training(config, out, **ray_options)
         if out is not None:
             from dpsm_ray.predict.export import chance_line, predictor_for_run
 
             write_run(out, result)
-            predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out)})
+            from dpsm_ray.results.layout import read_run_settings
+
+            predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out),
+                                                                                  "data": read_run_settings(out)["data"]})
             predictor.save(out / PREDICTOR_DIR, overwrite=True)  # a rerun of the same --out (it resumed) replaces it
     print(f"{config.method} on {config.dataset}, alpha={config.alpha}: test metrics over {config.eval_splits} calibration/test re-splits")
     evals = pd.DataFrame(result.evals)
@@ -100,11 +105,41 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     hps = predictor.info["test"]["scores"]["hps"]
     print(f"predictor written to {out / PREDICTOR_DIR} (calibrated on the calibration split: HPS q {predictor.thresholds['hps']:.4f}; "
           f"on the test split coverage {hps['coverage']:.3f}, set size {hps['set_size']:.2f}); use it with "
-          f"dpsm-ray predict {out / PREDICTOR_DIR} --input {input_example(config.dataset)} --out sets.parquet")
+          f"dpsm-ray predict {out / PREDICTOR_DIR} --input {input_example(config.dataset)} --out sets.parquet"
+          f"{' --trust-code' * is_factory(config.resolved_model())}")
     warning = chance_line(predictor)
     if warning is not None:
         print(warning, file=sys.stderr)
     return 0
+
+
+def claim_run_dir(out: Path, config: TrainConfig, parser: argparse.ArgumentParser) -> None:
+    """``train --out``: a new directory records the run's configuration and its data
+    (``settings.json``); one that holds a run of other options, or of data that changed since, is
+    refused in one line naming them, exit 2 -- it would resume another run, or answer for old data."""
+    import json
+
+    from dpsm_ray.cards import data_change, data_record
+    from dpsm_ray.results.layout import read_run_settings, write_run_settings
+
+    mine = json.loads(json.dumps(config.to_dict(), default=list))
+    try:
+        stored = read_run_settings(out)
+    except ValueError as error:  # CorruptFileError
+        parser.exit(2, f"{parser.prog}: error: --out {out}: {error}; choose another --out, or remove it\n")
+    if stored is None:
+        write_run_settings(out, mine, data_record(config.dataset))
+        return
+    theirs = TrainConfig.from_dict(stored["config"])
+    if theirs.config_hash() != config.config_hash():
+        relevant = {k for k in mine if stored["config"].get(k) != mine[k]}
+        differ = [f"{flag_for(k)} {stored['config'].get(k)!r} there, {mine[k]!r} here" for k in sorted(relevant)]
+        parser.exit(2, f"{parser.prog}: error: --out {out} holds a run started with other options ({'; '.join(differ)}); give those "
+                       f"options to continue or show it, or another --out for this run (or remove {out})\n")
+    change = data_change(stored.get("data"), config.dataset)
+    if change is not None:
+        parser.exit(2, f"{parser.prog}: error: --out {out} holds a run of other data than {config.dataset} holds now -- {change}; "
+                       f"give another --out for the data as it is (or remove {out})\n")
 
 
 def input_example(dataset: str) -> str:
@@ -128,7 +163,7 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             f" {PREDICTOR_DIR}/\n",
         )
     try:
-        export_chosen(results, args.method, args.out, seed=args.seed)
+        export_chosen(results, args.method, args.out, seed=args.seed, overwrite=args.overwrite)
     except (ValueError, FileNotFoundError) as error:  # PredictorError, CorruptFileError and UnreadableResults are ValueErrors
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     return 0
@@ -145,13 +180,19 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         # an uncalibrated predictor, or one without what --calibration or --p-values need, fails before any input is read
         calibration = predictor.check_request(args.score, args.calibration, args.p_values)
         source = open_inputs(args.input, predictor.input_spec, label_column=predictor.label_column, feature_names=predictor.feature_names,
-                             class_names=predictor.class_names, num_classes=predictor.num_classes)
+                             class_names=predictor.class_names, num_classes=predictor.num_classes, skip_unreadable=args.skip_unreadable)
+        names = predictor.feature_names
+        if names is not None and Path(args.input).suffix.lower() in (".npy", ".npz"):
+            print(f"note: {args.input} is an array: its columns are read by position as this predictor's {len(names)} named features "
+                  f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); a .csv or .parquet of named columns is read by name",
+                  file=sys.stderr)
         rows = write_sets(predictor, source, args.out, score=args.score, probabilities=args.probabilities, batch_size=args.batch_size,
                           non_empty=args.non_empty, format=form, calibration=calibration, p_values=args.p_values)
     except ValueError as error:  # PredictorError, InputError, InputFileError
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     if source.skipped:
-        print(f"skipped {len(source.skipped)} files PIL cannot read (e.g. {source.skipped[0]})", file=sys.stderr)
+        print(f"skipped {len(source.skipped)} files that are not readable images (--skip-unreadable; e.g. {source.skipped[0]})",
+              file=sys.stderr)
     if calibration == "class":
         thresholds = predictor.class_thresholds(args.score)
         finite = thresholds[thresholds.isfinite()]
@@ -235,7 +276,7 @@ def port_number(text: str) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from dpsm_ray.cards import check_data_present, check_dataset, check_model, score_names
+    from dpsm_ray.cards import check_data_present, check_dataset, check_model, is_factory, score_names
     from dpsm_ray.predict.export import calibrate_weights, chance_line
     from dpsm_ray.predict.predictor import PredictorError
 
@@ -248,13 +289,16 @@ def cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         out = Path(args.out)
         if (out / "predictor.json").exists() and not args.overwrite:
             raise PredictorError(f"--out {out} holds a predictor already; choose another directory, or --overwrite it")
+        warnings = []
         predictor = calibrate_weights(args.weights, args.model, args.dataset, split=args.split, alpha=args.alpha, seed=args.seed,
-                                      data_root=args.data_root, precision=args.precision, device=args.device)
+                                      data_root=args.data_root, precision=args.precision, device=args.device, prepare=args.prepare,
+                                      warn=warnings.append)
         predictor.save(out, overwrite=args.overwrite)
     except (ValueError, FileNotFoundError) as error:  # ConfigError, PredictorError and the weights' errors are ValueErrors
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     calibration = predictor.info["calibration"]
-    print(f"calibrated on {calibration['data']} at alpha={predictor.alpha:g}: "
+    print(f"inputs: {PREPARED_LINES[args.prepare]}")
+    print(f"calibrated on {calibration['data']} at alpha={predictor.alpha:g} (accuracy there {calibration['accuracy']:.3f}): "
           + ", ".join(f"{kind.upper()} q {q:.4f}" for kind, q in predictor.thresholds.items() if kind in score_names()))
     test = predictor.info["test"]
     if test is not None:
@@ -262,11 +306,20 @@ def cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             f"{kind.upper()} coverage {m['coverage']:.3f} set size {m['set_size']:.2f}" for kind, m in test["scores"].items()
         )
         print(f"on {test['data']}: accuracy {test['accuracy']:.3f}; {measured}")
-    print(f"predictor written to {out}; use it with dpsm-ray predict {out} --input {input_example(args.dataset)} --out sets.parquet")
-    warning = chance_line(predictor)
-    if warning is not None:
-        print(warning, file=sys.stderr)
+    trust = " --trust-code" if is_factory(args.model) else ""
+    print(f"predictor written to {out}; use it with dpsm-ray predict {out} --input {input_example(args.dataset)} --out sets.parquet{trust}")
+    for warning in [*warnings, chance_line(predictor)]:
+        if warning is not None:
+            print(warning, file=sys.stderr)
     return 0
+
+
+PREPARED_LINES = {
+    "none": "passed to the model as they are (--prepare none: as MAPIE and TorchCP pass them); a model dpsm-ray trained takes them "
+            "as the dataset's card prepares them (--prepare card)",
+    "card": "standardised as the dataset's card prepares them for every model dpsm-ray trains, (x / divisor - mean) / std with the "
+            "dataset's statistics (--prepare card; predictor.json's input); --prepare none passes them as they are",
+}
 
 
 def cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -382,6 +435,7 @@ def add_export_command(commands) -> None:
     )
     export.add_argument("--seed", type=int, help="that final seed's model instead of the chosen one")
     export.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write (predictor.json and weights.pt)")
+    export.add_argument("--overwrite", action="store_true", help="replace a predictor already in --out")
     export.set_defaults(handler=cmd_export, parser=export)
 
 
@@ -393,9 +447,9 @@ def add_calibrate_command(commands) -> None:
         help="make a predictor of a model trained elsewhere: its weights file and labelled calibration data",
         description="Build MODEL, load its weights from WEIGHTS (a state dict: .pt/.pth read with torch.load(weights_only=True), or "
         ".safetensors), calibrate every score on --split of --dataset (labelled points the model never trained on) and write a predictor "
-        "into --out: the files export writes, for predict and serve. The model must take inputs as the dataset's card prepares them "
-        "(as every model dpsm-ray trains does; dpsm_ray.cards.load_splits gives them); with --split other than all and test, the test "
-        "split measures coverage, set size and accuracy (docs/predictor.md).",
+        "into --out: the files export writes, for predict and serve. The model takes the raw inputs as they are (--prepare none), or "
+        "as the dataset's card prepares them (--prepare card, as every model dpsm-ray trains does); with --split other than all and "
+        "test, the test split measures coverage, set size and accuracy (docs/predictor.md).",
     )
     calibrate.add_argument("--model", required=True, help=f"what builds the network: {model_choices()}")
     calibrate.add_argument("--weights", required=True, metavar="FILE", help="its trained weights (.pt, .pth, .safetensors)")
@@ -408,6 +462,11 @@ def add_calibrate_command(commands) -> None:
     calibrate.add_argument("--seed", type=int, default=0,
                            help="draws the dataset's splits and the APS/RAPS uniforms (default: %(default)s)")
     calibrate.add_argument("--data-root", help="where the dataset's files are (built-in datasets; the dataset's default otherwise)")
+    calibrate.add_argument("--prepare", default="none", choices=("none", "card"),
+                           help="what the model takes: none, the raw inputs as they are (a model trained in plain PyTorch on the data's "
+                           "values; MAPIE and TorchCP pass inputs so); card, inputs standardised as the dataset's card prepares them for "
+                           "every model dpsm-ray trains (dpsm_ray.cards.load_splits gives them). A model whose accuracy is far higher "
+                           "the other way is warned of (default: %(default)s)")
     calibrate.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                            help="the forward passes' precision (default: %(default)s)")
     calibrate.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
@@ -441,8 +500,8 @@ def add_predict_command(commands) -> None:
         metavar="PATH",
         help=(
             ".npy, .npz (array 'x', optional integer 'ids' and labels 'y'), .parquet or .csv (one column per feature, by name where the "
-            "predictor has feature names, else in order; optional 'id'; the training table's label column is read as labels), or a "
-            "folder of images"
+            "predictor has feature names, else in order; optional 'id'; the training table's label column is read as labels), an "
+            "image, or a folder of images"
         ),
     )
     predict.add_argument("--out", required=True, metavar="FILE", help="the file to write, e.g. sets.parquet (its format from the suffix: "
@@ -470,6 +529,9 @@ def add_predict_command(commands) -> None:
         action="store_true",
         help="put the top class into every empty set (conservative: coverage only rises; docs/predictor.md)",
     )
+    predict.add_argument("--skip-unreadable", action="store_true",
+                         help="a folder of images: leave out (and count) the files that are not readable images, as training's "
+                         "folder:PATH:skip=1 does; without it such a file is refused, naming it")
     predict.add_argument("--batch-size", type=positive_int, default=512, help="inputs per forward pass (default: %(default)s)")
     predict.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
     predict.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)

@@ -99,6 +99,9 @@ def folder_files(
     readable image -- not an image file, or one whose header or pixels do not read (a truncated
     download) -- with ``skip``: such files are left out and listed."""
     root = Path(path)
+    if root.is_file():
+        raise ValueError(f"dataset folder:{path} is a file, not a folder; give the folder that holds a folder of images for each class "
+                         "(PATH/CLASS/IMAGE), or a table of features as table:FILE")
     if not root.is_dir():
         raise missing("folder", path, "folder", "give the folder that holds a folder of images for each class (PATH/CLASS/IMAGE)")
     presplit = [name for name in PRESPLIT if (root / name).is_dir()]
@@ -148,16 +151,16 @@ def folder_files(
     return tuple(sorted(classes)), files, tuple(skipped), frozenset(modes), frozenset(shapes)
 
 
-def image_readings(root: Path, files: list[Path]) -> dict[str, list | str]:
+def image_readings(root: Path, files: list[Path], keep: bool = True) -> dict[str, list | str]:
     """Each image file decoded in full once: ``{file: [mode, width, height]}``, or for one that
     does not read, why (its header: not an image; its pixels: truncated or corrupt, which opening
-    the header alone does not notice).  Kept in the cache (``$DPSM_RAY_CACHE/folders``) by every
-    file's path, size and modification time, so that each trial's listing reads the verdicts
-    instead of decoding again."""
+    the header alone does not notice).  With ``keep``, kept in the cache (``$DPSM_RAY_CACHE/folders``)
+    by every file's path, size and modification time, so that each trial's listing reads the
+    verdicts instead of decoding again."""
     from PIL import Image, UnidentifiedImageError
 
-    record = readings_record(root, files)
-    if record.is_file():
+    record = readings_record(root, files) if keep else None
+    if record is not None and record.is_file():
         return json.loads(record.read_text())
     readings = {}
     for file in files:
@@ -173,7 +176,8 @@ def image_readings(root: Path, files: list[Path]) -> dict[str, list | str]:
                 if header
                 else f"cannot be decoded, a truncated or corrupt image ({str(error).splitlines()[0][:100]})"
             )
-    write_json(record, readings)
+    if record is not None:
+        write_json(record, readings)
     return readings
 
 
@@ -201,6 +205,85 @@ def folder_fingerprint(spec: str) -> str:
 
 def table_fingerprint(spec: str) -> str:
     return file_fingerprint([Path(parse_table(spec)[0]).resolve()])
+
+
+# A data record (``dpsm_ray.cards.data_record``): what a results directory, a run and a predictor keep of the data
+# they were made from, so that the same path holding other data is noticed.  Cheap at any size: a
+# file is hashed whole up to FULL_HASH_BYTES (beyond, SAMPLED_CHUNKS chunks of 1 MiB spread across it
+# and its size); a folder by its listing (every file's path and size) and the content of a sample
+# of SAMPLED_FILES files spread across it.  Modification times are kept to say when, never compared:
+# a copy of the same data is the same data.
+FULL_HASH_BYTES = 256 * 2**20
+SAMPLED_CHUNKS = 64
+SAMPLED_FILES = 64
+
+
+def content_hash(path: Path) -> str:
+    """sha256 of a file's bytes (``sha256sum``'s), or past ``FULL_HASH_BYTES`` of its size and a
+    sample of its bytes (the comment above)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        if size <= FULL_HASH_BYTES:
+            for block in iter(lambda: handle.read(2**20), b""):
+                digest.update(block)
+        else:
+            digest.update(f"{size} bytes, sampled".encode())
+            for k in range(SAMPLED_CHUNKS):
+                handle.seek((size - 2**20) * k // (SAMPLED_CHUNKS - 1))
+                digest.update(handle.read(2**20))
+    return digest.hexdigest()
+
+
+def when(mtime: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mtime))
+
+
+def path_record(path: str) -> dict:
+    """The record of a data file or folder at ``path`` (``FULL_HASH_BYTES``'s comment)."""
+    where = Path(path).resolve()
+    if not where.exists():
+        return {"kind": "missing", "path": str(where)}
+    if where.is_file():
+        stat = where.stat()
+        return {"kind": "file", "path": str(where), "bytes": stat.st_size, "modified": when(stat.st_mtime), "sha256": content_hash(where)}
+    listing = []
+    for directory, subdirectories, names in os.walk(where):
+        subdirectories.sort()
+        for name in sorted(names):
+            file = Path(directory) / name
+            stat = file.stat()
+            listing.append((str(file.relative_to(where)), stat.st_size, stat.st_mtime))
+    sample = [listing[k * len(listing) // SAMPLED_FILES] for k in range(min(SAMPLED_FILES, len(listing)))]
+    digest = hashlib.sha256()
+    for relative, _, _ in dict.fromkeys(sample):
+        digest.update(relative.encode() + b"\0" + content_hash(where / relative).encode())
+    return {"kind": "folder", "path": str(where), "files": len(listing), "bytes": sum(size for _, size, _ in listing),
+            "modified": when(max((mtime for _, _, mtime in listing), default=0.0)),
+            "listing_sha256": hashlib.sha256(json.dumps([[r, n] for r, n, _ in listing]).encode()).hexdigest(),
+            "sample_sha256": digest.hexdigest()}
+
+
+def record_change(recorded: dict, now: dict) -> str | None:
+    """How the data of record ``now`` differs from ``recorded`` (the same path's, earlier), in
+    words, or None when it is the same data."""
+    keys = [k for k in ("dataset", "kind", "path", "sha256", "listing_sha256", "sample_sha256") if k in recorded or k in now]
+    if all(recorded.get(k) == now.get(k) for k in keys):
+        return None
+    if now.get("kind") == "missing":
+        return f"{now['path']} is not there any more"
+    if recorded.get("dataset") != now.get("dataset") or recorded.get("kind") != now.get("kind"):
+        return f"it was {recorded.get('dataset')} ({recorded.get('kind')}), it is {now.get('dataset')} ({now.get('kind')})"
+    def state(record: dict) -> str:
+        from dpsm_ray.files import human_bytes
+
+        files = f"{record['files']} files, " if record.get("kind") == "folder" else ""
+        return f"{files}{human_bytes(record['bytes'])}, modified {record['modified']}"
+
+    what = "its files differ" if now.get("kind") == "folder" else "its content differs"
+    return f"{now['path']}: {what} (then {state(recorded)}; now {state(now)})"
 
 
 def folder_sizes(spec: str) -> dict[str, int]:
@@ -272,11 +355,20 @@ def _read_table(path: str, size: int, mtime: int, label: str):
             raise ValueError(f"dataset table:{path}: not a readable {suffix[1:]} file ({str(error).splitlines()[0][:160]})") from None
         if frame.empty:  # before the columns' types: a CSV header alone reads as columns of no type (object)
             raise ValueError(no_rows)
+        if suffix == ".csv" and len(frame.columns) == 1 and ";" in str(frame.columns[0]):
+            raise ValueError(f"dataset table:{path}: its header reads as one column, {str(frame.columns[0])[:60]!r}: the file looks "
+                             "separated by semicolons; write it with commas (pandas: frame.to_csv(path, index=False))")
         if label not in frame.columns:
+            names = [str(column) for column in frame.columns]
+            shown = names if len(names) <= 13 else [*names[:12], "...", names[-1]]
             raise ValueError(
-                f"dataset table:{path}: no label column {label!r} (its columns: {', '.join(map(str, frame.columns[:8]))}"
-                f"{', ...' if len(frame.columns) > 8 else ''}); name it with label=NAME"
+                f"dataset table:{path}: no label column {label!r}; its {len(frame.columns)} columns: {', '.join(shown)}; name the label "
+                f"column with label=NAME (table:{path}:label=NAME)"
             )
+        empty = frame[label].isna().to_numpy()
+        if empty.any():
+            raise ValueError(f"dataset table:{path}: {int(empty.sum())} rows have no label in column {label!r} (the first: row "
+                             f"{int(empty.argmax())}, counting from 0 after the header); fill them in or drop those rows")
         columns = [str(c) for c in frame.columns if c != label]
         wrong = [c for c in frame.columns if c != label and not pd.api.types.is_numeric_dtype(frame[c])]
         if wrong:

@@ -146,3 +146,37 @@ def test_an_abbreviated_or_unknown_option_is_refused_in_one_line_with_the_neares
         main(argv) if command == "dpsm-ray" else sweep_main("digits", "digits", {"trials": 4, "final_seeds": 2, "config": {"dataset": "digits"}}, argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and err == [message]
+
+
+def test_train_out_reused_with_other_options_or_over_changed_data_is_one_line_naming_them(tmp_path, capsys):
+    from sklearn.datasets import load_iris
+
+    from dpsm_ray.files import read_checked_json
+
+    frame = load_iris(as_frame=True).frame
+    frame.to_csv(tmp_path / "iris.csv", index=False)
+    dataset, out = f"table:{tmp_path / 'iris.csv'}:label=target", tmp_path / "run"
+    argv = ["train", "--dataset", dataset, "--method", "ce", "--epochs", "1", "--eval-splits", "2", "--out", str(out)]
+    assert main(argv) == 0
+    recorded = read_checked_json(out / "settings.json")["data"]
+    assert recorded["kind"] == "file" and recorded["path"] == str(tmp_path / "iris.csv") and len(recorded["sha256"]) == 64
+    assert read_checked_json(out / "predictor" / "predictor.json")["provenance"]["data"] == recorded
+    assert main(argv) == 0  # the same command again: the same run
+    capsys.readouterr()
+
+    def refused(arguments) -> str:
+        with pytest.raises(SystemExit) as ended:
+            main(arguments)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert ended.value.code == 2 and len(err) == 1, err
+        return err[0]
+
+    line = refused([*argv[:5], "--epochs", "2", *argv[7:]])
+    assert f"--out {out} holds a run started with other options (--epochs 1 there, 2 here); give those options" in line
+    # the labels shuffled in place, at the same path, the same size: the old results would answer for other data
+    frame.assign(target=frame.target.sample(frac=1, random_state=0).to_numpy()).to_csv(tmp_path / "iris.csv", index=False)
+    line = refused(argv)
+    assert f"--out {out} holds a run of other data than {dataset} holds now -- {tmp_path / 'iris.csv'}: its content differs" in line
+    assert main(["report", str(out)]) == 0
+    assert f"warning: these results were made from other data than {dataset} holds now" in capsys.readouterr().out
+    assert "**Warning:** these results were made from other data" in (out / "report.md").read_text()

@@ -19,6 +19,8 @@ from dpsm_ray import Predictor
 from dpsm_ray.own_data import folder_files, parse_folder, readings_record
 from dpsm_ray.cli import main as dpsm_ray
 from dpsm_ray.data.folder import cache_path
+from dpsm_ray.files import sha256_file
+from dpsm_ray.results.layout import read_sweep_settings
 from dpsm_ray.sweep.cli import main as sweep_script
 
 pytestmark = pytest.mark.ray
@@ -106,3 +108,22 @@ def test_a_table_with_named_labels_sweeps_and_the_names_reach_the_class_rows_and
     table.iloc[-20:].to_csv(tmp_path / "new.csv", index=False)  # the same rows as CSV
     assert dpsm_ray(["predict", str(tmp_path / "exported"), "--input", str(tmp_path / "new.csv"), "--out", str(tmp_path / "sets-csv.parquet")]) == 0
     assert [list(s) for s in pd.read_parquet(tmp_path / "sets-csv.parquet").set] == expected.lists
+
+    # export over a predictor already there: refused in one line unless --overwrite
+    exported = tmp_path / "exported" / "predictor.json"
+    before = exported.read_bytes()
+    with pytest.raises(SystemExit) as ended:
+        dpsm_ray(["export", str(results), "--method", "ce", "--out", str(tmp_path / "exported")])
+    assert ended.value.code == 2 and exported.read_bytes() == before
+    assert dpsm_ray(["export", str(results), "--method", "ce", "--out", str(tmp_path / "exported"), "--overwrite"]) == 0
+    assert Predictor.load(tmp_path / "exported").info["method"] == "ce"
+
+    # the labels shuffled inside the same file: the same command is refused, naming the file, and the report says so
+    assert read_sweep_settings(results)["data"]["sha256"] == sha256_file(tmp_path / "digits.parquet")
+    table.assign(digit=table.digit.sample(frac=1, random_state=0).to_numpy()).to_parquet(tmp_path / "digits.parquet")
+    with pytest.raises(SystemExit) as ended:
+        sweep_script("digits", "a sweep", runpy.run_path(str(Path(__file__).parents[1] / "sweeps" / "digits.py"))["DEFAULTS"],
+                     ["--dataset", f"table:{tmp_path / 'digits.parquet'}:label=digit", *SMALL, "--results-dir", str(results)])
+    assert ended.value.code == 2
+    assert dpsm_ray(["report", str(results)]) == 0
+    assert "**Warning:** these results were made from other data" in (results / "report.md").read_text()

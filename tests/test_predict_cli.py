@@ -161,12 +161,26 @@ def test_a_folder_of_images_is_read_as_the_predictor_says_and_other_files_are_sk
     for name, image in zip(names, levels):
         Image.fromarray(image, mode="L").save(folder / name)
     (folder / "README.txt").write_text("not an image")
-    assert predict(directory, "--input", folder, "--out", tmp_path / "f.parquet") == 0
+    # as training refuses a file of a folder: that is not an image, unless told to leave such files out
+    with pytest.raises(SystemExit) as ended:
+        predict(directory, "--input", folder, "--out", tmp_path / "f.parquet")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 2 and len(err) == 1 and "README.txt is not an image" in err[0] and "--skip-unreadable" in err[0]
+    assert predict(directory, "--input", folder, "--out", tmp_path / "f.parquet", "--skip-unreadable") == 0
     rows = pq.read_table(tmp_path / "f.parquet").to_pylist()
     assert [r["input_id"] for r in rows] == names
     read_back = torch.from_numpy(levels[:, None].astype(numpy.float32) * numpy.float32(16 / 255))
     assert [r["set"] for r in rows] == predictor.predict_sets(read_back).lists
-    assert "skipped 1 files PIL cannot read (e.g. README.txt)" in capsys.readouterr().err
+    assert "skipped 1 files that are not readable images (--skip-unreadable; e.g. README.txt)" in capsys.readouterr().err
+    # one image file is an input too
+    assert predict(directory, "--input", folder / "more" / "d.png", "--out", tmp_path / "one.parquet") == 0
+    assert [r["set"] for r in pq.read_table(tmp_path / "one.parquet").to_pylist()] == predictor.predict_sets(read_back[3:4]).lists
+    # a truncated PNG (its header reads, its pixels do not): refused naming it, as training refuses it
+    (folder / "README.txt").unlink()
+    (folder / "g.png").write_bytes((folder / "a.png").read_bytes()[:-30])
+    with pytest.raises(SystemExit) as ended:
+        predict(directory, "--input", folder, "--out", tmp_path / "f.parquet")
+    assert ended.value.code == 2 and "g.png cannot be decoded, a truncated or corrupt image" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("make,message", [
@@ -176,7 +190,7 @@ def test_a_folder_of_images_is_read_as_the_predictor_says_and_other_files_are_sk
     (lambda p: pq.write_table(pa.table({"f": [1.0]}), p / "x.parquet"), "the predictor takes 64 features .* the table has 1 columns"),
     (lambda p: (p / "x.csv").write_text("a,b\n1,2\n"), "the predictor takes 64 features .* the table has 2 columns besides .id."),
     (lambda p: (p / "y.csv").write_text(""), "y.csv is not a readable CSV file"),
-    (lambda p: (p / "x.json").write_text("[1, 2]"), "give an .npy or .npz array, a .parquet or .csv table of feature columns, or a folder of images"),
+    (lambda p: (p / "x.json").write_text("[1, 2]"), "give an .npy or .npz array, a .parquet or .csv table of feature columns, an image, or a folder of images"),
     (lambda p: (p / "x").mkdir(), "no image file PIL can read under it"),
 ])
 def test_unreadable_inputs_fail_in_one_line_naming_them(digits_predictor, tmp_path, capsys, make, message):

@@ -206,7 +206,9 @@ def test_recalibrate_is_the_exact_quantile_of_the_user_s_points(trained, digits)
     # rank ceil(101 * 0.8) = 81 of 100, written out with a sort
     assert mine.thresholds["hps"] == hps.sort().values[80].item()
     assert mine.alpha == 0.2
-    assert mine.info["calibration"] == {"data": "100 points passed to Predictor.recalibrate", "points": 100, "by": "marginal"}
+    top1 = predictor.predict_proba(raw["test"][:100]).argmax(dim=1)
+    assert mine.info["calibration"] == {"data": "100 points passed to Predictor.recalibrate", "points": 100, "by": "marginal",
+                                        "accuracy": (top1 == data.test.labels[:100]).double().mean().item()}
     assert mine.info["test"] is None and predictor.alpha == 0.1  # the original is unchanged
 
 
@@ -495,7 +497,14 @@ def test_a_predictor_whose_model_is_ones_own_factory_loads_only_when_trusted(tmp
     monkeypatch.syspath_prepend(str(tmp_path / "code"))
     assert main(["train", "--dataset", "digits", "--model", "my_digit_nets:small", "--method", "ce", "--epochs", "2", "--eval-splits", "2",
                  "--out", str(tmp_path / "run")]) == 0
-    capsys.readouterr()
+    assert "--out sets.parquet --trust-code" in capsys.readouterr().out  # the closing hint runs as printed
+    torch.save(torch.load(tmp_path / "run" / "model.pt", weights_only=True), tmp_path / "w.pt")
+    assert main(["calibrate", "--model", "my_digit_nets:small", "--weights", str(tmp_path / "w.pt"), "--dataset", "digits", "--prepare",
+                 "card", "--out", str(tmp_path / "cal")]) == 0
+    hint = capsys.readouterr().out.strip().splitlines()[-1]
+    np.save(tmp_path / "X.npy", np.zeros((3, 64), np.float32))
+    command = hint.split("use it with dpsm-ray ", 1)[1].replace("X.npy", str(tmp_path / "X.npy")).replace("sets.parquet", str(tmp_path / "s.parquet"))
+    assert command.endswith("--trust-code") and main(command.split()) == 0
     with pytest.raises(PredictorError, match=r"its model, my_digit_nets:small, is code to import and run; load it with trust_code=True"):
         Predictor.load(tmp_path / "run" / "predictor")
     predictor = Predictor.load(tmp_path / "run" / "predictor", trust_code=True)
@@ -520,3 +529,13 @@ def test_a_long_export_says_its_first_model_then_one_line_a_while_and_its_last_w
     assert lines == ["predictors: m0 written (process 7 on h), 1 of 5, about 20s left",
                      "predictors: m1 written (process 7 on h), 4 of 5, about 5s left",
                      "predictors: m2 written (process 7 on h), 5 of 5"]
+
+
+def test_a_sweep_s_or_a_run_s_directory_given_as_a_predictor_says_where_its_predictors_are(trained, tmp_path):
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text("{}")
+    with pytest.raises(PredictorError, match=r"sweep is a sweep's results directory, not a predictor: its final models are predictors under "
+                                             r".*sweep/predictors/ \(e.g. METHOD-seed0\), and dpsm-ray export .*sweep --method METHOD --out DIR"):
+        Predictor.load(tmp_path / "sweep")
+    with pytest.raises(PredictorError, match=r"is a training run's --out, not a predictor: its predictor is .*/predictor$"):
+        Predictor.load(trained)

@@ -85,6 +85,30 @@ def split_sizes(spec: str) -> dict[str, int]:
     return dict(card.sizes(spec))
 
 
+def data_record(spec: str) -> dict:
+    """What a results directory, a run and a predictor keep of the data of ``--dataset spec``: for a
+    researcher's own folder or table, its files' record (``dpsm_ray.own_data.path_record``: content
+    hashes, sizes, times), so that changed data at the same path is noticed; for a built-in dataset,
+    its name and the dpsm_ray version that read it (its loader defines it)."""
+    from dpsm_ray import __version__
+    from dpsm_ray.own_data import path_record, split_path_spec
+
+    card = dataset_card(spec)
+    if card.path:
+        return {"dataset": spec, **path_record(split_path_spec(spec)[1])}
+    return {"dataset": spec, "kind": "built-in", "version": __version__}
+
+
+def data_change(recorded: dict | None, spec: str) -> str | None:
+    """How the data of ``--dataset spec`` now differs from ``recorded`` (its ``data_record`` when a
+    result was made), in words; None when it is the same, or nothing was recorded."""
+    from dpsm_ray.own_data import record_change
+
+    if not recorded:
+        return None
+    return record_change(recorded, data_record(spec))
+
+
 def check_dataset(spec: str) -> str:
     """``spec`` if it names a dataset with valid options; ValueError naming the bad part."""
     split_sizes(spec)

@@ -67,6 +67,8 @@ def decoded(spec: str, log=None) -> dict[str, np.ndarray]:
         f" {', '.join(sorted(modes))}, {pixels} pixels -> each converted to {mode}, its shorter side resized to {size} and the centre"
         f" {size}x{size} cropped"
         + (f"; {left_out(skipped)} left out (skip=1)" if skipped else "")
+        + (f"; some images are greyscale: folder:{path}:channels=1 makes every image greyscale instead"
+           if mode == "RGB" and modes & set(GREYSCALE_MODES) and not options["channels"] else "")
     )
     images = np.stack([pixels_of(root / rel, path, mode, size) for _, _, rel in entries])
     arrays = {

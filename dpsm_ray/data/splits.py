@@ -121,6 +121,16 @@ class Split:
     def labels(self) -> torch.Tensor:
         return self.source.labels[self.ids.to(self.source.labels.device)].cpu()
 
+    @property
+    def inputs(self) -> torch.Tensor:
+        """The split's raw inputs ``[n, *shape]`` on the CPU, before any preparation: what a
+        predictor takes (``Predictor.recalibrate(split.inputs, split.labels)``).  ValueError for a
+        dataset read from image files as it trains (Caltech-101, iNaturalist): its inputs are files."""
+        if not hasattr(self.source, "inputs"):
+            raise ValueError(f"split {self.name}: its inputs are image files, read as training needs them; give a predictor the files "
+                             "(dpsm-ray predict --input FOLDER), or read them as docs/predictor.md says")
+        return self.source.inputs[self.ids.to(self.source.inputs.device)].cpu()
+
     def subset(self, positions: torch.Tensor, name: str | None = None) -> Split:
         return Split(name or self.name, self.ids[positions], self.source)
 

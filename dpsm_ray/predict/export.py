@@ -67,27 +67,38 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
 
 
 def calibrated_on_splits(predictor: Predictor, data, calibration: tuple[str, ...], test: tuple[str, ...], dataset: str,
-                         seeded: str) -> Predictor:
+                         seeded: str, warn=None) -> Predictor:
     """``predictor`` calibrated on the ``calibration`` splits of ``data`` and measured on its
     ``test`` splits (none: no test metrics), with the inputs, forward passes and uniforms of a
-    run's own evaluation (``train.loop.final_evaluation``)."""
+    run's own evaluation (``train.loop.final_evaluation``) when it prepares inputs as the dataset's
+    card does; else through its own preparation of the raw inputs.  ``warn(line)`` is told when a
+    model trained elsewhere looks prepared the other way (``Predictor.preparation_warning``)."""
     from dpsm_ray.train.env import LocalEnv
     from dpsm_ray.train.loop import predict
 
     env = LocalEnv(predictor.device, log=lambda line: None)
     precision = predictor.info["model"]["precision"]
+    as_card = predictor.input_preparation == "card"
 
     def probabilities(names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # as final_evaluation computes them
         splits = [getattr(data, name) for name in names]
-        probs = [predict(predictor.model, s, torch.arange(len(s)), data.num_classes, env, precision).double().softmax(dim=1).cpu()
-                 for s in splits]
-        return torch.cat(probs), torch.cat([s.labels for s in splits]), torch.cat([s.ids.cpu() for s in splits])
+        if as_card:
+            probs = [predict(predictor.model, s, torch.arange(len(s)), data.num_classes, env, precision).double().softmax(dim=1).cpu()
+                     for s in splits]
+        else:
+            probs = [predictor.ordered_proba(s.inputs) for s in splits]
+        return torch.cat(probs), torch.cat([s.labels.cpu() for s in splits]), torch.cat([s.ids.cpu() for s in splits])
 
     def described(names: tuple[str, ...], points: int) -> str:
         which = "every split" if len(names) == 4 else " and ".join(f"the {'calibration' if n == 'cal' else n} split" for n in names)
         return f"{which} of {dataset} ({points} points, {seeded})"
 
     probs, labels, ids = probabilities(calibration)
+    if warn is not None and "input_preparation" in predictor.info:
+        line = predictor.preparation_warning(torch.cat([getattr(data, name).inputs for name in calibration]), labels, probs,
+                                             flag="--prepare ")
+        if line is not None:
+            warn(line)
     calibrated = predictor.calibrated(probs, labels, predictor.alpha, example_ids=ids, data=described(calibration, len(labels)))
     if not test:
         return calibrated
@@ -98,11 +109,13 @@ def calibrated_on_splits(predictor: Predictor, data, calibration: tuple[str, ...
 
 
 def calibrate_weights(weights: str | os.PathLike, architecture: str, dataset: str, *, split: str = "cal", alpha: float = 0.1,
-                      seed: int = 0, data_root: str | None = None, precision: str = "fp32", device: str = "auto") -> Predictor:
+                      seed: int = 0, data_root: str | None = None, precision: str = "fp32", device: str = "auto",
+                      prepare: str = "none", warn=None) -> Predictor:
     """``dpsm-ray calibrate``: the weights in ``weights`` (a state dict, ``.pt`` read with
-    ``weights_only`` or ``.safetensors``) of ``architecture``, calibrated on ``split`` of
-    ``dataset`` (its splits drawn by ``seed``; ``all``: every example) and measured on its test
-    split unless that one calibrated."""
+    ``weights_only`` or ``.safetensors``) of ``architecture``, its inputs prepared ``prepare``
+    (``Predictor.from_model``), calibrated on ``split`` of ``dataset`` (its splits drawn by
+    ``seed``; ``all``: every example) and measured on its test split unless that one calibrated.
+    ``warn(line)``: told when the other preparation looks like the one the model trained on."""
     from dpsm_ray.cards import build_model, load_splits
     from dpsm_ray.files import sha256_file
     from dpsm_ray.models.weights import load_weights
@@ -110,30 +123,37 @@ def calibrate_weights(weights: str | os.PathLike, architecture: str, dataset: st
     data = load_splits(dataset, data_root, seed=seed)
     model = build_model(architecture, data.num_classes, input_shape=data.input_shape)
     load_weights(model, weights, architecture, option="--weights ")
-    provenance = {"source": "dpsm-ray calibrate", "weights": str(Path(weights).resolve()), "weights_sha256": sha256_file(weights)}
+    from dpsm_ray.cards import data_record
+
+    provenance = {"source": "dpsm-ray calibrate", "weights": str(Path(weights).resolve()), "weights_sha256": sha256_file(weights),
+                  "data": data_record(dataset)}
     predictor = Predictor.from_model(model, architecture=architecture, dataset=dataset, alpha=alpha, seed=seed, data_root=data_root,
-                                     precision=precision, provenance=provenance, device=device, data=data)
+                                     precision=precision, provenance=provenance, device=device, data=data, prepare=prepare)
     calibration = ("train", "val", "cal", "test") if split == "all" else (split,)
     test = () if split in ("all", "test") else ("test",)
-    return calibrated_on_splits(predictor, data, calibration, test, dataset, f"split seed {seed}")
+    return calibrated_on_splits(predictor, data, calibration, test, dataset, f"split seed {seed}", warn=warn)
 
 
 def chance_line(predictor: Predictor) -> str | None:
-    """A warning when a predictor's model is at or near chance on its test split (``test``'s
-    accuracy, and its sets' sizes: ``dpsm_ray.results.tables.chance_warning``), else None; its
-    sets still cover, by holding (nearly) every class."""
+    """A warning when a predictor's model is at or near chance (``dpsm_ray.results.tables.chance_warning``):
+    on its test split (``test``'s accuracy and its sets' sizes), else -- a predictor without test
+    figures (``calibrate --split all``) -- on its calibration points' accuracy; else None.  Its sets
+    still cover, by holding (nearly) every class."""
     from dpsm_ray.results.tables import chance_warning
 
     test = predictor.info["test"]
-    if not test or not test["scores"]:
-        return None
-    accuracy = test.get("accuracy")
-    why = chance_warning(accuracy if accuracy is not None else 1.0, predictor.num_classes,
-                         min(entry["set_size"] for entry in test["scores"].values()))
+    if test and test["scores"]:
+        accuracy = test.get("accuracy")
+        why = chance_warning(accuracy if accuracy is not None else 1.0, predictor.num_classes,
+                             min(entry["set_size"] for entry in test["scores"].values()))
+    else:
+        accuracy = (predictor.info["calibration"] or {}).get("accuracy")
+        why = None if accuracy is None else chance_warning(accuracy, predictor.num_classes, 0.0)
+        why = why and why.replace("test accuracy", "accuracy on the calibration points")
     if why is None:
         return None
     return (f"warning: this model is at or near chance ({why}): its sets cover by holding (nearly) every class and say little about "
-            "the label; train longer, or check that it takes its inputs as the dataset prepares them")
+            "the label; train longer, or check that it takes its inputs as the predictor prepares them")
 
 
 def existing_info(directory: Path) -> dict | None:
@@ -187,7 +207,7 @@ def export_final_model(results: str | os.PathLike, index: int, record: dict, swe
     provenance = {
         "source": f"sweep {sweep}, final stage", "trial_index": index, "trial_id": record["trial_id"],
         "run_dir": str(run_dir.relative_to(results)), "validation": record["metrics"],
-        "exported_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "exported_at": time.strftime("%Y-%m-%d %H:%M:%S"), "data": read_sweep_settings(results).get("data"),
     }
     state = load_checkpoint(run_dir / CHECKPOINT_FILE)["model"]
     predictor = predictor_for_run(config, state, data=data, device=device, provenance=provenance)
@@ -292,11 +312,15 @@ def choose(entries: list[dict], floor: CoverageFloor) -> dict[str, str]:
     return chosen
 
 
-def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLike, seed: int | None = None, log=print) -> Path:
+def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLike, seed: int | None = None, log=print,
+                  overwrite: bool = False) -> Path:
     """Copy the predictor of ``method`` (its chosen final model, or seed ``seed``'s) out of
     the sweep in ``results`` into ``out``, verified and with its provenance; builds the sweep's
-    predictors first when it has none (a sweep finished before predictors existed)."""
+    predictors first when it has none (a sweep finished before predictors existed).  A predictor
+    already in ``out`` is replaced only with ``overwrite``."""
     results, out = Path(results), Path(out)
+    if (out / INFO_FILE).exists() and not overwrite:
+        raise PredictorError(f"--out {out} holds a predictor already; choose another directory, or --overwrite it")
     index = read_index(results)
     if index is None:
         log(f"{results} has no predictors yet: exporting its final models")
@@ -322,9 +346,8 @@ def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLik
     if out.exists() and any(out.iterdir()) and not (out / INFO_FILE).exists():
         raise PredictorError(f"--out {out} is a non-empty directory without a predictor in it; choose a new or empty directory")
     source = results / entry["directory"]
-    # exporting again into the same --out replaces its predictor
     predictor = Predictor.load(source, device="cpu")
-    predictor.save(out, provenance={"exported_from": str(source.resolve()), "chosen_by": why}, overwrite=True)
+    predictor.save(out, provenance={"exported_from": str(source.resolve()), "chosen_by": why}, overwrite=overwrite)
     log(f"{method}: {entry['name']} ({'chosen on validation data' if seed is None else why}) -> {out}")
     warning = chance_line(predictor)
     if warning is not None:

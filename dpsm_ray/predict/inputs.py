@@ -49,18 +49,23 @@ class InputSource:
 
 def open_inputs(
     path: str | os.PathLike, spec: InputSpec, *, label_column: str | None = None, feature_names=None, class_names=None,
-    num_classes: int | None = None,
+    num_classes: int | None = None, skip_unreadable: bool = False,
 ) -> InputSource:
     """The inputs at ``path``.  A table's ``label_column`` (the training table's), where present, is
     read as labels (by ``class_names``) and left out of the features; ``feature_names`` (the
     predictor's) match a table's columns by name.  An ``.npz``'s ``y`` holds labels as class
-    indices below ``num_classes``."""
+    indices below ``num_classes``.  A folder's file that is not a readable image is refused, as
+    training refuses it, or with ``skip_unreadable`` left out and counted (training's ``skip=1``)."""
+    from dpsm_ray.own_data import IMAGE_SUFFIXES
+
     path = Path(path)
     if path.is_dir():
-        return image_folder(path, spec)
+        return image_folder(path, spec, skip_unreadable)
     if not path.is_file():
         raise InputFileError(f"--input {path}: no such file or folder")
     suffix = path.suffix.lower()
+    if suffix in IMAGE_SUFFIXES:  # one image
+        return image_files(path.parent, [path], [], spec)
     if suffix == ".npy":
         return array_source(path, load_array(path, lambda: np.load(path, mmap_mode="r", allow_pickle=False)), None)
     if suffix == ".npz":
@@ -83,7 +88,8 @@ def open_inputs(
         )
     if suffix in (".parquet", ".csv"):
         return table_source(path, spec, label_column, feature_names, class_names)
-    raise InputFileError(f"--input {path}: give an .npy or .npz array, a .parquet or .csv table of feature columns, or a folder of images")
+    raise InputFileError(f"--input {path}: give an .npy or .npz array, a .parquet or .csv table of feature columns, an image, or a folder "
+                         "of images")
 
 
 def load_array(path: Path, load):
@@ -188,33 +194,48 @@ def table_labels(path: Path, values: list, column: str, class_names) -> np.ndarr
     return np.asarray([index[str(value)] for value in values], dtype=np.int64)
 
 
-def image_folder(path: Path, spec: InputSpec) -> InputSource:
-    from PIL import Image, UnidentifiedImageError
+def image_folder(path: Path, spec: InputSpec, skip_unreadable: bool = False) -> InputSource:
+    """Every file under ``path`` (sorted by path) as an image, each decoded in full first as
+    training checks a ``folder:`` (``dpsm_ray.own_data.image_readings``): a file that is not
+    a readable image is refused naming it, or with ``skip_unreadable`` left out and counted."""
+    from dpsm_ray.own_data import IMAGE_SUFFIXES, image_readings
 
     if spec.image is None:
         raise InputFileError(
             f"--input {path} is a folder of images, but the predictor takes {spec.raw}, not images: give an .npy, .npz or .parquet"
         )
-    files, skipped = [], []
+    listed = []
     for directory, subdirectories, names in os.walk(path):
         subdirectories.sort()
-        for name in sorted(names):
-            file = Path(directory) / name
-            try:
-                with Image.open(file) as image:
-                    image.verify()
-                files.append(file)
-            except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-                skipped.append(str(file.relative_to(path)))
+        listed += [Path(directory) / name for name in sorted(names)]
+    readings = image_readings(path, [file for file in listed if file.suffix.lower() in IMAGE_SUFFIXES], keep=False)
+    files, skipped = [], []
+    for file in listed:
+        reading = readings.get(str(file), f"is not an image ({', '.join(IMAGE_SUFFIXES)})")
+        if not isinstance(reading, str):
+            files.append(file)
+        elif skip_unreadable:
+            skipped.append(str(file.relative_to(path)))
+        else:
+            raise InputFileError(f"--input {path}: {file} {reading}; remove or replace it, or pass --skip-unreadable to leave such files "
+                                 "out (as training's folder:PATH:skip=1)")
     if not files:
         raise InputFileError(f"--input {path}: no image file PIL can read under it")
+    return image_files(path, files, skipped, spec)
+
+
+def image_files(root: Path, files: list[Path], skipped: list[str], spec: InputSpec) -> InputSource:
+    """The image ``files`` (under ``root``, which names them in the output) as inputs."""
+    if spec.image is None:
+        raise InputFileError(f"--input {files[0]} is an image, but the predictor takes {spec.raw}, not images: give an .npy, .npz or "
+                             ".parquet")
     positions = np.arange(len(files), dtype=np.int64)
 
     def chunks(size: int) -> Iterator[np.ndarray]:
         for start in range(0, len(files), size):
             yield np.stack([read_image(file, spec) for file in files[start : start + size]])
 
-    return InputSource(path, len(files), [str(file.relative_to(path)) for file in files], positions, chunks, skipped)
+    return InputSource(root, len(files), [str(file.relative_to(root)) for file in files], positions, chunks, skipped)
 
 
 def read_image(file: Path, spec: InputSpec) -> np.ndarray:

@@ -62,7 +62,7 @@ def predict_rows(
     bar = tqdm(total=source.count, unit="input", file=sys.stderr, disable=source.count <= PROGRESS_BATCHES * batch_size)
     start = 0
     for chunk in source.batches(batch_size):
-        probs = predictor.predict_proba(chunk, batch_size=batch_size)
+        probs = predictor.ordered_proba(chunk, batch_size=batch_size)  # a table's columns were matched by name
         ids = torch.from_numpy(source.example_ids[start : start + len(chunk)])
         sets = predictor.sets_from_proba(probs, score, calibration=calibration, example_ids=ids, non_empty=non_empty)
         top1 = probs.argmax(dim=1).tolist()

@@ -59,6 +59,10 @@ WEIGHTS_FILE = "weights.pt"
 # same probabilities, to the last bit, as the rows of evals.parquet were computed from
 PREDICT_BATCH = 256
 PRECISIONS = ("fp32", "bf16")
+# How a predictor of a model trained elsewhere prepares raw inputs (``from_model``, ``dpsm-ray calibrate
+# --prepare``): ``card``, as the dataset's card does for every model dpsm-ray trains (input.divisor,
+# mean and std); ``none``, the inputs as they are (float32), as MAPIE and TorchCP hand a model its inputs
+PREPARATIONS = ("none", "card")
 INFO_FIELDS = (
     "format",
     "format_version",
@@ -117,6 +121,7 @@ class Predictor:
         self.input_spec = InputSpec.from_json(info["input"])
         self.device = pick_device(device) if isinstance(device, str) else device
         self.model = model.to(self.device).eval()
+        self._warned_positional = False  # raw_inputs' warning, once
 
     # ------------------------------------------------------------------ construction and files
 
@@ -140,6 +145,7 @@ class Predictor:
         training_config: dict | None = None,
         provenance: dict | None = None,
         device: str | torch.device = "auto",
+        input_preparation: dict | None = None,
     ) -> Predictor:
         """An uncalibrated predictor around ``model`` (which must be ``architecture`` built by
         ``dpsm_ray.cards.build_model`` for ``input_spec.shape``): ``recalibrate`` it before
@@ -158,32 +164,41 @@ class Predictor:
             info["feature_names"] = [str(name) for name in feature_names]
         if label_column is not None:
             info["label_column"] = str(label_column)
+        if input_preparation is not None:
+            info["input_preparation"] = input_preparation
         return cls(model, info, device=device)
 
     @classmethod
     def from_model(
         cls, model: torch.nn.Module, *, architecture: str, dataset: str, alpha: float = 0.1, seed: int = 0, data_root: str | None = None,
-        precision: str = "fp32", provenance: dict | None = None, device: str | torch.device = "auto", data=None,
+        precision: str = "fp32", provenance: dict | None = None, device: str | torch.device = "auto", data=None, prepare: str = "none",
     ) -> Predictor:
-        """An uncalibrated predictor around a model trained elsewhere: ``model`` takes inputs as the
-        card of ``dataset`` prepares them (``dpsm_ray.cards.load_splits(dataset, seed=seed)``, as
-        every model dpsm-ray trains does) and ``architecture`` names what builds it (a model card,
-        or ``PKG.MODULE:FACTORY``) so that a saved predictor can rebuild it.  The dataset gives the
-        input description, the classes' names and, for a table, the feature names; ``recalibrate``
-        it on labelled points the model never trained on before asking for sets
+        """An uncalibrated predictor around a model trained elsewhere; ``architecture`` names what
+        builds it (a model card, or ``PKG.MODULE:FACTORY``) so that a saved predictor can rebuild it,
+        and ``model`` must be that network (its parameters' names and shapes are checked).
+        ``prepare`` says what the model takes: ``none`` (default), raw inputs as they are -- what a
+        model trained in plain PyTorch on the data's raw values takes, as MAPIE and TorchCP pass
+        them; ``card``, inputs prepared as the card of ``dataset`` prepares them for every model
+        dpsm-ray trains (``dpsm_ray.cards.load_splits(dataset, seed=seed)``).  The dataset gives
+        the input description, the classes' names and, for a table, the feature names;
+        ``recalibrate`` it on labelled points the model never trained on before asking for sets
         (``dpsm-ray calibrate`` does both from a weights file).  ValueError naming the model when
-        it does not map the dataset's inputs to one logit per class.  ``data``: those splits, when
-        already loaded."""
+        it is not ``architecture`` or does not map the dataset's inputs to one logit per class.
+        ``data``: those splits, when already loaded."""
         from dpsm_ray.cards import check_outputs, load_splits
 
+        if prepare not in PREPARATIONS:
+            raise ValueError(f"prepare must be one of {', '.join(PREPARATIONS)}; got {prepare!r}")
         data = data if data is not None else load_splits(dataset, data_root, seed=seed)
         if data.input_spec is None:
             raise ValueError(f"dataset {dataset} does not describe its inputs (DataSplits.input_spec): it cannot back a predictor")
+        check_architecture(model, architecture, data.num_classes, data.input_shape)
         check_outputs(model, architecture, data.input_shape, data.num_classes)
+        spec = data.input_spec if prepare == "card" else unprepared(data.input_spec)
         return cls.create(
-            model, architecture=architecture, input_spec=data.input_spec, num_classes=data.num_classes, alpha=alpha,
+            model, architecture=architecture, input_spec=spec, num_classes=data.num_classes, alpha=alpha,
             class_names=data.class_names, **table_columns(dataset), uniform_seed=seed, precision=precision, provenance=provenance,
-            device=device,
+            device=device, input_preparation={"how": prepare, "card": data.input_spec.to_json()},
         )
 
     @classmethod
@@ -200,6 +215,12 @@ class Predictor:
         if not directory.is_dir():
             raise PredictorError(f"{directory} is not a predictor directory: no such directory")
         if not info_path.is_file():
+            if (directory / "sweep.json").is_file():
+                raise PredictorError(f"{directory} is a sweep's results directory, not a predictor: its final models are predictors under "
+                                     f"{directory / 'predictors'}/ (e.g. METHOD-seed0), and dpsm-ray export {directory} --method METHOD "
+                                     "--out DIR copies the one chosen on validation data out")
+            if (directory / "predictor" / INFO_FILE).is_file():
+                raise PredictorError(f"{directory} is a training run's --out, not a predictor: its predictor is {directory / 'predictor'}")
             raise PredictorError(f"{info_path} is missing: a predictor directory holds {INFO_FILE} and {WEIGHTS_FILE}")
         try:
             info = read_checked_json(info_path)
@@ -256,6 +277,45 @@ class Predictor:
         return self.info["alpha"]
 
     @property
+    def input_preparation(self) -> str:
+        """``card`` (raw inputs prepared as the dataset's card does: every model dpsm-ray trains) or
+        ``none`` (passed to the model as they are): how ``from_model`` / ``dpsm-ray calibrate
+        --prepare`` made it; ``card`` for every other predictor."""
+        return (self.info.get("input_preparation") or {}).get("how", "card")
+
+    def prepared(self, how: str) -> Predictor:
+        """This predictor with its inputs prepared ``how`` (``PREPARATIONS``): the dataset card's
+        preparation, or none; only for a predictor made from a model trained elsewhere."""
+        if how not in PREPARATIONS:
+            raise ValueError(f"prepare must be one of {', '.join(PREPARATIONS)}; got {how!r}")
+        recorded = self.info.get("input_preparation")
+        if recorded is None:
+            raise PredictorError("this predictor records no other input preparation (only one made with from_model or dpsm-ray calibrate)")
+        card = InputSpec.from_json(recorded["card"])
+        info = copy.deepcopy(self.info)
+        info["input"] = (card if how == "card" else unprepared(card)).to_json()
+        info["input_preparation"] = {**recorded, "how": how}
+        return Predictor(self.model, info, device=self.device)
+
+    def preparation_warning(self, raw: torch.Tensor, labels: torch.Tensor, probs: torch.Tensor, flag: str = "prepare=") -> str | None:
+        """For a model trained elsewhere: a warning when its accuracy on labelled raw inputs (their
+        probabilities ``probs``, as this predictor prepares them) is far below its accuracy with the
+        other preparation -- the model was trained on inputs prepared that way -- else None.  Far:
+        by at least 0.1, and by three standard errors of an accuracy on these points, so that a
+        difference the points could give by chance is not named."""
+        if "input_preparation" not in self.info or not len(labels):
+            return None
+        how = self.input_preparation
+        other = "card" if how == "none" else "none"
+        accuracy = float((probs.argmax(dim=1) == labels).double().mean())
+        theirs = float((self.prepared(other).ordered_proba(raw).argmax(dim=1) == labels).double().mean())
+        if theirs - accuracy < max(0.1, 3 * math.sqrt(0.25 / len(labels))):
+            return None
+        return (f"warning: the model's accuracy on the {len(labels)} calibration points is {accuracy:.3f} with its inputs "
+                f"{PREPARED[how]} ({flag}{how}), but {theirs:.3f} with them {PREPARED[other]} ({flag}{other}): it was trained on inputs "
+                f"prepared that way; calibrate again with {flag}{other}")
+
+    @property
     def num_classes(self) -> int:
         return self.info["model"]["num_classes"]
 
@@ -278,7 +338,7 @@ class Predictor:
         missing = [name for name in names if name not in given]
         extra = [name for name in given if name not in names]
         if missing or extra:
-            parts = [f"{what} {len(names)} ({', '.join(map(repr, names[:5]))}{', ...' if len(names) > 5 else ''})"
+            parts = [f"{what} {len(names)} ({', '.join(map(repr, names[:20]))}{', ...' if len(names) > 20 else ''})"
                      for what, names in (("missing", missing), ("unexpected", extra)) if names]
             raise InputError(f"{where}: the predictor takes the {len(names)} features it trained on, by name; {' and '.join(parts)}")
         return list(names)
@@ -315,6 +375,30 @@ class Predictor:
             return self.info["label_column"]
         dataset = (self.info["training_config"] or {}).get("dataset", "")  # predictors written before label_column was recorded
         return parse_table(dataset)[1]["label"] if dataset.startswith("table:") else None
+
+    def label_indices(self, y) -> torch.Tensor:
+        """Labels as class indices ``[n]`` int64: integers in 0..K-1, or the classes' names
+        (``class_names``; a table's label values as text), e.g. a DataFrame's label column."""
+        if hasattr(y, "to_numpy") and type(y).__module__.split(".")[0] in ("pandas", "pyarrow"):
+            y = y.to_numpy()
+        import numpy as np
+
+        values = np.asarray(y) if not isinstance(y, torch.Tensor) else None
+        if values is None or values.dtype.kind in "iufb" or (values.dtype.kind == "O" and all(
+                isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in values.ravel())):
+            return check_labels(y, self.num_classes)
+        names = self.class_names
+        if names is None:
+            raise InputError(f"labels must be class indices 0..{self.num_classes - 1}: this predictor has no class names to read "
+                             f"{values.ravel()[0]!r} by")
+        index = {name: k for k, name in enumerate(names)}
+        if values.ndim != 1:
+            raise InputError(f"labels must be one class per input, shape [n]; got {list(values.shape)}")
+        unknown = next((v for v in values.tolist() if str(v) not in index), None)
+        if unknown is not None or any(v is None for v in values.tolist()):
+            listed = f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''}"
+            raise InputError(f"label {unknown!r} is not a class of this predictor ({listed})")
+        return torch.tensor([index[str(v)] for v in values.tolist()], dtype=torch.int64)
 
     @property
     def uniform_seed(self) -> int:
@@ -387,11 +471,39 @@ class Predictor:
                 )
         return tensor
 
-    @torch.no_grad()
+    def raw_inputs(self, x) -> torch.Tensor:
+        """``x`` as raw inputs in the model's order (``check_inputs``).  Named columns -- a pandas
+        DataFrame, a pyarrow Table, or a dict of column name to values -- are matched to the
+        predictor's ``feature_names`` by name, in any order (the training table's label column, if
+        there, is left out; a missing or unexpected column is refused, naming it); a predictor
+        without names takes them in their order.  An array is read by position: for a predictor
+        with names, a warning (once per predictor) says in which order."""
+        columns = named_columns(x)
+        if columns is not None:
+            if self.feature_names is None:
+                return self.check_inputs(stacked(columns, list(columns)))
+            given = [name for name in columns if name != self.label_column]
+            return self.check_inputs(stacked(columns, self.feature_order(given, "the named columns")))
+        if self.feature_names is not None and not self._warned_positional:
+            self._warned_positional = True
+            names = self.feature_names
+            warnings.warn(
+                f"this predictor reads {len(names)} named features ({', '.join(names[:6])}{', ...' * (len(names) > 6)}); an array is "
+                "taken by position in that order: pass a DataFrame, a pyarrow Table or a dict of columns to match them by name",
+                stacklevel=caller_level(),
+            )
+        return self.check_inputs(x)
+
     def predict_proba(self, x, *, batch_size: int = PREDICT_BATCH, progress=None) -> torch.Tensor:
         """Softmax probabilities ``[n, K]`` (float64, CPU) of raw inputs ``x`` (numpy or torch,
-        ``[n, *shape]``), computed in chunks of ``batch_size`` on the predictor's device.
-        ``progress(done)`` is called after each chunk."""
+        ``[n, *shape]``, or named columns: ``raw_inputs``), computed in chunks of ``batch_size`` on
+        the predictor's device.  ``progress(done)`` is called after each chunk."""
+        return self.ordered_proba(self.raw_inputs(x), batch_size=batch_size, progress=progress)
+
+    @torch.no_grad()
+    def ordered_proba(self, x, *, batch_size: int = PREDICT_BATCH, progress=None) -> torch.Tensor:
+        """``predict_proba`` of inputs already in the model's order (``predict`` and ``serve`` match
+        names first): no name matching, no warning."""
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise ValueError(f"batch_size must be an integer >= 1; got {batch_size!r}")
         inputs = self.check_inputs(x)
@@ -429,10 +541,10 @@ class Predictor:
         class into every empty set: the sets only grow, so coverage stays at least 1 - alpha
         (conservative), at the price of sets a little larger than the guarantee needs.
 
-        The mask is a numpy array for numpy inputs, a torch tensor otherwise."""
+        The mask is a torch tensor for torch inputs, a numpy array otherwise."""
         probs = self.predict_proba(x, batch_size=batch_size)
         sets = self.sets_from_proba(probs, score, calibration=calibration, example_ids=example_ids, non_empty=non_empty)
-        if type(x).__module__ == "numpy":  # numpy in, numpy out (without importing numpy here)
+        if numpy_out(x):
             return PredictionSets(sets.mask.numpy(), sets.lists)
         return sets
 
@@ -463,7 +575,7 @@ class Predictor:
         id), exactly uniform; its sets {p > alpha} are randomised and are not the threshold sets."""
         probs = self.predict_proba(x, batch_size=batch_size)
         values = self.p_values_from_proba(probs, score, calibration=calibration, example_ids=example_ids, smoothed=smoothed)
-        return values.numpy() if type(x).__module__ == "numpy" else values
+        return values.numpy() if numpy_out(x) else values
 
     def p_values_from_proba(
         self, probs: torch.Tensor, score: str = "hps", *, calibration: str | None = None, example_ids=None, smoothed: bool = False
@@ -555,10 +667,14 @@ class Predictor:
         The guarantee needs points the model never trained on, exchangeable with the inputs to come:
         on training points the model is more confident than on new ones, q comes out too small and
         coverage falls short (measured on digits: 0.944 at a 0.95 target)."""
-        labels = check_labels(y_cal, self.num_classes)
-        probs = self.predict_proba(x_cal)
+        labels = self.label_indices(y_cal)
+        raw = self.raw_inputs(x_cal)
+        probs = self.ordered_proba(raw)
         if len(labels) != len(probs):
             raise InputError(f"y_cal must hold one label per input: {len(probs)} inputs, {len(labels)} labels")
+        warning = self.preparation_warning(raw, labels, probs)
+        if warning is not None:
+            warnings.warn(warning.removeprefix("warning: "), stacklevel=2)
         return self.calibrated(probs, labels, self.alpha if alpha is None else alpha, by=by, example_ids=example_ids,
                                data=data or f"{len(labels)} points passed to Predictor.recalibrate")
 
@@ -602,7 +718,9 @@ class Predictor:
                 stacklevel=3,
             )
         info = copy.deepcopy(self.info)
-        info.update(alpha=alpha, scores=scores, calibration={"data": data, "points": len(labels), "by": by}, test=None,
+        accuracy = float((probs.argmax(dim=1) == labels).double().mean()) if len(labels) else None
+        calibration = {"data": data, "points": len(labels), "by": by, "accuracy": accuracy}
+        info.update(alpha=alpha, scores=scores, calibration=calibration, test=None,
                     format_version=FORMAT_VERSION if by == "class" else 1)
         return Predictor(self.model, info, device=self.device)
 
@@ -620,7 +738,7 @@ class Predictor:
 
     def evaluate(self, x, y, *, calibration: str | None = None, example_ids=None) -> dict[str, dict[str, float]]:
         """Coverage and mean set size of every calibrated score on labelled raw inputs."""
-        return self.measure(self.predict_proba(x), y, calibration=calibration, example_ids=example_ids)
+        return self.measure(self.predict_proba(x), self.label_indices(y), calibration=calibration, example_ids=example_ids)
 
     def with_test(self, measured: dict, points: int, data: str, accuracy: float | None = None) -> Predictor:
         """This predictor with ``measured`` (``measure``'s result on ``points`` test points,
@@ -628,6 +746,90 @@ class Predictor:
         info = copy.deepcopy(self.info)
         info["test"] = {"data": data, "points": points, "scores": measured, **({"accuracy": accuracy} if accuracy is not None else {})}
         return Predictor(self.model, info, device=self.device)
+
+
+def caller_level() -> int:
+    """The ``stacklevel`` of a warning raised in the function that calls this, that names the first
+    caller outside this module (a user's ``predict_sets`` or ``predict_proba`` alike)."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+PREPARED = {"none": "passed as they are", "card": "standardised as the dataset's card prepares them"}
+
+
+def unprepared(spec: InputSpec) -> InputSpec:
+    """``spec`` with its standardisation taken out: a raw input reaches the model as it is (float32)."""
+    return InputSpec(spec.shape, 1.0, 0.0, 1.0, spec.raw, spec.image)
+
+
+def check_architecture(model: torch.nn.Module, architecture: str, num_classes: int, input_shape) -> None:
+    """ValueError naming the first parameter or buffer where ``model`` is not ``architecture``
+    (built by ``dpsm_ray.cards.build_model``) -- a missing or extra name, or another shape -- so
+    that a saved predictor rebuilds the same network its weights fit."""
+    from dpsm_ray.cards import build_model
+
+    reference = {name: tuple(t.shape) for name, t in build_model(architecture, num_classes, input_shape=input_shape).state_dict().items()}
+    mine = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = [name for name in reference if name not in mine]
+    extra = [name for name in mine if name not in reference]
+    shaped = [name for name in reference if name in mine and mine[name] != reference[name]]
+    if missing or extra or shaped:
+        if shaped:
+            what = f"{shaped[0]} has shape {list(mine[shaped[0]])} where {architecture} has {list(reference[shaped[0]])}"
+        else:
+            what = (f"it lacks {', '.join(missing[:3])}" if missing else "") + (" and " if missing and extra else "") + (
+                f"has {', '.join(extra[:3])} that {architecture} has not" if extra else "")
+        raise ValueError(f"model: not the network architecture={architecture!r} builds for {num_classes} classes ({what}); name what "
+                         "builds yours (a PKG.MODULE:FACTORY of your code, or a model card)")
+
+
+def numpy_out(x) -> bool:
+    """Whether results for inputs ``x`` are numpy arrays: for numpy, pandas, pyarrow and dict
+    inputs (torch tensors and lists give torch tensors)."""
+    from collections.abc import Mapping
+
+    return type(x).__module__.split(".")[0] in ("numpy", "pandas", "pyarrow") or isinstance(x, Mapping)
+
+
+def named_columns(x) -> dict | None:
+    """Named inputs as ``{column name: 1-D numpy array}``: a pandas DataFrame, a pyarrow Table or
+    a dict of columns; None for anything else (arrays, tensors, lists)."""
+    from collections.abc import Mapping
+
+    import numpy as np
+
+    root = type(x).__module__.split(".")[0]
+    if root == "pandas" and hasattr(x, "columns") and hasattr(x, "iloc"):
+        names = [str(name) for name in x.columns]
+        if len(set(names)) != len(names):
+            raise InputError(f"the DataFrame's columns repeat a name ({next(n for n in names if names.count(n) > 1)!r}): each feature once")
+        return {name: x.iloc[:, i].to_numpy() for i, name in enumerate(names)}
+    if root == "pyarrow" and hasattr(x, "column_names"):
+        return {str(name): x.column(name).to_numpy() for name in x.column_names}
+    if isinstance(x, Mapping):
+        return {str(name): np.asarray(values) for name, values in x.items()}
+    return None
+
+
+def stacked(columns: dict, order: list[str]):
+    """The ``order`` columns of ``columns`` side by side, ``[n, F]``; ``InputError`` naming a
+    column that is not one number per input."""
+    import numpy as np
+
+    lengths = {len(columns[name]) if columns[name].ndim else -1 for name in order}
+    for name in order:
+        values = columns[name]
+        if values.ndim != 1 or values.dtype.kind not in "iuf":
+            what = f"{values.dtype.name} values" if values.ndim == 1 else f"shape {list(values.shape)}"
+            raise InputError(f"column {name!r} must hold one number per input; it holds {what}")
+    if len(lengths) > 1:
+        raise InputError(f"the columns differ in length ({', '.join(f'{n!r}: {len(columns[n])}' for n in order[:6])})")
+    return np.column_stack([columns[name] for name in order]) if order else np.empty((0, 0))
 
 
 def table_columns(dataset: str) -> dict:
@@ -757,6 +959,10 @@ def check_info(info, where: str) -> None:
                                and all(isinstance(n, str) for n in features) and len(set(features)) == len(features)),
          "feature_names", "must be null or one distinct string per input feature")
     need(info.get("label_column") is None or isinstance(info["label_column"], str), "label_column", "must be null or a string")
+    preparation = info.get("input_preparation")
+    need(preparation is None or (isinstance(preparation, dict) and preparation.get("how") in PREPARATIONS
+                                 and isinstance(preparation.get("card"), dict)),
+         "input_preparation", f"must be null or {{\"how\": {' or '.join(map(repr, PREPARATIONS))}, \"card\": {{...}}}}")
     names = info["class_names"]
     need(names is None or (isinstance(names, list) and len(names) == model["num_classes"] and all(isinstance(n, str) for n in names)),
          "class_names", f"must be null or {model['num_classes']} strings")

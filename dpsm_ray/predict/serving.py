@@ -221,7 +221,7 @@ def answer(predictor: Predictor, body: bytes, max_batch: int) -> tuple[int, dict
     request = parse_request(predictor, body, max_batch)
     if not isinstance(request, Parsed):
         return request
-    return respond(predictor, request, predictor.predict_proba(request.inputs))
+    return respond(predictor, request, predictor.ordered_proba(request.inputs))
 
 
 def health(predictor: Predictor, max_batch: int) -> dict:
@@ -355,7 +355,7 @@ class PredictorServer:
         self.predictor = Predictor.load(predictor_dir, device=device, trust_code=trust_code)
         self.max_batch = max_batch
         self.token_sha256 = token_sha256
-        self.batcher = RowBatcher(self.predictor.predict_proba, batch_rows, batch_wait_ms / 1000, torch_threads)
+        self.batcher = RowBatcher(self.predictor.ordered_proba, batch_rows, batch_wait_ms / 1000, torch_threads)
         self.refusals = refusals
 
     async def predict(self, body: bytes) -> tuple[int, dict]:

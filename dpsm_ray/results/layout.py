@@ -22,7 +22,8 @@
                                           names each method's chosen one (``read_index``)
     RESULTS/.lock                         held by the process that writes the directory (``ResultsLock``)
 
-A single run's directory (``dpsm-ray train --out``) holds the same ``checkpoint.pt`` and Parquet files.
+A single run's directory (``dpsm-ray train --out``) holds the same ``checkpoint.pt`` and Parquet files,
+and ``settings.json``: the configuration it started with and its data's record (``read_run_settings``).
 ``Results(DIR)`` reads any of them -- a sweep's, a study's, a single run's: their settings, their
 rows, and the coverage floor that makes a trial feasible (``CoverageFloor``, the one rule).
 
@@ -68,6 +69,19 @@ RESULT_FILE = "result.json"
 PREDICTORS = "predictors"
 INDEX_FILE = "index.json"
 LOCK_FILE = ".lock"
+RUN_SETTINGS_FILE = "settings.json"  # a single run's: the configuration it started with, and its data's record
+def read_run_settings(directory: Path) -> dict | None:
+    """A single run's ``settings.json`` (``{"config": TrainConfig fields, "data": its data's record}``),
+    or None where it has none (a new directory, or a run started before it was written)."""
+    path = Path(directory) / RUN_SETTINGS_FILE
+    return read_checked_json(path) if path.is_file() else None
+
+
+def write_run_settings(directory: Path, config: dict, data: dict) -> None:
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    write_checked_json(Path(directory) / RUN_SETTINGS_FILE, {"config": config, "data": data})
+
+
 # TrainConfig fields that may hold a path inside the results directory
 RESULT_PATHS = ("init_checkpoint", "cache_dir")
 

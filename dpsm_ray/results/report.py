@@ -320,6 +320,27 @@ def headline(results_dir: str | os.PathLike) -> str:
     return console_tables(reader.final("evals"), reader.final("classes"), brief=True)[0]
 
 
+def data_warning(results: Path, sweep: dict | None) -> str | None:
+    """Why the results in ``results`` no longer describe the data they name (the data's record in
+    ``sweep.json``, or a run's ``settings.json``, against the data there now), else None."""
+    from dpsm_ray.cards import data_change
+    from dpsm_ray.results.layout import read_run_settings
+
+    if sweep is not None:
+        record, dataset = sweep.get("data"), sweep.get("base", {}).get("dataset")
+    elif (payload := read_run_settings(results)) is not None:
+        record, dataset = payload.get("data"), payload.get("config", {}).get("dataset")
+    else:
+        return None
+    if not record or not dataset:
+        return None
+    try:
+        change = data_change(record, dataset)
+    except (OSError, ValueError) as error:
+        change = f"it cannot be read now ({str(error).splitlines()[0][:160]})"
+    return f"these results were made from other data than {dataset} holds now -- {change}" if change else None
+
+
 def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = False) -> str:
     """Print the tables, write ``report.md``, ``report.tex`` and ``figures/*.png`` / ``*.pdf``;
     returns the text printed.  ``brief`` (the end of a sweep): the headline tables only, the rest
@@ -333,6 +354,9 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
         raise FileNotFoundError(f"no evaluation rows in {reader.path('evals')}: is this a finished run or sweep directory?")
     alpha = float(evals.alpha.iloc[0])
     epochs, classes, trials, sweep = reader.final("epochs"), reader.final("classes"), reader.trials, reader.sweep
+    changed = data_warning(results, sweep)
+    if changed:
+        log(f"warning: {changed}")
     search_written = drawing_search_figures(results, sweep)  # while this process writes the rest
     text, (size, details, found, note, chance, missing, both) = console_tables(evals, classes, brief)
     log(text)
@@ -342,7 +366,8 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     )
     details_note = f"Mean ± std over models and re-splits; models: final models behind each row. {missing}".rstrip()
 
-    md = [f"# Results: {results.name}", "", *([f"**Warning:** {chance}", ""] if chance else []), markdown(size), "", size_caption, ""]
+    md = [f"# Results: {results.name}", "", *([f"**Warning:** {changed}", ""] if changed else []),
+          *([f"**Warning:** {chance}", ""] if chance else []), markdown(size), "", size_caption, ""]
     md += [f"Note: {note}", ""] if note else []
     tex = [*([rf"\textbf{{Warning:}} {latex_text(chance)}"] if chance else []),
            latex_table(size, size_caption, "set-size", note=f"Note: {note}" if note else None)]

@@ -93,7 +93,7 @@ def parse_tracking(text: str | None) -> tuple[str, str | None] | None:
 # --- config files --------------------------------------------------------------------------
 
 # sweep.json's records of how a sweep ran, not options: ignored in a config file
-RECORDS = ("ledger", "studies", "versions", "trial_resources")
+RECORDS = ("ledger", "studies", "versions", "trial_resources", "data")
 # sweep.json's base fields that the sweep derives from its options (dpsm_ray.sweep.spec.SweepSpec)
 DERIVED_BASE_FIELDS = ("seed", "evaluate_test", "method", "init_checkpoint", "cache_dir")
 

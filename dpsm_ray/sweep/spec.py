@@ -293,8 +293,11 @@ def sweep_file(spec: SweepSpec, results: Path) -> dict:
     """What a new sweep writes to ``sweep.json``: its settings, the names of its Optuna studies
     (kept when the directory is moved or renamed), for an external storage its URL without the
     password, and the versions that ran it (not compared on ``--resume``)."""
+    from dpsm_ray.cards import data_record
+
     return {
         **spec.describe(),
+        "data": data_record(spec.base.dataset),  # compared on every later run (check_same_data), never a setting
         "ledger": LEDGER_FORMAT,
         "studies": {method: f"{results.name}-{method}" for method in spec.methods},
         "optuna_storage": masked(spec.optuna_storage) if spec.optuna_storage else None,
@@ -311,6 +314,7 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
     Returns the sweep's ``sweep.json`` content (to be written, for a new sweep)."""
     if (results / SWEEP_FILE).exists():
         stored = read_sweep_file(results)
+        check_same_data(stored, spec.base.dataset, results)
         described = spec.describe()
         differences = settings_differences(stored, described)
         finished = (results / FINISHED_FILE).exists()
@@ -350,6 +354,20 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
                 "choose another --results-dir name or delete them (optuna delete-study)"
             )
     return planned
+
+
+def check_same_data(stored: dict, dataset: str, results: Path) -> None:
+    """``ResultsDirUnusable`` naming what changed when the data a results directory was made from
+    (``sweep.json``'s ``data``) is no longer what ``dataset`` holds: its results would answer for
+    other data."""
+    from dpsm_ray.cards import data_change
+
+    if stored.get("base", {}).get("dataset") != dataset:
+        return  # another dataset: a setting that differs, named as such
+    change = data_change(stored.get("data"), dataset)
+    if change is not None:
+        raise ResultsDirUnusable(f"{results} holds results of other data than {dataset} holds now -- {change}; give a new --results-dir "
+                                 "for the data as it is, or put the data back as it was to use these results")
 
 
 # the option behind each of sweep.json's settings whose option is not named after it

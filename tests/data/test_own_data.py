@@ -2,6 +2,7 @@
 a label column): the splits, the class names, the decoding cache, the preprocessing a predictor
 repeats, and one clear line for every layout or file it cannot use."""
 
+import hashlib
 import os
 import runpy
 from pathlib import Path
@@ -69,6 +70,7 @@ def test_a_presplit_folder_keeps_its_own_splits_and_rgb_wins_over_greyscale(tmp_
     check_data_present(spec)  # the driver: decodes once into the cache
     said = capsys.readouterr().err
     assert "decoding 30 images of 2 classes once" in said and "modes L, RGB" in said and "each converted to RGB" in said
+    assert f"some images are greyscale: folder:{tmp_path / 'pics'}:channels=1 makes every image greyscale instead" in said
     data = load_splits(spec, seed=0)
     assert capsys.readouterr().err == ""  # the trial's load reads the cache
     assert data.input_shape == (3, 8, 8) and data.sizes() == {"train": 12, "val": 4, "cal": 6, "test": 8}
@@ -137,7 +139,17 @@ def test_an_unusable_table_is_named_in_one_line(tmp_path):
         return str(raised.value)
 
     good = {"x": np.arange(20.0), "label": np.arange(20) % 2}
-    assert "no label column 'label' (its columns: x, y); name it with label=NAME" in error(pd.DataFrame({"x": good["x"], "y": good["label"]}))
+    assert "no label column 'label'; its 2 columns: x, y; name the label column with label=NAME (table:" in error(
+        pd.DataFrame({"x": good["x"], "y": good["label"]}))
+    wide = pd.DataFrame({**{f"f{i}": good["x"] for i in range(20)}, "species": good["label"]})
+    assert "its 21 columns: f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, ..., species; name" in error(wide)  # the last one shown
+    assert "1 rows have no label in column 'label' (the first: row 4, counting from 0 after the header)" in error(
+        pd.DataFrame({**good, "label": np.where(np.arange(20) == 4, None, "a")}))
+    pd.DataFrame({"x": good["x"], "label": good["label"]}).to_csv(tmp_path / "semi.csv", sep=";", index=False)
+    with pytest.raises(ValueError, match=r"its header reads as one column, 'x;label': the file looks separated by semicolons"):
+        split_sizes(f"table:{tmp_path / 'semi.csv'}")
+    with pytest.raises(ValueError, match=r"dataset folder:.*semi.csv is a file, not a folder; .* or a table of features as table:FILE"):
+        split_sizes(f"folder:{tmp_path / 'semi.csv'}")
     assert "column 'word' is " in (said := error(pd.DataFrame({**good, "word": ["a"] * 20}))) and "not a number" in said
     assert "1 rows have a missing or infinite feature (the first: row 3, column 'x')" in error(pd.DataFrame({**good, "x": np.where(np.arange(20) == 3, np.nan, 1.0)}))
     assert "labels 'label' must be integers or names; got fractions" in error(pd.DataFrame({**good, "label": np.arange(20) / 3}))
@@ -281,3 +293,39 @@ def test_a_greyscale_folder_goes_to_an_rgb_model_as_three_equal_channels_on_its_
         torch.testing.assert_close(on_grey(x_grey), on_rgb(x_rgb), rtol=1e-5, atol=1e-6)
     assert dpsm_ray(["train", "--dataset", f"folder:{tmp_path / 'pics'}:size=8", "--model", "torchvision:resnet18", "--method", "ce",
                      "--epochs", "1", "--batch-size", "4", "--eval-splits", "1"]) == 0
+
+
+def test_a_data_record_notices_changed_content_and_listings_but_not_a_copy_or_a_touch(tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    from dpsm_ray import own_data
+    from dpsm_ray.own_data import path_record, record_change
+
+    for name in ("cat", "dog"):
+        (tmp_path / "d" / name).mkdir(parents=True)
+        for i in range(3):
+            (tmp_path / "d" / name / f"{i}.png").write_bytes(bytes([i]) * 100)
+    before = path_record(str(tmp_path / "d"))
+    assert before["kind"] == "folder" and before["files"] == 6 and before["bytes"] == 600
+    os.utime(tmp_path / "d" / "cat" / "0.png", (1, 1))  # touched: the same data
+    assert record_change(before, path_record(str(tmp_path / "d"))) is None
+    shutil.copytree(tmp_path / "d", tmp_path / "copy")  # a copy: the same data at another path
+    assert record_change({**before, "path": str(tmp_path / "copy")}, path_record(str(tmp_path / "copy"))) is None
+    (tmp_path / "d" / "cat" / "2.png").rename(tmp_path / "d" / "dog" / "9.png")  # a label changed: the listing
+    change = record_change(before, path_record(str(tmp_path / "d")))
+    assert change.startswith(f"{tmp_path / 'd'}: its files differ (then 6 files, 600 bytes, modified ")
+    # a file's content, hashed whole (sha256sum's), or past the limit by its size and 64 chunks of it
+    (tmp_path / "t.csv").write_bytes(b"a,b\n1,2\n")
+    record = path_record(str(tmp_path / "t.csv"))
+    assert record["sha256"] == hashlib.sha256(b"a,b\n1,2\n").hexdigest()
+    (tmp_path / "t.csv").write_bytes(b"a,b\n2,1\n")
+    assert "t.csv: its content differs" in record_change(record, path_record(str(tmp_path / "t.csv")))
+    monkeypatch.setattr(own_data, "FULL_HASH_BYTES", 2**20)
+    (tmp_path / "big").write_bytes(bytes(3 * 2**20))
+    sampled = path_record(str(tmp_path / "big"))
+    with open(tmp_path / "big", "r+b") as handle:  # a byte at the start: inside the first sampled chunk
+        handle.write(b"\x01")
+    assert record_change(sampled, path_record(str(tmp_path / "big"))) is not None
+    (tmp_path / "big").unlink()
+    assert record_change(sampled, path_record(str(tmp_path / "big"))) == f"{tmp_path / 'big'} is not there any more"
