@@ -307,3 +307,44 @@ def test_predictor_export_benchmark_runs_quick_on_the_session_s_ray_and_the_task
     assert table[0].split() == ["how", "seconds", "speed-up", "identical"] and len(table) == len(rows) + 1
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "predictor_export.py")], capture_output=True, text=True)
     assert bad.returncode == 2 and "give --results DIR (a finished sweep) or --quick" in bad.stderr
+
+
+@pytest.mark.ray
+def test_the_search_grid_and_the_replays_on_it_run_quick_and_the_regret_is_the_pick_s_against_the_best_cell(ray_session, tmp_path):
+    """bench/search_grid.py --quick (CE and DPSM, 2 values a knob, through the study driver on the session's Ray), then
+    bench/search_quality.py --quick on its table; and the sweep's pick rule on rows written by hand."""
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    grid = subprocess.run([sys.executable, str(ROOT / "bench" / "search_grid.py"), "--quick", "--methods", "ce,dpsm", "--results-dir",
+                           str(tmp_path / "grid"), "--out", str(tmp_path / "cells.csv")], capture_output=True, text=True, timeout=900, env=env)
+    assert grid.returncode == 0, grid.stderr[-3000:]
+    record = json.loads(next(line for line in grid.stdout.splitlines() if line.startswith("{")))
+    assert record["cells"] == 2 + 16 and record["ok"] == 18 and len(record["commit"]) == 40
+    import pandas as pd
+
+    cells = pd.read_csv(tmp_path / "cells.csv")
+    assert len(cells) == 18 and cells[cells.method == "ce"].conformal_weight.isna().all()
+    assert sorted(cells[cells.method == "dpsm"].lr.unique()) == [0.001, 0.1] and cells.test_set_size_hps.notna().all()
+
+    out = tmp_path / "quality"
+    quality = subprocess.run([sys.executable, str(ROOT / "bench" / "search_quality.py"), "--quick", "--table", f"digits={tmp_path / 'cells.csv'}",
+                              "--out-dir", str(out)], capture_output=True, text=True, timeout=900)
+    assert quality.returncode == 0, quality.stderr[-3000:]
+    rows = pd.read_csv(out / "quality.csv")
+    assert set(rows.sampler) == {"tpe", "random", "sobol"} and set(rows.budget) == {2, 4} and (rows.repetitions == 20).all()
+    feasible = cells[(cells.status == "ok") & (cells.val_coverage >= 0.9 - 0.02)]
+    for method, mine in rows.groupby("method"):
+        assert (mine.best_val_size == feasible[feasible.method == method].val_set_size.min()).all()
+    assert (rows.regret_p10 >= 0).all() and (rows.regret_p10 <= rows.regret_median).all() and (rows.regret_median <= rows.regret_p90).all()
+    assert rows.feasible_share.between(0, 1).all() and (out / "regret.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from search_quality import pick
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    row = lambda status, size, coverage: pd.Series({"status": status, "val_set_size": size, "val_coverage": coverage, "test_set_size_hps": size + 1})
+    rows = [row("ok", 1.5, 0.95), row("failed", float("nan"), float("nan")), row("ok", 1.2, 0.85), row("ok", 1.5, 0.90)]
+    assert pick(rows, 0.88) == {"val_set_size": 1.5, "test_set_size": 2.5, "feasible": True}  # 1.2 misses the floor; a tie to the earlier
+    assert pick(rows[2:3], 0.88) == {"val_set_size": 1.2, "test_set_size": 2.2, "feasible": False}  # none feasible: the highest coverage

@@ -126,7 +126,7 @@ def add_sweep_options(parser: argparse.ArgumentParser, name: str, defaults: dict
         "--seed",
         type=int,
         default=0,
-        help="sweep seed: data splits, base model, TPE sampler; final seeds are seed .. seed+S-1 (default: %(default)s)",
+        help="sweep seed: data splits, base model, the search's sampler; final seeds are seed .. seed+S-1 (default: %(default)s)",
     )
     add("--methods", default=",".join(defaults.get("methods", PAPER_METHODS)), help="comma-separated methods (default: %(default)s)")
     add(
@@ -157,7 +157,9 @@ def add_search_options(parser: argparse.ArgumentParser, defaults: dict) -> None:
     add("--fix", action="append", default=[], metavar="AXIS=VALUE", help=f"paper grid: fix an axis ({', '.join(PAPER_GRID)}); repeatable")
     add("--subset", action="append", default=[], metavar="AXIS=V1,V2", help="paper grid: keep only these values of an axis; repeatable")
     add("--grid-budget", type=int, metavar="N", help="paper grid: a random N of its configurations, chosen by --seed (default: all)")
-    add("--sampler", choices=SAMPLERS, default="tpe", help="Optuna's sampler: tpe, or random (default: %(default)s)")
+    add("--sampler", choices=SAMPLERS, default="tpe", help="how a search proposes: tpe (Optuna's TPE after 4 random trials), random, "
+        "sobol (a scrambled Sobol sequence seeded by the sweep: trial n of every method draws the same lr), gp (Optuna's GPSampler with "
+        "the coverage constraint, after 4 random trials); bench/search_quality.py measures them (default: %(default)s)")
     add(
         "--scheduler",
         choices=SCHEDULERS,

@@ -18,6 +18,7 @@ every decision a function of the ledger, so a resumed sweep repeats it.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy
 import optuna
@@ -41,11 +42,19 @@ CONSTRAINTS_KEY = "constraints"
 
 
 class MethodStudy:
-    """One method's Optuna study: ``propose`` the next trial, ``tell`` how one ended."""
+    """One method's Optuna study: ``propose`` the next trial, ``tell`` how one ended.
 
-    def __init__(self, storage_url: str, name: str, method: str, space: dict[str, Range], *, sampler: str, seed: int, total: int) -> None:
+    Samplers (``sampler``): ``tpe``, Optuna's TPE (multivariate in Optuna 5) after ``STARTUP_TRIALS``
+    random ones; ``random``; ``gp``, Optuna's ``GPSampler`` (built for budgets of 10-50 trials) after
+    the same random start, with the coverage constraint; ``sobol``, a scrambled Sobol sequence over
+    every knob of ``DEFAULT_RANGES`` seeded by the sweep alone (``sobol_point``), so that trial n of
+    every method draws the same value of a knob they share."""
+
+    def __init__(self, storage: str | optuna.storages.BaseStorage, name: str, method: str, space: dict[str, Range], *, sampler: str,
+                 seed: int, total: int) -> None:
         self.name, self.method, self.space, self.sampler, self.seed, self.total = name, method, space, sampler, seed, total
-        self.storage = optuna.storages.RDBStorage(storage_url)
+        # a URL (the sweep's database), or a storage object (bench/search_quality.py's in-memory replays)
+        self.storage = optuna.storages.RDBStorage(storage) if isinstance(storage, str) else storage
         self.study = optuna.create_study(study_name=name, storage=self.storage, direction="minimize", load_if_exists=True)
         self.study_id = self.storage.get_study_id_from_name(name)
 
@@ -58,8 +67,17 @@ class MethodStudy:
         """The sampler that draws ``parameter`` of trial ``number``: seeded for exactly that, so the
         draw does not depend on what was drawn before it (a driver may die between two of them)."""
         seed = derive_seed(self.seed, self.sampler, self.method, number, parameter) % 2**32
+        startup = min(STARTUP_TRIALS, self.total)
         if self.sampler == "tpe":
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(STARTUP_TRIALS, self.total))
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
+        if self.sampler == "gp":
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, independent_sampler=optuna.samplers.RandomSampler(seed=seed),
+                                             warn_independent_sampling=False)
+        if self.sampler == "sobol":
+            point = sobol_point(self.seed, number)
+            with warnings.catch_warnings():  # experimental since Optuna 2.4, unchanged since
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.samplers.PartialFixedSampler({parameter: point[parameter]}, optuna.samplers.RandomSampler(seed=seed))
         return optuna.samplers.RandomSampler(seed=seed)
 
     def propose(self, exclude: set[int]) -> tuple[int, dict] | None:
@@ -97,6 +115,26 @@ class MethodStudy:
         else:
             state = optuna.trial.TrialState.PRUNED if status == "stopped" else optuna.trial.TrialState.FAIL
             self.study.tell(number, state=state, skip_if_finished=True)
+
+
+def sobol_point(seed: int, number: int) -> dict[str, float]:
+    """Point ``number`` of the sweep's scrambled Sobol sequence (scipy's, seeded by the sweep seed
+    alone), one coordinate per knob of ``DEFAULT_RANGES``, mapped into its range (log-uniform or
+    uniform): the ``sobol`` sampler's trial ``number`` for every method alike."""
+    from scipy.stats import qmc
+
+    from dpsm_ray.cards import DEFAULT_RANGES
+
+    # the first 2**m points (m the least with 2**m > number): the sequence's prefix, as Sobol's balance wants it drawn
+    unit = qmc.Sobol(d=len(DEFAULT_RANGES), scramble=True, seed=derive_seed(seed, "sobol") % 2**32).random_base2(number.bit_length())[number]
+    point = {}
+    for (knob, bounds), u in zip(DEFAULT_RANGES.items(), unit):
+        if bounds.log:
+            value = math.exp(math.log(bounds.low) + u * (math.log(bounds.high) - math.log(bounds.low)))
+        else:
+            value = bounds.low + u * (bounds.high - bounds.low)
+        point[knob] = min(max(value, bounds.low), bounds.high)
+    return point
 
 
 def rungs(grace_period: int, reduction_factor: int, epochs: int) -> list[int]:

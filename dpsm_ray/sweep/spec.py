@@ -24,7 +24,7 @@ from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, run_d
 # Search schedulers: every trial to the end, or asynchronous successive halving over epochs
 # (ASHA, Li et al. 2020) on the validation set size.
 SCHEDULERS = ("fifo", "asha")
-SAMPLERS = ("tpe", "random")
+SAMPLERS = ("tpe", "random", "sobol", "gp")  # dpsm_ray.sweep.search.MethodStudy; bench/search_quality.py measures them
 
 
 class SweepError(RuntimeError):
@@ -66,7 +66,7 @@ class SweepSpec:
     grid_fixed: tuple[tuple[str, object], ...] = ()
     grid_subsets: tuple[tuple[str, tuple], ...] = ()
     grid_budget: int | None = None  # a seeded random subset of this many grid points
-    sampler: str = "tpe"  # Optuna's sampler: "tpe", or "random" (a baseline for the search itself)
+    sampler: str = "tpe"  # how a search proposes (SAMPLERS: tpe, random, sobol, gp; MethodStudy)
     scheduler: str = "fifo"  # or "asha": stop unpromising search trials early (SCHEDULERS)
     grace_period: int = 5  # ASHA: epochs every trial runs before it can be stopped
     reduction_factor: int = 3  # ASHA: 1 in reduction_factor trials goes on at each rung

@@ -232,3 +232,34 @@ def test_a_tune_run_ended_by_a_full_disk_stops_the_sweep_with_the_full_disk_s_li
         assert out_of_space_line(unrelated, None, mount).startswith(f"no space left on the device of {mount / 'tune'} (")
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "sobol", "gp"])
+def test_every_sampler_proposes_as_a_function_of_the_seed_and_resumes_past_its_random_start(tmp_path, sampler):
+    """Killed while trial 6 ran (two trials past the four random ones): a new driver on the same storage
+    proposes what an uninterrupted search would have, trial 6 again with its own parameters."""
+    values = dict(enumerate([1.3, 1.1, 1.2, 0.9, 1.0, 0.95, 0.97, 0.92]))
+    uninterrupted = run_search(study(tmp_path, db="a.db", total=8, sampler=sampler), values)
+    assert run_search(study(tmp_path, db="b.db", total=8, sampler=sampler), values) == uninterrupted
+    assert run_search(study(tmp_path, db="c.db", total=8, sampler=sampler, seed=1), values) != uninterrupted
+    before = run_search(study(tmp_path, db="d.db", total=8, sampler=sampler), values, stop_after=6)
+    after = run_search_from(study(tmp_path, db="d.db", total=8, sampler=sampler), values, ended=set(range(6)))
+    assert before + after[1:] == uninterrupted and after[0] == before[-1]
+    for params in uninterrupted:
+        assert all(SPACE[k].low <= v <= SPACE[k].high for k, v in params.items())
+
+
+def test_with_sobol_every_method_of_a_sweep_draws_the_same_lr_at_each_trial():
+    """Fair by construction: trial n of CE and of DPSM take the same point of the sweep's one sequence,
+    so CE's lr candidates are the first of DPSM's, and another sweep seed draws other ones."""
+    def lrs(method, space, seed=0, total=8):
+        s = MethodStudy(optuna.storages.InMemoryStorage(), method, method, space, sampler="sobol", seed=seed, total=total)
+        return [params["lr"] for params in run_search(s, dict(enumerate([1.0] * total)))]
+
+    ce = lrs("ce", {"lr": SPACE["lr"]}, total=4)
+    dpsm = lrs("dpsm", SPACE)
+    assert ce == dpsm[:4] and len(set(dpsm)) == 8
+    assert lrs("ce", {"lr": SPACE["lr"]}, seed=1, total=4) != ce
+    # a scrambled Sobol sequence covers the range evenly: each quarter of log(lr) holds 2 of the first 8
+    quarters = [int(4 * math.log(lr / 0.001) / math.log(100)) for lr in dpsm]
+    assert sorted(quarters) == [0, 0, 1, 1, 2, 2, 3, 3]
