@@ -5,6 +5,8 @@
     python sweeps/league.py --dataset folder:PATH            # your own data, at the service's default recipe
     python sweeps/league.py --dataset fashion_mnist --resume # after an interruption
     python sweeps/league.py --report-from docs/results/league-fashion_mnist   # the table, from committed results
+    python sweeps/league.py --report-from docs/results/league-fashion_mnist --ce-from docs/results/decisive-fashion_mnist
+                                                             # and each method against that study's 8-trial CE
 
 A sweep (the service's own driver, every option of `dpsm-ray sweep`): the CE base model of each seed,
 each method's Optuna search with 2 trials per knob, its pick re-trained with 10 seeds; then the league
@@ -38,14 +40,25 @@ def main(argv: list[str]) -> int:
     front = argparse.ArgumentParser(prog="sweeps/league.py", description=__doc__.splitlines()[0], add_help=False, allow_abbrev=False)
     front.add_argument("--dataset")
     front.add_argument("--report-from", metavar="FOLDER")
+    front.add_argument("--ce-from", metavar="STUDY_FOLDER", help="with --report-from: also each method against this study's searched CE, "
+                       "paired on the seeds whose base models both share")
     front.add_argument("--results-dir")
     known, rest = front.parse_known_args(argv)
+    if known.ce_from and not known.report_from:
+        front.exit(2, f"{front.prog}: error: --ce-from goes with --report-from\n")
     if known.report_from:
         if rest or known.dataset:
             front.exit(2, f"{front.prog}: error: --report-from prints a committed league's table; it takes no other option\n")
         try:
-            print(league_markdown(analyse_league(*read_league_compact(known.report_from))), end="")
-        except FileNotFoundError as error:
+            compact = read_league_compact(known.report_from)
+            print(league_markdown(analyse_league(*compact)), end="")
+            if known.ce_from:
+                from dpsm_ray.results.league import against_other_ce, against_other_ce_markdown
+                from dpsm_ray.results.studies import read_compact
+
+                comparison = against_other_ce(compact[0], read_compact(Path(known.ce_from))[0], compact[2])
+                print("\n" + against_other_ce_markdown(comparison, f"`{known.ce_from}`"), end="")
+        except (FileNotFoundError, ValueError) as error:
             front.exit(2, f"{front.prog}: error: {error}\n")
         return 0
     if known.dataset is None:

@@ -155,6 +155,52 @@ def league_section(evals, trials, alpha: float, sweep: dict | None) -> list[str]
     return ["## The league", "", league_markdown(analysis).rstrip(), "", "Its criterion and how to read it: docs/league.md.", ""]
 
 
+def against_other_ce(evals, study_evals, alpha: float, arm: str = "searched_ce") -> dict:
+    """Each league method against another study's CE (``arm`` of a study's compact evaluation rows,
+    e.g. the decisive test's 8-trial searched CE), paired per seed over the seeds whose CE base
+    models the two share -- their ``base`` rows equal to the last digit, so each pair fine-tuned
+    from one model -- with the league's criterion's verdict.  ValueError when no seed is shared."""
+    import pandas as pd
+
+    def rows(frame, column: str, name: str):
+        part = frame[frame[column] == name]
+        return {seed: part[part.seed == seed].sort_values(["score", "split"]).set_size.tolist() for seed in sorted(part.seed.unique())}
+
+    league_base, study_base = rows(evals, "method", BASE_MODEL), rows(study_evals, "stage", "base")
+    shared = [seed for seed in league_base if study_base.get(seed) == league_base[seed]]
+    if not shared or not (study_evals.stage == arm).any():
+        raise ValueError(f"the study shares no CE base model with the league (equal base rows), or has no arm {arm}")
+    reference = study_evals[study_evals.stage == arm].assign(method="other_ce").drop(columns="stage")
+    pooled = pd.concat([evals, reference[[c for c in evals.columns if c in reference.columns]]])
+    pooled = pooled[pooled.seed.isin(shared)]
+    found = []
+    for method in sorted(set(evals.method) - {BASE_MODEL}):
+        changes = {score: paired_change(pooled, method, "other_ce", score, by="method") for score in DECIDING}
+        coverage = float(pooled[(pooled.method == method) & (pooled.score == "hps")].coverage.mean())
+        found.append({"method": method, "changes": changes, "verdict": verdict(changes, coverage, alpha)})
+    return {"arm": arm, "seeds": shared, "rows": found}
+
+
+def against_other_ce_markdown(comparison: dict, source: str) -> str:
+    """``against_other_ce``'s table, as docs/league.md quotes it."""
+    seeds = comparison["seeds"]
+    header = ["method", *(f"{score.upper()} vs that CE" for score in DECIDING), "verdict against it"]
+    lines = [f"Each method against `{comparison['arm']}` of {source}, paired per seed over the {len(seeds)} seeds whose CE base "
+             f"models the two share (seeds {seeds_text(seeds)}: their base rows are equal), mean [{T_LEVEL:.0%} t interval].", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in comparison["rows"]:
+        name = method_name(row["method"]) + (" (this league's, 2 trials)" if row["method"] == REFERENCE else "")
+        lines.append("| " + " | ".join([name, *(change_text(row["changes"][s]) for s in DECIDING), row["verdict"]]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def seeds_text(seeds: list[int]) -> str:
+    """``1-9``, or ``0, 2, 5`` where the seeds are not consecutive."""
+    if seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
 def change_text(change: dict) -> str:
     if math.isnan(change["low"]):
         return f"{change['mean']:+.1f}% (no interval)"
