@@ -215,7 +215,9 @@ class Predictor:
         if not directory.is_dir():
             raise PredictorError(f"{directory} is not a predictor directory: no such directory")
         if not info_path.is_file():
-            if (directory / "sweep.json").is_file():
+            from dpsm_ray.results.layout import SWEEP_FILE
+
+            if (directory / SWEEP_FILE).is_file():
                 raise PredictorError(f"{directory} is a sweep's results directory, not a predictor: its final models are predictors under "
                                      f"{directory / 'predictors'}/ (e.g. METHOD-seed0), and dpsm-ray export {directory} --method METHOD "
                                      "--out DIR copies the one chosen on validation data out")

@@ -184,7 +184,7 @@ def test_the_results_directory_s_file_names_are_spelled_in_one_module():
 
     names = {layout.SWEEP_FILE, layout.STUDY_FILE, layout.FINISHED_FILE, layout.RECORD_FILE, layout.CHECKPOINT_FILE, layout.EPOCHS_FILE,
              layout.RESULT_FILE, layout.INDEX_FILE, layout.LOCK_FILE, layout.MANIFEST, layout.OPTUNA_DB, layout.BASE_MODELS, layout.TUNE,
-             *layout.PARQUET.values()}
+             layout.RUN_SETTINGS_FILE, *layout.PARQUET.values()}
     package = Path(dpsm_ray.__file__).parent
     spelled = []
     for path in sorted(package.rglob("*.py")):
