@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+# how a search proposes its trials (dpsm_ray.sweep.search.MethodStudy), as sweep.json names them and
+# as the progress lines and the report write them
+SAMPLER_TITLES = {"tpe": "Optuna TPE", "random": "Optuna random", "sobol": "Sobol-sequence", "gp": "Optuna GP"}
 
 
 def dataset_options(spec: str, defaults: dict) -> dict:

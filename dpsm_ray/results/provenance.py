@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 
+from dpsm_ray.catalog import SAMPLER_TITLES
 from dpsm_ray.config import SETTING_LABELS
 from dpsm_ray.cards import DEFAULT_RANGES, method_card, method_names, paper_grid, reads
 from dpsm_ray.results.layout import package_versions
@@ -113,13 +114,14 @@ def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[lis
 
 def search_outcomes(trials: pd.DataFrame, sweep: dict | None) -> list[list[str]] | None:
     """One row per searched method: its knobs, the trials it was given and ran, how many were
-    feasible, infeasible (validation coverage under the floor), stopped early or failed, and the
-    pick (counted from 1, as the console counts trials).  None without search rows."""
+    feasible, infeasible (validation coverage under the floor), stopped early or failed, the
+    pick (counted from 1, as the console counts trials) and the learning rates its trials tried
+    (ascending): whether every method saw the same candidates.  None without search rows."""
     if trials.empty or "stage" not in trials or not (trials.stage == "search").any():
         return None
     search = trials[trials.stage == "search"]
     picks = search_picks(trials, sweep)
-    rows = [["method", "knobs", "trials", "feasible", "infeasible", "stopped early", "failed", "pick"]]
+    rows = [["method", "knobs", "trials", "feasible", "infeasible", "stopped early", "failed", "pick", "lr tried"]]
     for method in ordered(search.method, method_order()):
         mine = search[search.method == method]
         picked = picks.get(method)
@@ -129,6 +131,7 @@ def search_outcomes(trials: pd.DataFrame, sweep: dict | None) -> list[list[str]]
         rows.append([
             method_name(method), f"{len(knobs)} ({', '.join(knobs)})" if knobs else "0", str(len(mine)),
             *(str(counts[outcome]) for outcome in OUTCOMES), pick,
+            ", ".join(f"{lr:.3g}" for lr in sorted(mine.lr.dropna())) if "lr" in mine else "—",
         ])
     return rows
 
@@ -198,14 +201,18 @@ def sweep_settings(sweep: dict, evals: pd.DataFrame) -> list[list[str]]:
             "the paper's grid" + (f", a seeded random {budget} configurations per method" if budget else ", every configuration"),
         ])
     else:
-        sampler = f"Optuna {str(sweep.get('sampler', 'tpe')).upper()}"
-        per_knob = sweep.get("trials_per_knob")
-        if per_knob is None:
+        sampler = SAMPLER_TITLES.get(str(sweep.get("sampler", "tpe")), str(sweep.get("sampler")))
+        per_knob, floor = sweep.get("trials_per_knob"), sweep.get("min_trials")
+        methods = [m for m in sweep.get("methods", []) if m in method_names()]
+        at_least = f", at least {floor} each" if floor else ""
+        each = ", ".join(f"{method_name(m)} {max(per_knob * len(method_card(m).knobs) if per_knob else sweep.get('trials'), floor or 0)}"
+                         for m in methods)
+        if per_knob is None and not floor:
             rows.append(["search", f"{sampler}, {sweep.get('trials')} trials per method"])
+        elif per_knob is None:
+            rows.append(["search", f"{sampler}, {sweep.get('trials')} trials per method{at_least} ({each})"])
         else:
-            methods = [m for m in sweep.get("methods", []) if m in method_names()]
-            each = ", ".join(f"{method_name(m)} {per_knob * len(method_card(m).knobs)}" for m in methods)
-            rows.append(["search", f"{sampler}, {per_knob} trials per knob of each method ({each})"])
+            rows.append(["search", f"{sampler}, {per_knob} trials per knob of each method{at_least} ({each})"])
     scheduler = sweep.get("scheduler", "fifo")
     rows.append([
         "scheduler",

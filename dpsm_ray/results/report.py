@@ -401,9 +401,10 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     outcomes = search_outcomes(trials, sweep)
     if outcomes is not None:
         caption = ("Each method's search: the knobs it searched, its trials, how many reached the coverage floor on validation data "
-                   "(feasible) or did not (infeasible), were stopped early or failed, and the pick its final models re-trained.")
+                   "(feasible) or did not (infeasible), were stopped early or failed, the pick its final models re-trained, and the "
+                   "learning rates its trials tried.")
         md += ["## Searches", "", markdown(outcomes), "", caption, ""]
-        tex.append(latex_table(outcomes, caption, "searches", align="lp{0.25\\linewidth}rrrrrp{0.2\\linewidth}"))
+        tex.append(latex_table(outcomes, caption, "searches", align="lp{0.18\\linewidth}rrrrrp{0.16\\linewidth}p{0.16\\linewidth}"))
     md += ["## Sweep settings", ""]
     if sweep is None:
         md += ["Not recorded: no sweep.json in this directory.", ""]

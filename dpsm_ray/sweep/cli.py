@@ -121,6 +121,8 @@ def add_sweep_options(parser: argparse.ArgumentParser, name: str, defaults: dict
         help="N Optuna trials per knob of each method, in place of --trials, so that each search's budget follows what it explores "
         "(CE has 1 knob, CUT 2, ConfTr 3, DPSM 4: --trials-per-knob 4 gives them 4, 8, 12 and 16 trials)",
     )
+    add("--min-trials", type=int, metavar="N", help="a floor on every method's search: at least N trials, whatever --trials or "
+        "--trials-per-knob give it (a method with one knob gets N, not 2; bench/search_quality.py measures short searches)")
     add("--resume", action="store_true", help="continue the interrupted sweep in --results-dir without redoing finished trials")
     add(
         "--seed",
@@ -298,6 +300,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
         methods=methods,
         trials=defaults["trials"] if args.trials is None else args.trials,
         trials_per_knob=args.trials_per_knob,
+        min_trials=args.min_trials,
         final_seeds=args.final_seeds,
         coverage_slack=args.coverage_slack,
         ranges=ranges,

@@ -29,6 +29,7 @@ from pathlib import Path
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
 from dpsm_ray import cards
 from dpsm_ray.cards import BASE_MODEL
+from dpsm_ray.catalog import SAMPLER_TITLES
 from dpsm_ray.results.layout import BASE_MODELS, PARQUET, TUNE
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.pick import best_overrides
@@ -224,11 +225,14 @@ def drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, l
     with clock("base_model"):
         base = with_base_models(spec, [spec.base.seed], results, log)[spec.base.seed]
     if not spec.grid:
-        if spec.trials_per_knob is None:
-            budget = f"{spec.trials} Optuna {spec.sampler.upper()} trials for each of {', '.join(spec.methods)}"
+        floor = f", at least {spec.min_trials} each" if spec.min_trials else ""
+        each = ", ".join(f"{method} {spec.search_trials(method)}" for method in spec.methods)
+        if spec.trials_per_knob is None and not spec.min_trials:
+            budget = f"{spec.trials} {SAMPLER_TITLES[spec.sampler]} trials for each of {', '.join(spec.methods)}"
+        elif spec.trials_per_knob is None:
+            budget = f"{SAMPLER_TITLES[spec.sampler]} trials, {spec.trials} a method{floor} ({each})"
         else:
-            each = ", ".join(f"{method} {spec.search_trials(method)}" for method in spec.methods)
-            budget = f"Optuna {spec.sampler.upper()} trials, {spec.trials_per_knob} per knob of each method ({each})"
+            budget = f"{SAMPLER_TITLES[spec.sampler]} trials, {spec.trials_per_knob} per knob of each method{floor} ({each})"
         log(f"search: {budget}, minimising the validation set size (validation coverage >= {spec.coverage_floor:g} as a constraint)"
             f"{asha_text(spec)}")
     if spec.group_size > 1:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsm_ray.cards import PAPER_METHODS, knob_name, method_names, paper_grid
+from dpsm_ray.catalog import SAMPLER_TITLES
 from dpsm_ray.results.layout import (
     BASE_MODELS, FINISHED_FILE, OPTUNA_DB, SWEEP_FILE, CoverageFloor, UnreadableResults, package_versions, read_sweep_settings,
 )
@@ -24,7 +25,7 @@ from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S, Demand, run_d
 # Search schedulers: every trial to the end, or asynchronous successive halving over epochs
 # (ASHA, Li et al. 2020) on the validation set size.
 SCHEDULERS = ("fifo", "asha")
-SAMPLERS = ("tpe", "random", "sobol", "gp")  # dpsm_ray.sweep.search.MethodStudy; bench/search_quality.py measures them
+SAMPLERS = tuple(SAMPLER_TITLES)  # dpsm_ray.sweep.search.MethodStudy; bench/search_quality.py measures them
 
 
 class SweepError(RuntimeError):
@@ -59,6 +60,9 @@ class SweepSpec:
     # per knob of each method instead (search mode): a method with K knobs gets K times as many, so
     # a budget follows what each search has to explore (CE 1 knob, CUT 2, ConfTr 3, DPSM 4)
     trials_per_knob: int | None = None
+    # a floor on every method's budget (search mode): no method searches fewer trials, so a method
+    # with one knob is not left with 2 (bench/search_quality.py: the regret of short searches)
+    min_trials: int | None = None
     final_seeds: int = 3
     coverage_slack: float = 0.0  # feasible: val_coverage >= 1 - alpha - slack
     ranges: tuple[tuple[str, Range], ...] = ()  # overrides of DEFAULT_RANGES
@@ -105,6 +109,8 @@ class SweepSpec:
             raise ConfigError("methods", ",".join(self.methods), "must name each method once")
         if self.trials < 1:
             raise ConfigError("trials", self.trials, "must be an integer >= 1")
+        if self.min_trials is not None and (self.min_trials < 1 or self.grid):
+            raise ConfigError("min_trials", self.min_trials, "must be an integer >= 1, for an Optuna search (not --grid paper)")
         if self.trials_per_knob is not None and (self.trials_per_knob < 1 or self.grid):
             raise ConfigError("trials_per_knob", self.trials_per_knob, "must be an integer >= 1, for an Optuna search (not --grid paper)")
         if self.final_seeds < 1:
@@ -180,7 +186,7 @@ class SweepSpec:
         return {"method": method, **(preset_values(self.preset, method, schedule=False) if self.preset else {})}
 
     def search_trials(self, method: str) -> int:
-        return search_budget(self.trials, self.trials_per_knob, method)
+        return search_budget(self.trials, self.trials_per_knob, method, self.min_trials)
 
     def trial_demand(self) -> Demand:
         """What one trial holds at once (its own process, and its Ray Train workers)."""
@@ -231,10 +237,11 @@ class SweepSpec:
         return json.loads(json.dumps(payload, default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v)))
 
 
-def search_budget(trials: int, trials_per_knob: int | None, method: str) -> int:
+def search_budget(trials: int, trials_per_knob: int | None, method: str, min_trials: int | None = None) -> int:
     """The Optuna budget of ``method``'s search: ``trials``, or ``trials_per_knob`` times its
-    number of knobs (a spec's, or the ``trials`` and ``trials_per_knob`` a sweep.json stored)."""
-    return trials if trials_per_knob is None else trials_per_knob * len(method_knobs(method))
+    number of knobs, and at least ``min_trials`` (a spec's, or those a sweep.json stored)."""
+    budget = trials if trials_per_knob is None else trials_per_knob * len(method_knobs(method))
+    return max(budget, min_trials or 0)
 
 
 # --- the results directory ------------------------------------------------------------------

@@ -147,7 +147,7 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
         if method in stored.get("methods", ()):
             overrides = best_overrides(sweep_dir, method, method_knobs(method), log)
             if overrides is not None:
-                budget = search_budget(stored["trials"], stored.get("trials_per_knob"), method)  # what the sweep gave it
+                budget = search_budget(stored["trials"], stored.get("trials_per_knob"), method, stored.get("min_trials"))  # what it gave
                 arms.append(
                     Arm(
                         f"searched_{method}",

@@ -464,9 +464,14 @@ def test_the_searches_table_counts_each_method_s_trials_by_outcome_and_names_its
     write_report(results, log=quiet)
     report = (results / "report.md").read_text()
     section = report.split("## Searches")[1].split("##")[0]
-    assert "| method | knobs | trials | feasible | infeasible | stopped early | failed | pick |" in section
-    assert "| CE | 1 (lr) | 2 | 2 | 0 | 0 | 0 | trial 1 (validation set size 1.000) |" in section
+    assert "| method | knobs | trials | feasible | infeasible | stopped early | failed | pick | lr tried |" in section
+    lrs = ", ".join(f"{lr:.3g}" for lr in sorted(trials[search & (trials.method == "ce")].lr))
+    assert f"| CE | 1 (lr) | 2 | 2 | 0 | 0 | 0 | trial 1 (validation set size 1.000) | {lrs} |" in section
     assert "| CUT | 2 (conformal_weight, lr) | 4 | 2 | 0 | 1 | 1 | trial 1 (validation set size 1.000) |" in section
     assert "| DPSM | 4 (conformal_weight, lr, quantile_lr, sigmoid_temperature) | 2 | 1 | 1 | 0 | 0 | trial 1" in section
     assert "| search | Optuna TPE, 2 trials per knob of each method (CE 2, CUT 4, DPSM 8) |" in report
     assert r"\label{tab:searches}" in (results / "report.tex").read_text()
+    (results / "sweep.json").write_text(json.dumps({**sweep, "trials_per_knob": 2, "min_trials": 6, "sampler": "sobol"}))  # the floor
+    write_report(results, log=quiet)
+    assert "| search | Sobol-sequence, 2 trials per knob of each method, at least 6 each (CE 6, CUT 6, DPSM 8) |" in (
+        results / "report.md").read_text()

@@ -261,3 +261,28 @@ def test_trials_per_knob_gives_each_method_a_budget_that_follows_its_knobs(tmp_p
     again = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", CONFIG_OPTIONS,
                                                        ["--config", str(tmp_path / "sweep.json")]), defaults)
     assert again.describe() == made.describe()
+
+
+def test_min_trials_is_a_floor_on_every_method_s_budget_from_options_and_config_files(tmp_path):
+    """--min-trials N: no method searches fewer than N trials (CE's 1 knob no longer leaves it 2), from the command line
+    and back from the sweep.json it writes; with --sampler sobol every method's trial n draws the same lr."""
+    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, build_parser, spec_from_args
+    from dpsm_ray.sweep.options import parse_with_config
+
+    floored = spec(methods=("ce", "cut", "conftr", "dpsm"), trials_per_knob=2, min_trials=6)
+    assert [floored.search_trials(m) for m in floored.methods] == [6, 6, 6, 8]
+    assert spec(trials=3, min_trials=5).search_trials("dpsm") == 5
+    with pytest.raises(ConfigError, match="min_trials=0 is invalid: must be an integer >= 1"):
+        spec(min_trials=0)
+    defaults = {"trials": 4, "final_seeds": 2, "config": {"dataset": "digits"}}
+    argv = ["--trials-per-knob", "2", "--min-trials", "6", "--sampler", "sobol", "--methods", "ce,dpsm"]
+    made = spec_from_args("digits", build_parser("digits", "d", defaults).parse_args(argv), defaults)
+    assert (made.min_trials, made.sampler, made.search_trials("ce"), made.search_trials("dpsm")) == (6, "sobol", 6, 8)
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep_file(made, tmp_path)))
+    again = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", CONFIG_OPTIONS,
+                                                       ["--config", str(tmp_path / "sweep.json")]), defaults)
+    assert again.describe() == made.describe()
+    (tmp_path / "sweep.yaml").write_text("dataset: digits\nmethods: ce,dpsm\nmin_trials: 7\nsampler: sobol\n")
+    from_yaml = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", CONFIG_OPTIONS,
+                                                           ["--config", str(tmp_path / "sweep.yaml")]), defaults)
+    assert (from_yaml.search_trials("ce"), from_yaml.search_trials("dpsm"), from_yaml.sampler) == (7, 7, "sobol")
