@@ -3,6 +3,8 @@
     python bench/search_quality.py --table digits=bench/results/search-grid-2026-11-29/digits.csv \\
         --table fashion_mnist=bench/results/search-grid-2026-11-29/fashion_mnist.csv --out-dir bench/results/search-quality-2026-11-29
     python bench/search_quality.py --quick --table tiny=PATH.csv --out-dir DIR      # the tests: 20 repetitions, budgets 2 and 4
+    python bench/search_quality.py --report-from bench/results/search-quality-2026-11-29 [--figure]   # docs/sweeps.md's table (and
+                                                              # regret.png), from the *quality.csv files there
 
 Each table is ``bench/search_grid.py``'s: every cell of a grid over a method's knobs, trained once
 (its validation set size and coverage, what a search sees; its test set size, what the user gets).
@@ -133,34 +135,68 @@ def summarise(name: str, method: str, sampler: str, cells: Cells, picks: list[li
 
 
 def figure(rows: list[dict], out_dir: Path) -> None:
+    """Regret against budget: a row of panels per table, a panel per method, a line per sampler."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(r["table"], r["method"]) for r in rows})
+    tables = list(dict.fromkeys(r["table"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
     samplers = list(dict.fromkeys(r["sampler"] for r in rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False, sharey=False)
-    for ax, (table, method) in zip(axes[0], panels):
-        for sampler in samplers:
-            mine = sorted((r for r in rows if (r["table"], r["method"], r["sampler"]) == (table, method, sampler)), key=lambda r: r["budget"])
-            budgets = [r["budget"] for r in mine]
-            ax.plot(budgets, [r["regret_median"] for r in mine], marker="o", label=sampler)
-            ax.fill_between(budgets, [r["regret_p10"] for r in mine], [r["regret_p90"] for r in mine], alpha=0.12)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(budgets, [str(b) for b in budgets])
-        ax.set_title(f"{table}: {method}", fontsize=9)
-        ax.set_xlabel("trials")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("regret of the pick, % of the best\nvalidation set size (median, 10-90%)")
-    axes[0][-1].legend(fontsize=8)
+    budgets = sorted({r["budget"] for r in rows})
+    fig, axes = plt.subplots(len(tables), len(methods), figsize=(3.0 * len(methods), 2.6 * len(tables)), squeeze=False)
+    for row, table in enumerate(tables):
+        for column, method in enumerate(methods):
+            ax = axes[row][column]
+            for sampler in samplers:
+                mine = sorted((r for r in rows if (r["table"], r["method"], r["sampler"]) == (table, method, sampler)),
+                              key=lambda r: r["budget"])
+                if not mine:
+                    continue
+                at = [r["budget"] for r in mine]
+                ax.plot(at, [r["regret_median"] for r in mine], marker="o", markersize=3, label=sampler)
+                ax.fill_between(at, [r["regret_p10"] for r in mine], [r["regret_p90"] for r in mine], alpha=0.12)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(budgets, [str(b) for b in budgets])
+            ax.set_title(f"{table}: {method}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if row == len(tables) - 1:
+                ax.set_xlabel("trials")
+        axes[row][0].set_ylabel("regret, % (median, 10-90%)")
+    axes[-1][-1].legend(fontsize=8)
     fig.tight_layout()
     for suffix in ("png", "pdf"):
-        fig.savefig(out_dir / f"regret.{suffix}", dpi=150)
+        fig.savefig(out_dir / f"regret.{suffix}", dpi=130)
     plt.close(fig)
 
 
+def markdown(frame, budgets=(4, 8, 16)) -> str:
+    """The median regret (10-90% band) of each sampler at ``budgets``, a row per table, method and
+    sampler, and the share of feasible picks: what docs/sweeps.md quotes."""
+    header = ["table", "method", "sampler", "repetitions", *(f"regret at {b} trials" for b in budgets), "feasible picks at 8"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (table, method, sampler), rows in frame.groupby(["table", "method", "sampler"], sort=False):
+        at = rows.set_index("budget")
+        cells = [f"{at.regret_median[b]:.2f}% [{at.regret_p10[b]:.2f}, {at.regret_p90[b]:.2f}]" if b in at.index else "—" for b in budgets]
+        feasible = f"{at.feasible_share[8]:.0%}" if 8 in at.index else "—"
+        lines.append("| " + " | ".join([table, method, sampler, str(int(rows.repetitions.iloc[0])), *cells, feasible]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--report-from"]:  # the committed results' table (and with --figure their figure), nothing replayed
+        import pandas as pd
+
+        if len(argv) not in (2, 3) or (len(argv) == 3 and argv[2] != "--figure"):
+            raise SystemExit("usage: search_quality.py --report-from DIR [--figure] (DIR holds *quality.csv)")
+        frame = pd.concat([pd.read_csv(path) for path in sorted(Path(argv[1]).glob("*quality.csv"))])
+        print(markdown(frame), end="")
+        if len(argv) == 3:
+            figure(frame.to_dict("records"), Path(argv[1]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--table", action="append", required=True, metavar="NAME=CSV",
                         help=f"a search_grid table and its dataset's name ({', '.join(COVERAGE_SLACK)}: its coverage slack); repeatable")
