@@ -77,7 +77,10 @@ def test_two_workers_train_like_one_worker_with_the_global_batch(two_workers, in
     for one, two in zip(single.epochs, epochs):
         for column in ("upper_loss", "ce_loss", "conformal_loss", "lower_loss", "q", "q_dataset", "q_error", "soft_size", "q_error_train", "upper_gap", "lower_gap", "train_set_size_q"):
             a, b = one[column], two[column]
-            assert (math.isnan(a) and math.isnan(b)) or abs(a - b) < 1e-5, (method, column, a, b)
+            # the hard set size counts classes with a score <= q: a score within float rounding of q (the two runs' weights
+            # differ in the last bits) can put one class of one example in or out, a step of 1/n; every other column is smooth
+            tolerance = 1e-3 if column == "train_set_size_q" else 1e-5
+            assert (math.isnan(a) and math.isnan(b)) or abs(a - b) < tolerance, (method, column, a, b)
     for name, tensor in single.model_state.items():
         assert torch.allclose(tensor, state[name], atol=1e-5), (method, name)
     for one, two in zip(single.evals, evals):
