@@ -71,8 +71,8 @@ class MethodStudy:
         if self.sampler == "tpe":
             return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
         if self.sampler == "gp":
-            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, independent_sampler=optuna.samplers.RandomSampler(seed=seed),
-                                             warn_independent_sampling=False)
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False,
+                                             independent_sampler=optuna.samplers.RandomSampler(seed=seed))
         if self.sampler == "sobol":
             point = sobol_point(self.seed, number)
             with warnings.catch_warnings():  # experimental since Optuna 2.4, unchanged since
@@ -126,7 +126,8 @@ def sobol_point(seed: int, number: int) -> dict[str, float]:
     from dpsm_ray.cards import DEFAULT_RANGES
 
     # the first 2**m points (m the least with 2**m > number): the sequence's prefix, as Sobol's balance wants it drawn
-    unit = qmc.Sobol(d=len(DEFAULT_RANGES), scramble=True, seed=derive_seed(seed, "sobol") % 2**32).random_base2(number.bit_length())[number]
+    sequence = qmc.Sobol(d=len(DEFAULT_RANGES), scramble=True, seed=derive_seed(seed, "sobol") % 2**32)
+    unit = sequence.random_base2(number.bit_length())[number]
     point = {}
     for (knob, bounds), u in zip(DEFAULT_RANGES.items(), unit):
         if bounds.log:
