@@ -148,8 +148,7 @@ def chance_line(predictor: Predictor) -> str | None:
                              min(entry["set_size"] for entry in test["scores"].values()))
     else:
         accuracy = (predictor.info["calibration"] or {}).get("accuracy")
-        why = None if accuracy is None else chance_warning(accuracy, predictor.num_classes, 0.0)
-        why = why and why.replace("test accuracy", "accuracy on the calibration points")
+        why = None if accuracy is None else chance_warning(accuracy, predictor.num_classes, measured="accuracy on the calibration points")
     if why is None:
         return None
     return (f"warning: this model is at or near chance ({why}): its sets cover by holding (nearly) every class and say little about "

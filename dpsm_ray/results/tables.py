@@ -11,18 +11,19 @@ METRICS = ("coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
 CHANCE_MARGIN = 0.05  # "near chance": test accuracy at most 5 points above 1/K
 
 
-def chance_warning(accuracy: float, num_classes: int, set_size: float | None = None) -> str | None:
+def chance_warning(accuracy: float, num_classes: int, set_size: float | None = None, measured: str = "test accuracy") -> str | None:
     """Why a model with top-1 test ``accuracy`` on ``num_classes`` classes (and average prediction
     set size ``set_size``, where known) is at or near chance, or None when it is not: its accuracy
     is at most CHANCE_MARGIN above 1/K, or every prediction set holds every class.  Its sets still
-    cover as promised, by holding (nearly) every class: they say little about the label."""
+    cover as promised, by holding (nearly) every class: they say little about the label.
+    ``measured``: what the accuracy is, in the reason's words."""
     if num_classes < 2:
         raise ValueError(f"chance_warning: num_classes must be >= 2; got {num_classes}")
     if set_size is not None and set_size >= num_classes - 1e-9:
         return f"every prediction set holds all {num_classes} classes"
     chance = 1 / num_classes
     if accuracy <= chance + CHANCE_MARGIN:
-        return f"test accuracy {accuracy:.3f}, at most {CHANCE_MARGIN:g} above chance (1/{num_classes} = {chance:.3f})"
+        return f"{measured} {accuracy:.3f}, at most {CHANCE_MARGIN:g} above chance (1/{num_classes} = {chance:.3f})"
     return None
 
 
