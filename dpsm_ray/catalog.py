@@ -172,10 +172,10 @@ FONT_PACKAGES = (
 FONTS_NOISE = 50.0  # the renders' noise by default (standard deviation, 0..255 units; dpsm_ray/data/fonts.py)
 # renders of each class in each training / held-out font, and their noise
 FONTS_DEFAULTS = {"classes": len(FONT_CLASSES), "train": 2, "eval": 3, "noise": FONTS_NOISE}
-# fonts_transfer: K classes, ``shots`` training images a class from the held-out faces' renders (``eval``
-# a face, at ``noise``); the backbone it is made for is pretrained on
-# fonts:classes=B,eval=E,noise=S (the same renders; B: ``backbone_classes``)
-FONTS_TRANSFER_DEFAULTS = {"classes": 100, "shots": 40, "eval": 5, "noise": 20.0, "backbone_classes": len(FONT_CLASSES)}
+# fonts_transfer: K classes from FONT_CLASSES[first], ``shots`` training images a class from the held-out
+# faces' renders (``eval`` a face, at ``noise``); the backbone it is made for is pretrained on
+# fonts:classes=B,eval=E,noise=S (B: ``backbone_classes``), whose classes hold the K or none of them
+FONTS_TRANSFER_DEFAULTS = {"classes": 100, "first": 0, "shots": 40, "eval": 5, "noise": 20.0, "backbone_classes": len(FONT_CLASSES)}
 IMAGE_TITLES = {  # the image datasets read from files (dpsm_ray/data/vision.py)
     "cifar100": "CIFAR-100", "caltech101": "Caltech-101", "inaturalist": "iNaturalist 2021 (Fungi)",
     "inaturalist2018": "iNaturalist 2018 (Fungi)", "fashion_mnist": "Fashion-MNIST",
@@ -242,35 +242,63 @@ def parse_fonts(spec: str) -> dict[str, float]:
 
 
 def parse_fonts_transfer(spec: str) -> dict[str, float]:
-    """``fonts_transfer`` or ``fonts_transfer:classes=K,shots=N,eval=R,noise=S,backbone_classes=B``
-    -> the options (defaults filled in): the first K classes, N training images of each from the
-    held-out faces' R renders a face, and the rest of those renders for validation, calibration and
-    test; the renders are those of ``fonts:classes=B,eval=R,noise=S``, the backbone's data."""
+    """``fonts_transfer`` or ``fonts_transfer:classes=K,first=F,shots=N,eval=R,noise=S,backbone_classes=B``
+    -> the options (defaults filled in): the K classes FONT_CLASSES[F : F + K], N training images of
+    each from the held-out faces' R renders a face, and the rest of those renders for validation,
+    calibration and test.  The backbone is pretrained on ``fonts:classes=B,eval=R,noise=S`` (its
+    first B classes), and the K classes lie inside those (F + K <= B: the backbone saw them) or
+    wholly outside them (B <= F: classes it never saw); a partial overlap is refused."""
     options = dataset_options(spec, FONTS_TRANSFER_DEFAULTS)
-    held_out = len(font_faces("held_out")) * options["eval"]
-    if not (2 <= options["classes"] <= options["backbone_classes"] <= len(FONT_CLASSES) and options["eval"] >= 1
-            and options["noise"] >= 0 and 1 <= options["shots"] <= held_out - 5):
+    classes, first, backbone = options["classes"], options["first"], options["backbone_classes"]
+    if not (classes >= 2 and first >= 0 and 2 <= backbone <= len(FONT_CLASSES)
+            and (first + classes <= backbone or (backbone <= first and first + classes <= len(FONT_CLASSES)))):
         raise ValueError(
-            f"dataset: fonts_transfer needs 2 <= classes <= backbone_classes <= {len(FONT_CLASSES)}, eval >= 1, noise >= 0 and"
-            f" 1 <= shots <= {len(font_faces('held_out'))} * eval - 5 (a class's held-out renders, less 5 for validation, calibration"
-            f" and test); got {options}"
+            f"dataset: fonts_transfer needs 2 <= classes, 0 <= first, 2 <= backbone_classes <= {len(FONT_CLASSES)}, and its classes"
+            f" first..first+classes-1 inside the backbone's 0..backbone_classes-1 (first + classes <= backbone_classes) or outside"
+            f" them (backbone_classes <= first, first + classes <= {len(FONT_CLASSES)}); got classes={classes}, first={first},"
+            f" backbone_classes={backbone} (classes {first}..{first + classes - 1} against the backbone's 0..{backbone - 1})"
+        )
+    held_out = len(font_faces("held_out")) * options["eval"]
+    if not (options["eval"] >= 1 and options["noise"] >= 0 and 1 <= options["shots"] <= held_out - 5):
+        raise ValueError(
+            f"dataset: fonts_transfer needs eval >= 1, noise >= 0 and 1 <= shots <= {len(font_faces('held_out'))} * eval - 5 (a"
+            f" class's held-out renders, less 5 for validation, calibration and test); got {options}"
         )
     return options
 
 
+def fonts_transfer_disjoint(options: dict) -> bool:
+    """Whether ``fonts_transfer``'s classes are ones its backbone never saw (``first`` at or past
+    ``backbone_classes``), rather than some of the backbone's own."""
+    return options["first"] >= options["backbone_classes"]
+
+
 def fonts_backbone_options(options: dict) -> dict:
-    """The ``fonts`` options whose renders ``fonts_transfer`` with ``options`` cuts -- the data its
-    backbone is pretrained on: ``backbone_classes`` classes, the default renders a training face,
-    its ``eval`` and ``noise``."""
+    """The ``fonts`` options of the data ``fonts_transfer`` with ``options`` is made for -- its
+    backbone's pretraining data, whose training faces' pixel statistics standardise its inputs:
+    ``backbone_classes`` classes, the default renders a training face, its ``eval`` and ``noise``."""
     classes, renders, noise = int(options["backbone_classes"]), int(options["eval"]), float(options["noise"])
     return {**FONTS_DEFAULTS, "classes": classes, "eval": renders, "noise": noise}
 
 
+def fonts_target_options(options: dict) -> dict:
+    """The ``fonts`` options whose renders ``fonts_transfer`` with ``options`` cuts its splits from:
+    the backbone's data (``fonts_backbone_options``) where its classes are the backbone's; where they
+    are disjoint from it, the same data with the classes up to the target's last (``first +
+    classes``), which the backbone's data does not hold."""
+    backbone = fonts_backbone_options(options)
+    if not fonts_transfer_disjoint(options):
+        return backbone
+    return {**backbone, "classes": int(options["first"] + options["classes"])}
+
+
 def fonts_backbone_problem(spec: str, pretrained_on: str) -> str | None:
     """Why weights pretrained on dataset ``pretrained_on`` are not the backbone ``fonts_transfer``
-    ``spec`` is cut for (None: they are): its renders and pixel statistics are those of
-    ``fonts_backbone_options``, and its classes must be the backbone's."""
-    expected = fonts_backbone_options(parse_fonts_transfer(spec))
+    ``spec`` is made for (None: they are): that backbone's data is ``fonts_backbone_options``, whose
+    pixel statistics standardise the inputs (and, where the target's classes are the backbone's,
+    whose renders are cut), and its classes must be those the target is inside or outside of."""
+    transfer = parse_fonts_transfer(spec)
+    expected = fonts_backbone_options(transfer)
     wanted = "fonts:" + ",".join(f"{key}={value:g}" for key, value in expected.items())
     if pretrained_on.partition(":")[0] != "fonts":
         return f"were pretrained on {pretrained_on}; {spec} needs a backbone pretrained on {wanted}"
@@ -279,7 +307,8 @@ def fonts_backbone_problem(spec: str, pretrained_on: str) -> str | None:
     if not differ:
         return None
     theirs, ours = (", ".join(f"{key}={options[key]:g}" for key in differ) for options in (got, expected))
-    return (f"were pretrained on {pretrained_on} ({theirs}); {spec} cuts the renders of {wanted} ({ours}): pretrain on that,"
+    uses = "is standardised by the pixel statistics of" if fonts_transfer_disjoint(transfer) else "cuts the renders of"
+    return (f"were pretrained on {pretrained_on} ({theirs}); {spec} {uses} {wanted} ({ours}): pretrain on that,"
             f" or give {spec} the backbone's options")
 
 

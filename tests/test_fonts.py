@@ -1,6 +1,7 @@
 """The fonts benchmark on the real font files Debian's packages install (.ci/run installs them;
 without them these tests are skipped, and the missing-files error is checked anyway)."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -11,6 +12,7 @@ from dpsm_ray.cards import split_sizes
 from dpsm_ray.catalog import FONT_CLASSES, FONT_DESIGNS, font_faces
 from dpsm_ray.cards import check_data_present, load_splits
 from dpsm_ray.data import fonts
+from dpsm_ray.data.preprocessing import pixel_statistics
 
 
 def installed() -> bool:
@@ -131,6 +133,15 @@ def test_the_transfer_benchmark_cuts_the_held_out_renders_of_its_backbones_data(
     assert (data.input_spec.mean, data.input_spec.std) == (backbone.input_spec.mean, backbone.input_spec.std)
     assert torch.equal(data.train.source.inputs, backbone.train.source.inputs)  # the same images
     assert torch.equal(data.train.ids, again.train.ids) and not torch.equal(data.train.ids, other.train.ids)
+    # first=0 (the default) is the benchmark as it was before the option: the same source, and the
+    # same split ids as that code gave (their digest, computed with it at seed 0)
+    zero = load_splits(TRANSFER + ",first=0", seed=0)
+    assert torch.equal(zero.train.source.inputs, data.train.source.inputs)
+    assert torch.equal(zero.train.source.labels, data.train.source.labels)
+    split_ids = {split: getattr(zero, split).ids.tolist() for split in per_class}
+    assert split_ids == {split: getattr(data, split).ids.tolist() for split in per_class}
+    assert hashlib.sha256(json.dumps(split_ids).encode()).hexdigest()[:16] == "81fadac33b20ad85"
+    assert (zero.input_spec, zero.class_names) == (data.input_spec, data.class_names)
     # the noise is an option of the renders: less noise, other images, the same glyphs' places
     quiet = fonts.rendered({**fonts.parse_fonts(BACKBONE), "noise": 0.0})
     assert quiet["images"].shape == arrays["images"].shape and np.array_equal(quiet["labels"], arrays["labels"])
@@ -169,6 +180,105 @@ def test_a_backbone_pretrained_on_other_fonts_data_is_refused_before_any_ray_wor
     with pytest.raises(ConfigError, match="no such file"):
         check_pretrained(TrainConfig(dataset=TRANSFER, model="lenet", batch_size=16, pretrained_path=str(tmp_path / "missing.pt")))
     check_pretrained(TrainConfig(dataset="fonts", model="lenet", pretrained_path=str(weights)))  # fonts takes any lenet weights
+
+
+ROUND_THREE = "fonts_transfer:classes=79,first=62,shots=40,eval=5,noise=20,backbone_classes=62"  # docs/fidelity.md, round three
+DISJOINT = "fonts_transfer:classes=3,first=4,shots=4,eval=1,noise=20,backbone_classes=4"  # its shape, small enough to render here
+DISJOINT_BACKBONE = "fonts:classes=4,eval=1,noise=20"
+
+
+@needs_fonts
+def test_a_target_the_backbone_never_saw_is_cut_from_a_cache_that_has_it_and_scaled_by_the_backbones(tmp_path, monkeypatch):
+    """fonts_transfer with first >= backbone_classes: classes first.. of the held-out renders of
+    fonts:classes=first+classes, relabelled from 0, standardised by the backbone's own data -- whose
+    renders of a class differ from that larger cache's, because one generator draws every render in
+    turn: a class's images depend on how many classes the cache holds."""
+    monkeypatch.setenv("DPSM_RAY_CACHE", str(tmp_path))
+    backbone = load_splits(DISJOINT_BACKBONE, seed=0)
+    data = load_splits(DISJOINT, seed=0)
+    assert len(list((tmp_path / "fonts").iterdir())) == 2  # the backbone's renders and the 7-class renders
+    monkeypatch.setattr(fonts, "render_face", lambda *args, **kwargs: pytest.fail("rendered again instead of reading the cache"))
+    again, other = load_splits(DISJOINT, seed=0), load_splits(DISJOINT, seed=1)
+    assert data.num_classes == 3 and data.class_names == tuple(FONT_CLASSES[4:7]) == ("4", "5", "6")
+    assert data.sizes() == split_sizes(DISJOINT) == {"train": 12, "val": 15, "cal": 33, "test": 36}  # 32 held-out renders a class
+    # every split image is a held-out render of class first + its label in the 7-class cache; all of them, once
+    target = fonts.rendered(fonts.parse_fonts("fonts:classes=7,eval=1,noise=20"))
+    trained = len(font_faces("train"))
+    where = {image.tobytes(): (label, face) for image, label, face in zip(target["images"], target["labels"], target["faces"])}
+    assert len(where) == len(target["images"])  # the noise makes every render unique
+    found = []
+    for split in ("train", "val", "cal", "test"):
+        part = getattr(data, split)
+        assert (torch.bincount(part.labels, minlength=3) == len(part) // 3).all() and part.labels.max() == 2
+        for image, label in zip(part.inputs[:, 0].numpy(), part.labels.tolist()):
+            source_label, face = where[image.tobytes()]
+            assert source_label == 4 + label and face >= trained
+            found.append(image.tobytes())
+    held_out_renders = {image.tobytes() for image, label, face in zip(target["images"], target["labels"], target["faces"])
+                        if label >= 4 and face >= trained}
+    assert len(found) == len(set(found)) == len(held_out_renders) == 96 and set(found) == held_out_renders  # disjoint and complete
+    # the pixel scale is the backbone's data's training faces', not that of the cache the images come from
+    scale = (data.input_spec.mean, data.input_spec.std)
+    assert scale == (backbone.input_spec.mean, backbone.input_spec.std)
+    pretraining = fonts.rendered(fonts.parse_fonts(DISJOINT_BACKBONE))
+    assert pixel_statistics(pretraining["images"][pretraining["faces"] < trained]) == scale
+    assert pixel_statistics(target["images"][(target["faces"] < trained) & (target["labels"] < 4)]) != scale
+    # why: the same class in the two caches is the same render in the first face only
+    renders_of = lambda arrays, face: arrays["images"][(arrays["faces"] == face) & (arrays["labels"] == 0)]
+    assert np.array_equal(renders_of(pretraining, 0), renders_of(target, 0))
+    assert not np.array_equal(renders_of(pretraining, 1), renders_of(target, 1))
+    assert torch.equal(data.train.ids, again.train.ids) and not torch.equal(data.train.ids, other.train.ids)
+
+
+def test_a_target_partly_inside_the_backbones_classes_or_past_the_last_is_refused_naming_the_values():
+    from dpsm_ray.catalog import fonts_backbone_options, fonts_target_options, parse_fonts, parse_fonts_transfer
+
+    assert split_sizes(ROUND_THREE) == {"train": 79 * 40, "val": 79 * 24, "cal": 79 * 48, "test": 79 * 48}  # 160 held-out renders a class
+    options = parse_fonts_transfer(ROUND_THREE)
+    assert fonts_backbone_options(options) == parse_fonts("fonts:classes=62,noise=20,eval=5")
+    assert fonts_target_options(options) == parse_fonts("fonts:eval=5,noise=20")  # every class: round two's backbone data
+    assert fonts_target_options(parse_fonts_transfer(TRANSFER)) == parse_fonts(BACKBONE)  # inside: the backbone's own renders
+    split_sizes("fonts_transfer:classes=10,first=52,backbone_classes=62")  # the last ten of the backbone's classes
+    for spec, values in [
+        ("fonts_transfer:classes=79,first=50,backbone_classes=62", "classes=79, first=50, backbone_classes=62 (classes 50..128 against"),
+        ("fonts_transfer:classes=80,first=62,backbone_classes=62", "classes=80, first=62, backbone_classes=62 (classes 62..141 against"),
+        ("fonts_transfer:classes=10,first=-1,backbone_classes=62", "classes=10, first=-1, backbone_classes=62"),
+        ("fonts_transfer:classes=10,first=135,backbone_classes=141", "classes=10, first=135, backbone_classes=141"),
+    ]:
+        with pytest.raises(ValueError) as error:
+            split_sizes(spec)
+        message = str(error.value)
+        assert "\n" not in message and values in message and "(backbone_classes <= first, first + classes <= 141)" in message
+
+
+def test_a_disjoint_targets_backbone_is_the_one_pretrained_on_the_other_classes(tmp_path):
+    """Round three's target, the Greek and Cyrillic classes, takes weights pretrained on the digits
+    and Latin letters (fonts:classes=62,eval=5,noise=20) and refuses any other backbone in one line,
+    round two's (every class, the target's among them) included."""
+    from dpsm_ray.catalog import fonts_backbone_problem
+    from dpsm_ray.config import ConfigError, TrainConfig, check_pretrained
+
+    assert fonts_backbone_problem(ROUND_THREE, "fonts:classes=62,noise=20,eval=5") is None
+    wanted = "fonts:classes=62,train=2,eval=5,noise=20"
+    assert fonts_backbone_problem(ROUND_THREE, "fonts:eval=5,noise=20") == (
+        f"were pretrained on fonts:eval=5,noise=20 (classes=141); {ROUND_THREE} is standardised by the pixel statistics of {wanted}"
+        f" (classes=62): pretrain on that, or give {ROUND_THREE} the backbone's options"
+    )
+    assert "(noise=50); " in fonts_backbone_problem(ROUND_THREE, "fonts:classes=62,eval=5")
+    refusal = fonts_backbone_problem(ROUND_THREE, "glyphs")
+    assert refusal == f"were pretrained on glyphs; {ROUND_THREE} needs a backbone pretrained on {wanted}"
+    run = tmp_path / "backbone"
+    run.mkdir()
+    weights = run / "model.pt"
+    weights.write_bytes(b"")  # only its name is read here
+    config = TrainConfig(dataset=ROUND_THREE, model="lenet", batch_size=16, pretrained_path=str(weights))
+    (run / "config.json").write_text(json.dumps({"dataset": "fonts:classes=62,noise=20,eval=5"}))
+    check_pretrained(config)
+    (run / "config.json").write_text(json.dumps({"dataset": "fonts:noise=20,eval=5"}))
+    with pytest.raises(ConfigError) as error:
+        check_pretrained(config)
+    assert error.value.field == "pretrained_path" and "\n" not in error.value.allowed
+    assert error.value.allowed.startswith("the weights were pretrained on fonts:noise=20,eval=5 (classes=141)")
 
 
 @needs_fonts
@@ -211,7 +321,7 @@ def test_missing_fonts_are_named_with_the_packages_that_install_them(tmp_path):
         split_sizes("fonts:blur=1")
     with pytest.raises(ValueError, match=r"fonts needs .* noise >= 0"):
         split_sizes("fonts:noise=-1")
-    with pytest.raises(ValueError, match=r"fonts_transfer needs 2 <= classes <= backbone_classes"):
+    with pytest.raises(ValueError, match=r"fonts_transfer needs 2 <= classes, 0 <= first, 2 <= backbone_classes <= 141, and its classes"):
         split_sizes("fonts_transfer:classes=120,backbone_classes=100")
     with pytest.raises(ValueError, match=r"1 <= shots <= 32 \* eval - 5"):
         split_sizes("fonts_transfer:shots=156")

@@ -12,6 +12,9 @@ and overlaid with noise (``CONTRAST``, ``NOISE``).
     fonts_transfer                      small data on pretrained features: 40 training images of each
                                         of 100 classes from the held-out faces, for a network
                                         pretrained on the training faces (``load_fonts_transfer``)
+    fonts_transfer:classes=79,first=62,backbone_classes=62
+                                        the Greek and Cyrillic classes, for a network pretrained
+                                        on the digits and Latin letters only
 
 **Split by design, not by image.**  The typefaces are grouped by design (``catalog.FONT_DESIGNS``:
 metric clones such as Arimo, Liberation Sans, Nimbus Sans and FreeSans are one design, and so are
@@ -54,6 +57,7 @@ from dpsm_ray.catalog import (
     font_sizes,
     font_transfer_sizes,
     fonts_backbone_options,
+    fonts_target_options,
     parse_fonts,
     parse_fonts_transfer,
 )
@@ -248,41 +252,59 @@ def load_fonts(spec: str, data_root: str | os.PathLike | None, seed: int, log=No
     labels, faces = arrays["labels"], arrays["faces"]
     train = np.flatnonzero(faces < len(font_faces("train")))
     parts = [train, *held_out_parts(labels, np.flatnonzero(faces >= len(font_faces("train"))), sizes, classes, seed)]
-    return font_splits(spec, arrays, parts, classes, train)
+    return font_splits(spec, arrays, parts, classes, arrays["images"][train], FONT_CLASSES[:classes])
 
 
 def load_fonts_transfer(spec: str, data_root: str | os.PathLike | None, seed: int, log=None):
     """``fonts_transfer``: small data on pretrained features, as Caltech-101's networks start from
     ImageNet.  Every split comes from the held-out faces: ``shots`` training images of each of the
-    first ``classes`` classes, and the rest of its renders cut into validation, calibration and
-    test, at random by ``seed``.  The renders are those of ``fonts:classes=B,eval=E,noise=S``
-    (``catalog.fonts_backbone_options``: the same cache), and the inputs are standardised by that dataset's training faces, so a network
-    pretrained there (``--pretrained-path``: its model.pt; every layer but the head) sees the pixel
-    scale it learned on."""
+    ``classes`` classes from FONT_CLASSES[``first``] on (labelled 0, 1, ... in that order), and the
+    rest of its renders cut into validation, calibration and test, at random by ``seed``.  The
+    inputs are standardised by the training faces of the backbone's data,
+    ``fonts:classes=B,eval=E,noise=S`` (``catalog.fonts_backbone_options``), so a network pretrained
+    there (``--pretrained-path``: its model.pt; every layer but the head) sees the pixel scale it
+    learned on.
+
+    Where the classes are the backbone's (``first + classes <= B``) they are cut from that same
+    cache.  Where the backbone never saw them (``first >= B``) they are cut from the renders of
+    ``fonts:classes=first+classes`` at the same ``eval`` and ``noise`` (``catalog.fonts_target_options``),
+    and the statistics still come from the backbone's own cache: one seeded generator draws every
+    render, face by face and class by class, so a class's renders depend on how many classes the
+    cache holds (only the first face's agree), and the backbone's statistics are exact only from
+    its own renders.  The round-three target (``classes=79,first=62,backbone_classes=62``) is cut
+    from ``fonts:eval=5,noise=20``, the default transfer's backbone data, read from its cache when
+    that backbone was pretrained here."""
     options = parse_fonts_transfer(spec)
-    classes = int(options["classes"])
-    arrays = rendered(fonts_backbone_options(options), data_root, log=log)
-    labels, faces = arrays["labels"], arrays["faces"]
-    held_out = np.flatnonzero(faces >= len(font_faces("train")))
-    parts = held_out_parts(labels, held_out, font_transfer_sizes(options), classes, seed, ("train", "val", "cal", "test"))
-    return font_splits(spec, arrays, parts, classes, np.flatnonzero(faces < len(font_faces("train"))))
+    classes, first = int(options["classes"]), int(options["first"])
+    backbone, target = fonts_backbone_options(options), fonts_target_options(options)
+    cut = rendered(target, data_root, log=log)
+    pretraining = cut if target == backbone else rendered(backbone, data_root, log=log)
+    # the classes before ``first`` are dropped and the rest relabelled from 0; with ``first`` 0 the
+    # source is the whole cache, as before the option existed, so a run's saved split ids still hold
+    kept = np.flatnonzero(cut["labels"] >= first)
+    arrays = {"images": cut["images"][kept], "labels": cut["labels"][kept] - first, "faces": cut["faces"][kept]}
+    held_out = np.flatnonzero(arrays["faces"] >= len(font_faces("train")))
+    parts = held_out_parts(arrays["labels"], held_out, font_transfer_sizes(options), classes, seed, ("train", "val", "cal", "test"))
+    statistics_of = pretraining["images"][pretraining["faces"] < len(font_faces("train"))]
+    return font_splits(spec, arrays, parts, classes, statistics_of, FONT_CLASSES[first : first + classes])
 
 
-def font_splits(spec: str, arrays: dict, parts: list[np.ndarray], classes: int, statistics_of: np.ndarray):
-    """The four splits (``parts``: ids into ``arrays``), standardised by the pixel statistics of
-    the images ``statistics_of`` (the training faces')."""
+def font_splits(spec: str, arrays: dict, parts: list[np.ndarray], classes: int, statistics_of: np.ndarray, class_names: str):
+    """The four splits (``parts``: ids into ``arrays``) of the ``classes`` classes named by the
+    characters ``class_names``, standardised by the pixel statistics of the uint8 images
+    ``statistics_of`` (a training split's, or a backbone's pretraining data's)."""
     import torch
 
     from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, pixel_statistics
     from dpsm_ray.data.splits import DataSplits, Split, TensorSource
 
-    mean, std = pixel_statistics(arrays["images"][statistics_of])
+    mean, std = pixel_statistics(statistics_of)
     input_spec = InputSpec((1, SIZE, SIZE), 255.0, mean, std, f"8-bit greyscale pixel values 0..255, white on black, [1, {SIZE}, {SIZE}]",
                            ImageSpec("L", SIZE))
     source = TensorSource(torch.from_numpy(arrays["images"][:, None]).contiguous(), torch.from_numpy(arrays["labels"]),
                           functools.partial(fonts_transform, spec=input_spec))
     splits = [Split(name, torch.from_numpy(ids), source) for name, ids in zip(("train", "val", "cal", "test"), parts)]
-    return DataSplits(spec, classes, (1, SIZE, SIZE), *splits, input_spec=input_spec, class_names=tuple(FONT_CLASSES[:classes]))
+    return DataSplits(spec, classes, (1, SIZE, SIZE), *splits, input_spec=input_spec, class_names=tuple(class_names))
 
 
 def identical_glyphs(faces: dict[tuple[str, str], Path], candidates: str) -> dict[tuple[str, str], int]:
