@@ -299,7 +299,8 @@ class TrainConfig:
     eval_calibrations: tuple[str, ...] = option(
         ("marginal",),
         f"how the final evaluation calibrates each score: {', '.join(CALIBRATIONS)} (marginal: one threshold, 1 - alpha coverage on"
-        " average; class: a threshold per class, 1 - alpha in every class); both give a row of each in evals.parquet and classes.parquet",
+        " average; class: a threshold per class, 1 - alpha in every class; cluster and rc3p: a threshold per class from fewer points a"
+        " class, docs/predictor.md); each gives its rows in evals.parquet and classes.parquet",
         type=str,
         recorded_at_default=False,
     )
@@ -626,7 +627,7 @@ def validate(config: TrainConfig) -> None:
         len(config.eval_calibrations) > 0 and set(config.eval_calibrations) <= set(CALIBRATIONS)
         and len(set(config.eval_calibrations)) == len(config.eval_calibrations),
         "eval_calibrations",
-        f"must be one or both of {', '.join(CALIBRATIONS)}",
+        f"must be some of {', '.join(CALIBRATIONS)}, each once",
     )
     need(integer("workers") >= 0, "workers", "must be an integer >= 0")
     need(config.workers == 0 or config.batch_size % (2 * config.workers) == 0, "batch_size",

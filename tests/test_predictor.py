@@ -111,7 +111,7 @@ def test_sets_equal_the_evaluation_s_on_the_same_split(trained, digits):
     from dpsm_ray.conformal import resplit
 
     cal, test = resplit(len(x), 2, len(data.cal) / len(x), predictor.uniform_seed)
-    assert {(row["score"], row["calibration"]) for row in rows} == {(s, c) for s in score_names() for c in ("marginal", "class")}
+    assert {(row["score"], row["calibration"]) for row in rows} == {(s, c) for s in score_names() for c in CALIBRATIONS}
     for row in rows:
         mine = predictor.recalibrate(x[cal[row["split"]]], y[cal[row["split"]]], example_ids=ids[cal[row["split"]]])
         measured = mine.evaluate(x[test[row["split"]]], y[test[row["split"]]], calibration=row["calibration"],
@@ -300,7 +300,7 @@ def test_class_thresholds_are_a_per_class_loop_and_a_short_class_is_in_every_set
         warnings.simplefilter("error")
         plain = named.calibrated(probs, labels, 0.1, data="toy")
     assert plain.calibrated_by == "marginal" and plain.info["format_version"] == 1 and plain.fallback_classes("hps") == [2]
-    with pytest.raises(ValueError, match="calibration must be one of marginal, class; got 'mondrian'"):
+    with pytest.raises(ValueError, match="calibration must be one of marginal, class, cluster, rc3p; got 'mondrian'"):
         plain.predict_sets(torch.zeros(1, 2), calibration="mondrian")
 
 
@@ -341,7 +341,8 @@ def test_a_predictor_of_an_earlier_format_loads_and_says_what_it_lacks(trained, 
     directory = copy_of(trained, tmp_path)
     info = read_checked_json(directory / INFO_FILE)
     for entry in info["scores"].values():  # as predictors were written before class thresholds and p-values
-        del entry["class_thresholds"], entry["calibration_scores"]
+        for field in ("class_thresholds", "calibration_scores", "cluster_thresholds", "clusters", "rc3p_thresholds", "rc3p_rank_limits"):
+            del entry[field]
     del info["calibration"]["by"]
     write_checked_json(directory / INFO_FILE, info)
     old = Predictor.load(directory)
@@ -443,7 +444,8 @@ def test_weights_of_another_model_are_refused_by_name(trained, tmp_path):
     info["model"]["num_classes"] = 11
     info["class_names"] = None
     for entry in info["scores"].values():  # per-class fields of 10 classes would be refused first
-        del entry["class_thresholds"], entry["calibration_scores"]
+        for field in ("class_thresholds", "calibration_scores", "cluster_thresholds", "clusters", "rc3p_thresholds", "rc3p_rank_limits"):
+            del entry[field]
     write_checked_json(directory / INFO_FILE, info)
     with pytest.raises(PredictorError, match="weights.pt does not hold the weights of a mlp with 11 classes"):
         Predictor.load(directory)

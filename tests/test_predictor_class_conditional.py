@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from dpsm_ray.cards import load_splits, score_functions, score_names
-from dpsm_ray.conformal import CALIBRATIONS, Resplits, conformal_rank, evaluate_classes
+from dpsm_ray.conformal import Resplits, conformal_rank, evaluate_classes, label_ranks, rc3p_calibration
 from dpsm_ray.predict.predictor import Predictor
 
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")
@@ -110,7 +110,7 @@ def test_the_evaluation_s_class_conditional_rows_are_within_the_bound_on_every_r
     predictor, parts = fashion
     probs, labels, ids = (torch.cat([parts["cal"][i], parts["test"][i]]) for i in range(3))
     resplits = Resplits(score_functions(), splits=RESPLITS, cal_fraction=0.5, seed=predictor.uniform_seed, example_ids=ids,
-                        calibrations=CALIBRATIONS)
+                        calibrations=("marginal", "class"))
     rows = evaluate_classes(probs, labels, ALPHA, resplits)
     assert len(rows) == len(score_names()) * 2 * RESPLITS * 10
     short = {score: 0 for score in score_names()}
@@ -121,3 +121,33 @@ def test_the_evaluation_s_class_conditional_rows_are_within_the_bound_on_every_r
         else:
             short[row["score"]] += covered < lowest_count(row["n_cal"], row["n_test"])
     assert all(short.values()), short  # every score's marginal sets leave some class short on some re-split
+
+
+def test_rc3p_and_clustered_predictors_give_their_calibrations_sets_and_keep_them(fashion, tmp_path):
+    from dpsm_ray.predict.predictor import PredictorError
+
+    predictor, parts = fashion
+    (cal_probs, cal_labels, cal_ids), (test_probs, test_labels, test_ids) = parts["cal"], parts["test"]
+    ranked = predictor.calibrated(cal_probs, cal_labels, ALPHA, by="rc3p", example_ids=cal_ids, data="the calibration split")
+    ranked.save(tmp_path / "rc3p")
+    loaded = Predictor.load(tmp_path / "rc3p", device="cpu")
+    assert loaded.calibrated_by == "rc3p" and loaded.info["format_version"] == 3 and "RC3P sets" in repr(loaded)
+    for score in ("hps", "aps"):
+        scores = loaded.score_matrix(cal_probs, score, cal_ids)
+        own = scores[torch.arange(len(cal_labels)), cal_labels]
+        expected = rc3p_calibration(own, label_ranks(cal_probs)[torch.arange(len(cal_labels)), cal_labels], cal_labels, 10, ALPHA)
+        thresholds, limits = loaded.set_thresholds(score)
+        assert torch.equal(limits, expected.rank_limits) and torch.equal(thresholds, expected.thresholds)
+        mask = loaded.sets_from_proba(test_probs, score, example_ids=test_ids).mask
+        test_scores = loaded.score_matrix(test_probs, score, test_ids)
+        assert torch.equal(mask, (test_scores <= thresholds) & (label_ranks(test_probs) <= limits))
+        # every class covered near 1 - alpha on its 500 test points (RC3P's class-wise guarantee; 4 standard errors)
+        for label in range(10):
+            assert mask[test_labels == label, label].double().mean() >= 1 - ALPHA - 4 * (0.09 / 500) ** 0.5, (score, label)
+    with pytest.raises(PredictorError, match="p-values are defined for the marginal and class calibrations; rc3p"):
+        loaded.p_values_from_proba(test_probs, "hps")
+    # ten classes of 500 points: the paper's defaults make 29 clusters of 10 classes, so none: the marginal sets
+    clustered = predictor.calibrated(cal_probs, cal_labels, ALPHA, by="cluster", example_ids=cal_ids, data="the calibration split")
+    assert clustered.info["scores"]["hps"]["clusters"] == [-1] * 10
+    assert torch.equal(clustered.sets_from_proba(test_probs, "hps", example_ids=test_ids).mask,
+                       clustered.sets_from_proba(test_probs, "hps", calibration="marginal", example_ids=test_ids).mask)

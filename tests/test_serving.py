@@ -99,7 +99,7 @@ def test_a_request_may_ask_for_class_conditional_sets_and_p_values():
     assert [[k for k, p in enumerate(row) if p > 0.1] for row in payload["p_values"]] == payload["sets"]
     status, marginal = answer(predictor, json.dumps({"inputs": x.tolist(), "score": "saps"}).encode(), 100)
     assert marginal["calibration"] == "marginal" and marginal["threshold"] == predictor.threshold("saps") and "p_values" not in marginal
-    for change, message in (({"calibration": "mondrian"}, '"calibration" must be "marginal" or "class"; got \'mondrian\''),
+    for change, message in (({"calibration": "mondrian"}, '"calibration" must be one of "marginal", "class", "cluster", "rc3p"; got \'mondrian\''),
                             ({"p_values": 1}, '"p_values" must be true or false')):
         status, error = answer(predictor, json.dumps({"inputs": x.tolist(), **change}).encode(), 100)
         assert status == 400 and error["error"] == message

@@ -1,5 +1,6 @@
 """Conformal prediction: scores, the exact quantile (marginal and per class), prediction sets,
-p-values and metrics.  Imports torch only.
+p-values and metrics.  Imports torch only (and scikit-learn's k-means, for the clustered calibration
+when it runs).
 
 The names below are handed on from the modules that define them as they are first used (PEP 562, as
 the package's own face hands on ``Predictor``): ``dpsm_ray.conformal.levels`` -- alpha and the calibration
@@ -9,9 +10,12 @@ from __future__ import annotations
 
 import importlib
 
-# how a score is calibrated: one threshold (marginal), or one per class (class-conditional, "Mondrian");
-# here, torch-free, so that the command line checks --eval-calibrations before torch loads
-CALIBRATIONS = ("marginal", "class")
+# how a score is calibrated: one threshold (marginal); one per class (class-conditional, "Mondrian"); one per
+# cluster of alike classes (clustered, Ding et al. 2023); one per class with a limit on the label's rank (RC3P,
+# Shi et al. 2024: conformal/classwise.py).  Here, torch-free, so that the command line checks
+# --eval-calibrations before torch loads
+CALIBRATIONS = ("marginal", "class", "cluster", "rc3p")
+CALIBRATION_TITLES = {"marginal": "marginal", "class": "class-conditional", "cluster": "clustered", "rc3p": "RC3P"}
 
 # where each name lives: dpsm_ray/conformal/<module>.py
 HANDED_ON = {
@@ -19,6 +23,13 @@ HANDED_ON = {
     "Calibrated": "evaluation",
     "EVAL_COLUMNS": "evaluation",
     "Resplits": "evaluation",
+    "Clustered": "classwise",
+    "EMBEDDING_QUANTILES": "classwise",
+    "RankCalibrated": "classwise",
+    "clustered_calibration": "classwise",
+    "label_ranks": "classwise",
+    "rank_sets": "classwise",
+    "rc3p_calibration": "classwise",
     "evaluate": "evaluation",
     "evaluate_classes": "evaluation",
     "resplit": "evaluation",
@@ -42,6 +53,7 @@ HANDED_ON = {
     "class_conformal_p_values": "pvalues",
     "conformal_p_values": "pvalues",
     "class_conformal_quantile": "quantile",
+    "class_order_statistic": "quantile",
     "conformal_quantile": "quantile",
     "conformal_rank": "quantile",
     "empirical_quantile": "quantile",
@@ -67,4 +79,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f"{__name__}.{HANDED_ON[name]}"), name)
 
 
-__all__ = sorted(["CALIBRATIONS", *HANDED_ON])
+__all__ = sorted(["CALIBRATIONS", "CALIBRATION_TITLES", *HANDED_ON])

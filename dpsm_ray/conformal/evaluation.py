@@ -1,6 +1,7 @@
 """Split-conformal evaluation over R random calibration/test re-splits, as one batched computation:
 every score calibrated marginally (one threshold, coverage 1 - alpha on average over the classes)
-and, when asked, class-conditionally (a threshold per class, coverage 1 - alpha in every class)."""
+and, when asked, class-conditionally (a threshold per class, coverage 1 - alpha in every class),
+clustered or by RC3P (a threshold per class from fewer points a class: ``conformal.classwise``)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,19 @@ from typing import NamedTuple
 import torch
 
 from dpsm_ray.conformal import CALIBRATIONS
+from dpsm_ray.conformal.classwise import clustered_calibration, label_ranks, rank_sets, rc3p_calibration
 from dpsm_ray.conformal.metrics import (
-    Slabs, accuracy, class_counts, class_coverage, class_prediction_sets, class_set_size, coverage, covered, covgap, prediction_sets,
-    set_size, sscv,
+    Slabs, accuracy, class_counts, class_coverage, class_coverage_range, class_prediction_sets, class_set_size, classes_under, coverage,
+    covered, covgap, empty_rate, prediction_sets, set_size, singleton_rate, sscv, top_label_ece,
 )
 from dpsm_ray.conformal.levels import check_alpha, min_calibration_size
 from dpsm_ray.conformal.quantile import class_conformal_quantile, conformal_quantile
 from dpsm_ray.conformal.scores import example_uniforms, label_scores
+from dpsm_ray.seeding import derive_seed
 
 EVAL_COLUMNS = (
     "score", "calibration", "split", "alpha", "n_cal", "n_test", "q", "coverage", "set_size", "covgap", "sscv", "wsc", "accuracy",
+    "empty_rate", "singleton_rate", "classes_under", "class_coverage_min", "class_coverage_max", "ece",
 )
 CLASS_COLUMNS = ("score", "calibration", "split", "label", "n_cal", "n_test", "q", "coverage", "set_size")
 
@@ -45,11 +49,12 @@ class Calibrated(NamedTuple):
     """One score calibrated one way on every re-split of a ``Resplits``."""
 
     score: str
-    calibration: str  # marginal | class
+    calibration: str  # marginal | class | cluster | rc3p
     cal: torch.Tensor  # [R, m] calibration indices
     test: torch.Tensor  # [R, n - m] test indices
-    q: torch.Tensor  # the thresholds: [R] (marginal) or [R, K] (class; +inf for a class with too few points)
+    q: torch.Tensor  # the thresholds: [R] (marginal) or [R, K] (the others; +inf for a class with too few points)
     sets: torch.Tensor  # [R, n - m, K] the test part's prediction sets
+    rank_limits: torch.Tensor | None = None  # [R, K] RC3P's limit on each label's rank (None for the others)
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,7 +65,7 @@ class Resplits:
     score's name -> its function ``(probs [n, K], u [n]) -> scores [n, K]``;
     ``dpsm_ray.cards.score_functions`` gives the cards') and every calibration in ``calibrations``
     (``marginal``, the default: ``conformal_quantile``; ``class``: ``class_conformal_quantile``, a
-    threshold per class; ``CALIBRATIONS``: both).  APS/RAPS/SAPS/top-k uniforms are drawn per example from ``(seed, example_ids)`` (default
+    threshold per class; ``cluster`` and ``rc3p``: ``conformal.classwise``; ``CALIBRATIONS``: all).  APS/RAPS/SAPS/top-k uniforms are drawn per example from ``(seed, example_ids)`` (default
     ``arange(n)``), so they do not depend on order or batching."""
 
     scores: Mapping[str, Callable]
@@ -90,19 +95,31 @@ class Resplits:
         cal, test = resplit(n, self.splits, self.cal_fraction, self.seed, probs.device)
         ids = torch.arange(n, device=probs.device) if self.example_ids is None else self.example_ids
         u = example_uniforms(self.seed, ids).to(probs.device)
-        if "class" in self.calibrations:
+        if {"class", "rc3p"} & set(self.calibrations):
             warn_short_classes(class_counts(labels[cal], num_classes), alpha)
+        ranks = label_ranks(probs) if "rc3p" in self.calibrations else None
         for kind, matrix in self.scores.items():
             all_scores = matrix(probs, u)
             cal_scores = label_scores(all_scores, labels)[cal]
             for calibration in self.calibrations:
+                limits = None
                 if calibration == "marginal":
                     q = conformal_quantile(cal_scores, alpha)
                     sets = prediction_sets(all_scores[test], q)
-                else:
+                elif calibration == "class":
                     q = class_conformal_quantile(cal_scores, labels[cal], num_classes, alpha)
                     sets = class_prediction_sets(all_scores[test], q)
-                yield Calibrated(kind, calibration, cal, test, q, sets)
+                elif calibration == "cluster":
+                    q = torch.stack([clustered_calibration(cal_scores[r], labels[cal[r]], num_classes, alpha,
+                                                           seed=derive_seed(self.seed, "clusters")).thresholds
+                                     for r in range(self.splits)])
+                    sets = class_prediction_sets(all_scores[test], q)
+                else:
+                    label_rank = ranks.gather(1, labels[:, None]).squeeze(1)
+                    found = [rc3p_calibration(cal_scores[r], label_rank[cal[r]], labels[cal[r]], num_classes, alpha) for r in range(self.splits)]
+                    q, limits = torch.stack([f.thresholds for f in found]), torch.stack([f.rank_limits for f in found])
+                    sets = rank_sets(all_scores[test], q, ranks[test], limits)
+                yield Calibrated(kind, calibration, cal, test, q, sets, limits)
 
 
 def warn_short_classes(counts: torch.Tensor, alpha: float) -> None:
@@ -130,9 +147,10 @@ def evaluate(
     wsc_delta: float = 0.1,
     wsc_directions: int = 256,
 ) -> list[dict]:
-    """One row per (score, calibration, re-split) of ``resplits``: coverage, APSS, CovGap, SSCV, WSC
-    and accuracy on the test part, and the threshold ``q`` (NaN for class-conditional rows, whose
-    thresholds are :func:`evaluate_classes`'s).  ``probs`` ``[n, K]`` are softmax outputs on the
+    """One row per (score, calibration, re-split) of ``resplits``: coverage, APSS, CovGap, SSCV, WSC,
+    accuracy, the empty-set and singleton rates, the classes under 1 - alpha, the class coverage
+    range and the top-label ECE of the probabilities, on the test part, and the threshold ``q`` (NaN
+    for rows with a threshold per class, which are :func:`evaluate_classes`'s).  ``probs`` ``[n, K]`` are softmax outputs on the
     pooled calibration + test points.  WSC slabs live in ``features`` (default: the
     log-probabilities, i.e. the model's logit space); every score and calibration shares their
     search's projections (``Slabs``: the test parts are the same).
@@ -152,11 +170,16 @@ def evaluate(
             "sscv": sscv(sets, test_labels, alpha),
             "wsc": slabs.coverage(covered(sets, test_labels)),
             "accuracy": accuracy(probs[test], test_labels),
+            "empty_rate": empty_rate(sets),
+            "singleton_rate": singleton_rate(sets),
+            "classes_under": classes_under(sets, test_labels, alpha),
+            **dict(zip(("class_coverage_min", "class_coverage_max"), class_coverage_range(sets, test_labels))),
+            "ece": top_label_ece(probs[test], test_labels),
         }
         for split in range(resplits.splits):
             row = {"score": found.score, "calibration": found.calibration, "split": split, "alpha": alpha, "n_cal": found.cal.shape[1],
                    "n_test": test.shape[1]}
-            row.update({name: float(value[split]) for name, value in metrics.items()})
+            row.update({name: value[split].item() for name, value in metrics.items()})
             rows.append(row)
     return rows
 
@@ -170,7 +193,7 @@ def evaluate_classes(probs: torch.Tensor, labels: torch.Tensor, alpha: float, re
     num_classes = probs.shape[1]
     for found in resplits.calibrated_sets(probs, labels, alpha):
         test_labels = labels[found.test]
-        thresholds = found.q if found.calibration == "class" else found.q[:, None].expand(-1, num_classes)
+        thresholds = found.q if found.q.ndim == 2 else found.q[:, None].expand(-1, num_classes)
         metrics = {
             "n_cal": class_counts(labels[found.cal], num_classes).tolist(),
             "n_test": class_counts(test_labels, num_classes).tolist(),

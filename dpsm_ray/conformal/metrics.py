@@ -224,3 +224,41 @@ def wsc(
 def _gather_points(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x[b, index[b, i], :]`` for ``x`` ``[B, n, d]`` and ``index`` ``[B, k]``."""
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
+
+
+def empty_rate(sets: torch.Tensor) -> torch.Tensor:
+    """The fraction of prediction sets with no class."""
+    return (sets.sum(dim=-1) == 0).to(torch.float64).mean(dim=-1)
+
+
+def singleton_rate(sets: torch.Tensor) -> torch.Tensor:
+    """The fraction of prediction sets with exactly one class."""
+    return (sets.sum(dim=-1) == 1).to(torch.float64).mean(dim=-1)
+
+
+def classes_under(sets: torch.Tensor, labels: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The number of classes (among those with a test point) whose coverage is below 1 - alpha
+    (TorchCP's VioClasses), ``[...]`` int64."""
+    return (class_coverage(sets, labels, sets.shape[-1]) < 1 - alpha).sum(dim=-1)
+
+
+def class_coverage_range(sets: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lowest and highest coverage of a class, over the classes with a test point."""
+    per_class = class_coverage(sets, labels, sets.shape[-1])
+    present = ~per_class.isnan()
+    low = torch.where(present, per_class, torch.inf).amin(dim=-1)
+    high = torch.where(present, per_class, -torch.inf).amax(dim=-1)
+    return low, high
+
+
+def top_label_ece(probs: torch.Tensor, labels: torch.Tensor, bins: int = 15) -> torch.Tensor:
+    """Expected calibration error of the top class's probability (Guo et al. 2017): the points
+    binned by that probability into ``bins`` equal-width bins of (0, 1] (bin b holds (b/B, (b+1)/B]),
+    sum over bins of (points in the bin / n) x |accuracy in the bin - mean probability in the bin|."""
+    confidence, predicted = probs.to(torch.float64).max(dim=-1)
+    correct = (predicted == labels).to(torch.float64)
+    index = (confidence * bins).ceil().long().clamp(min=1, max=bins) - 1
+    shape = (*confidence.shape[:-1], bins)
+    count = torch.zeros(shape, dtype=torch.float64, device=probs.device).scatter_add_(-1, index, torch.ones_like(confidence))
+    gap = torch.zeros(shape, dtype=torch.float64, device=probs.device).scatter_add_(-1, index, correct - confidence)
+    return gap.abs().sum(dim=-1) / confidence.shape[-1]

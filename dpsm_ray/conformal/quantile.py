@@ -57,17 +57,27 @@ def class_conformal_quantile(scores: torch.Tensor, labels: torch.Tensor, num_cla
     class with too few points for its alpha (n_y < ``min_calibration_size(alpha)``, none at all
     included) gets +inf, as ``conformal_quantile`` does: every set holds that class, the only
     threshold that keeps its guarantee (the conservative fallback)."""
+    counts = torch.zeros((*labels.shape[:-1], num_classes), dtype=torch.int64, device=labels.device)
+    counts.scatter_add_(-1, labels, torch.ones_like(labels))
+    ranks = torch.tensor([conformal_rank(size, alpha) for size in range(scores.shape[-1] + 1)], device=counts.device)[counts]
+    return class_order_statistic(scores, labels, num_classes, ranks)
+
+
+def class_order_statistic(scores: torch.Tensor, labels: torch.Tensor, num_classes: int, ranks: torch.Tensor) -> torch.Tensor:
+    """The ``ranks[y]``-th smallest of the scores whose label is y, for each class: ``scores`` and
+    ``labels`` ``[..., n]``, ``ranks`` ``[..., K]`` (from 1); +inf where the class holds fewer points
+    than its rank (none at all included)."""
     n = scores.shape[-1]
     counts = torch.zeros((*labels.shape[:-1], num_classes), dtype=torch.int64, device=labels.device)
     counts.scatter_add_(-1, labels, torch.ones_like(labels))
+    ranks = ranks.to(counts.device).expand_as(counts)
     if n == 0:
         return torch.full(counts.shape, math.inf, dtype=scores.dtype, device=scores.device)
     # ascending scores, then a stable sort by label: each class's scores ascending, the classes in turn
     by_score = scores.argsort(dim=-1, stable=True)
     by_class = by_score.gather(-1, labels.gather(-1, by_score).argsort(dim=-1, stable=True))
     grouped = scores.gather(-1, by_class)
-    ranks = torch.tensor([conformal_rank(size, alpha) for size in range(n + 1)], device=counts.device)[counts]
-    position = (counts.cumsum(dim=-1) - counts + ranks - 1).clamp(max=n - 1)
+    position = (counts.cumsum(dim=-1) - counts + ranks - 1).clamp(min=0, max=n - 1)
     return torch.where(ranks <= counts, grouped.gather(-1, position), torch.full_like(position, math.inf, dtype=scores.dtype))
 
 

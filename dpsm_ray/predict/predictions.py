@@ -118,8 +118,11 @@ def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike
         "non_empty": non_empty,
         "p_values": p_values,
     }
-    if how == "class":  # JSON has no infinity: a class every set holds (too few calibration points) is null
-        metadata["class_thresholds"] = [q if math.isfinite(q) else None for q in predictor.class_thresholds(score).tolist()]
+    if how != "marginal":  # JSON has no infinity: a class every set holds (too few calibration points) is null
+        thresholds, rank_limits = predictor.set_thresholds(score, how)
+        metadata["class_thresholds"] = [q if math.isfinite(q) else None for q in thresholds.tolist()]
+        if rank_limits is not None:
+            metadata["rank_limits"] = rank_limits.tolist()
     encode = {"parquet": parquet_bytes, "csv": csv_bytes, "json": json_bytes, "jsonl": jsonl_bytes}[format]
     write_bytes(out, encode(columns, order, metadata))
     return columns

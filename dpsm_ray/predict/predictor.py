@@ -17,7 +17,7 @@ checksummed JSON file, ``dpsm_ray.files``) and ``weights.pt`` (a plain state dic
 docs/predictor.md documents every field.
 
 Prediction sets are split conformal's {y : S(x, y) <= q} (marginal) or {y : S(x, y) <= q_y}
-(class-conditional) with the exact quantiles of ``dpsm_ray.conformal``; the randomised scores (APS,
+(class-conditional, clustered; RC3P also limits y's rank) with the exact quantiles of ``dpsm_ray.conformal``; the randomised scores (APS,
 RAPS, SAPS, top-k) draw one uniform per input from ``(uniform_seed, input id)`` exactly as the
 sweep's evaluation does, so an input's set does not depend on its batch.
 
@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 from dpsm_ray import __version__
 from dpsm_ray.cards import check_score, model_card, model_choices, score_card, score_matrix, score_names
 from dpsm_ray.conformal import (
-    CALIBRATIONS, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts, class_prediction_sets,
-    conformal_p_values, conformal_quantile, coverage, example_uniforms, label_scores, min_calibration_size, prediction_sets, set_size,
+    CALIBRATION_TITLES, CALIBRATIONS, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts, class_prediction_sets,
+    clustered_calibration, conformal_p_values, conformal_quantile, coverage, example_uniforms, label_ranks, label_scores,
+    min_calibration_size, prediction_sets, rank_sets, rc3p_calibration, set_size,
 )
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import CorruptFileError, atomic_write, read_checked_json, sha256_file, write_checked_json
@@ -51,8 +52,10 @@ from dpsm_ray.seeding import counter_uniforms, derive_seed
 
 FORMAT = "dpsm_ray predictor"
 # 2: its sets are class-conditional unless asked otherwise (a version that knows only 1 would give
-# marginal sets without a word, so it refuses these); a marginal predictor is still written as 1
-FORMAT_VERSION = 2
+# marginal sets without a word, so it refuses these); a marginal predictor is still written as 1.
+# 3: clustered or RC3P sets unless asked otherwise
+FORMAT_VERSION = 3
+CALIBRATION_FORMATS = {"marginal": 1, "class": 2, "cluster": 3, "rc3p": 3}
 INFO_FILE = "predictor.json"
 WEIGHTS_FILE = "weights.pt"
 # the chunks of the sweep's evaluation (train.loop.EVAL_BATCH): the same forward passes give the
@@ -415,7 +418,8 @@ class Predictor:
     @property
     def calibrated_by(self) -> str:
         """The calibration its sets use unless asked otherwise: ``marginal`` (one threshold per
-        score) or ``class`` (one per score and class; ``recalibrate(..., by="class")``)."""
+        score), ``class`` (one per score and class; ``recalibrate(..., by="class")``), ``cluster`` or
+        ``rc3p``."""
         return (self.info["calibration"] or {}).get("by", "marginal")
 
     def class_thresholds(self, score: str) -> torch.Tensor:
@@ -427,6 +431,23 @@ class Predictor:
                                  f"recalibrate(x_cal, y_cal, by='class') gives them")
         return torch.tensor([_threshold(q) for q in entry["class_thresholds"]], dtype=torch.float64)
 
+    def set_thresholds(self, score: str, calibration: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What ``score``'s sets of ``calibration`` (None: the predictor's own) hold y by: the
+        threshold of each class ``[K]`` float64 (the marginal q repeated; ``inf``: every set holds the
+        class) and RC3P's limit on y's rank among the probabilities ``[K]`` int64 (None for the
+        others): the set is {y : S(x, y) <= q_y and rank(x, y) <= k_y}."""
+        how = self.calibration_of(calibration)
+        if how == "marginal":
+            return torch.full((self.num_classes,), self.threshold(score), dtype=torch.float64), None
+        if how == "class":
+            return self.class_thresholds(score), None
+        entry = self.calibrated_entry(score)
+        if f"{how}_thresholds" not in entry:
+            raise PredictorError(f"this predictor records no {how} thresholds (written before that calibration); "
+                                 f"recalibrate(x_cal, y_cal, by={how!r}) gives them")
+        thresholds = torch.tensor([_threshold(q) for q in entry[f"{how}_thresholds"]], dtype=torch.float64)
+        return thresholds, (torch.tensor(entry["rc3p_rank_limits"], dtype=torch.int64) if how == "rc3p" else None)
+
     def fallback_classes(self, score: str) -> list[int]:
         """The classes with too few calibration points for a finite class-conditional threshold at
         alpha: every class-conditional set holds them (the conservative fallback)."""
@@ -436,7 +457,7 @@ class Predictor:
         model = self.info["model"]
         where = f", run {self.info['run_id']}" if self.info["run_id"] else ""
         thresholds = ", ".join(f"{kind} q={q:.4g}" for kind, q in self.thresholds.items()) or "uncalibrated"
-        by = ", class-conditional sets" if self.calibrated_by == "class" else ""
+        by = f", {CALIBRATION_TITLES[self.calibrated_by]} sets" if self.calibrated_by != "marginal" else ""
         return f"Predictor({model['architecture']}, {model['num_classes']} classes, alpha={self.alpha:g}, {thresholds}{by}{where})"
 
     # ------------------------------------------------------------------ predicting
@@ -555,10 +576,14 @@ class Predictor:
     ) -> PredictionSets:
         """``predict_sets`` from probabilities already computed with ``predict_proba``."""
         scores = self.score_matrix(probs, score, example_ids)
-        if self.calibration_of(calibration) == "class":
-            mask = class_prediction_sets(scores, self.class_thresholds(score))
-        else:
+        how = self.calibration_of(calibration)
+        if how == "marginal":
             mask = prediction_sets(scores, self.threshold(score))
+        else:
+            thresholds, rank_limits = self.set_thresholds(score, how)
+            mask = class_prediction_sets(scores, thresholds)
+            if rank_limits is not None:
+                mask = rank_sets(scores, thresholds, label_ranks(probs), rank_limits)
         if non_empty:
             empty = ~mask.any(dim=1)
             mask[empty, probs[empty].argmax(dim=1)] = True
@@ -583,11 +608,14 @@ class Predictor:
         self, probs: torch.Tensor, score: str = "hps", *, calibration: str | None = None, example_ids=None, smoothed: bool = False
     ) -> torch.Tensor:
         """``p_values`` from probabilities already computed with ``predict_proba``."""
+        how = self.calibration_of(calibration)
+        if how not in ("marginal", "class"):
+            raise PredictorError(f"p-values are defined for the marginal and class calibrations; {how} sets have no p-values here")
         per_class = self.calibration_scores(score)
         reference = torch.tensor([value for values in per_class for value in values], dtype=torch.float64)
         scores = self.score_matrix(probs, score, example_ids)
         tau = counter_uniforms(derive_seed(self.uniform_seed, "p-values"), check_ids(example_ids, len(probs))) if smoothed else None
-        if self.calibration_of(calibration) == "class":
+        if how == "class":
             labels = torch.cat([torch.full((len(values),), label) for label, values in enumerate(per_class)])
             return class_conformal_p_values(reference, labels, scores, tau)
         return conformal_p_values(reference, scores, tau)
@@ -606,10 +634,9 @@ class Predictor:
         is known to hold what they and, with ``p_values``, its p-values need (``PredictorError``
         otherwise: ``predict`` and ``serve`` ask before reading any input)."""
         how = self.calibration_of(calibration)
-        if how == "class":
-            self.class_thresholds(score)
-        else:
-            self.threshold(score)
+        self.set_thresholds(score, how)
+        if p_values and how not in ("marginal", "class"):
+            raise PredictorError(f"p-values are defined for the marginal and class calibrations; {how} sets have no p-values here")
         if p_values:
             self.calibration_scores(score)
         return how
@@ -658,9 +685,11 @@ class Predictor:
         """A new predictor with the same model, calibrated on ``(x_cal, y_cal)`` at ``alpha``
         (default: this one's) for every score: q is ``dpsm_ray.conformal.conformal_quantile``, the
         ceil((n + 1)(1 - alpha))-th smallest calibration score, and q_y of each class the same
-        quantile of that class's points alone (``class_conformal_quantile``).  Both are kept, with
-        the calibration scores (for ``p_values``); ``by`` (``marginal`` or ``class``) is the one its
-        sets use unless asked otherwise.  Alpha outside (0, 1) raises the conformal core's
+        quantile of that class's points alone (``class_conformal_quantile``); the clustered and RC3P
+        thresholds (``dpsm_ray.conformal.classwise``: a threshold per cluster of alike classes; a
+        threshold and a rank limit per class) too.  All are kept, with the calibration scores (for
+        ``p_values``); ``by`` (``marginal``, ``class``, ``cluster`` or ``rc3p``) is the one its sets
+        use unless asked otherwise.  Alpha outside (0, 1) raises the conformal core's
         ValueError; with fewer than 1/alpha - 1 points q is infinite, as there (every set holds
         every class), and a warning says so -- as it does, with ``by="class"``, naming each class
         with too few points (every set holds that class).  ``data`` describes the calibration data
@@ -688,16 +717,24 @@ class Predictor:
         by = self.calibration_of(by)
         labels = check_labels(labels, self.num_classes)
         scores = {}
+        label_rank = label_ranks(probs).gather(1, labels[:, None]).squeeze(1)
         for kind in score_names():
             calibration_scores = label_scores(self.score_matrix(probs, kind, example_ids), labels)
             q = float(conformal_quantile(calibration_scores, alpha))
             class_q = class_conformal_quantile(calibration_scores, labels, self.num_classes, alpha)
+            clustered = clustered_calibration(calibration_scores, labels, self.num_classes, alpha,
+                                              seed=derive_seed(self.uniform_seed, "clusters"))
+            ranked = rc3p_calibration(calibration_scores, label_rank, labels, self.num_classes, alpha)
             scores[kind] = {
                 "threshold": q if math.isfinite(q) else None,
                 "calibration_points": len(labels),
                 "randomised": score_card(kind).randomised,
                 **self.score_parameters(kind),
-                "class_thresholds": [value if math.isfinite(value) else None for value in class_q.tolist()],
+                "class_thresholds": _json_thresholds(class_q),
+                "cluster_thresholds": _json_thresholds(clustered.thresholds),
+                "clusters": clustered.clusters.tolist(),
+                "rc3p_thresholds": _json_thresholds(ranked.thresholds),
+                "rc3p_rank_limits": ranked.rank_limits.tolist(),
                 "calibration_scores": [sorted(calibration_scores[labels == label].tolist()) for label in range(self.num_classes)],
             }
         need = min_calibration_size(alpha)
@@ -709,7 +746,7 @@ class Predictor:
             )
         counts = class_counts(labels, self.num_classes).tolist()
         short = [label for label, count in enumerate(counts) if count < need]
-        if by == "class" and short and len(labels) >= need:
+        if by in ("class", "rc3p") and short and len(labels) >= need:
             names = self.class_names
             named = ", ".join(f"{label} ({names[label]!r}, {counts[label]})" if names else f"{label} ({counts[label]})"
                               for label in short[:20])
@@ -723,7 +760,7 @@ class Predictor:
         accuracy = float((probs.argmax(dim=1) == labels).double().mean()) if len(labels) else None
         calibration = {"data": data, "points": len(labels), "by": by, "accuracy": accuracy}
         info.update(alpha=alpha, scores=scores, calibration=calibration, test=None,
-                    format_version=FORMAT_VERSION if by == "class" else 1)
+                    format_version=CALIBRATION_FORMATS[by])
         return Predictor(self.model, info, device=self.device)
 
     def measure(
@@ -852,6 +889,11 @@ def _threshold(value) -> float:
     return math.inf if value is None else float(value)
 
 
+def _json_thresholds(values: torch.Tensor) -> list:
+    """Thresholds as predictor.json holds them: null for +inf (JSON has no infinity)."""
+    return [value if math.isfinite(value) else None for value in values.tolist()]
+
+
 def _is_threshold(value) -> bool:
     """A threshold as predictor.json holds it: a finite number, or null for +inf."""
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
@@ -977,7 +1019,8 @@ def check_info(info, where: str) -> None:
     calibration = info["calibration"]
     need(calibration is None or (isinstance(calibration, dict) and calibration.get("by", "marginal") in CALIBRATIONS), "calibration.by",
          f"must be one of {', '.join(CALIBRATIONS)}")
-    by_class = isinstance(calibration, dict) and calibration.get("by") == "class"
+    by = calibration.get("by", "marginal") if isinstance(calibration, dict) else "marginal"
+    by_class = by == "class"
     classes = model["num_classes"]
     for kind, entry in scores.items():
         threshold = entry.get("threshold", "missing") if isinstance(entry, dict) else "missing"
@@ -988,6 +1031,16 @@ def check_info(info, where: str) -> None:
                                                        and all(map(_is_threshold, per_class))),
              f"scores.{kind}.class_thresholds",
              f"must be {classes} finite numbers or nulls (infinite){' (calibration.by is class)' * by_class}")
+        for how, kept_as in (("cluster", "clusters"), ("rc3p", "rc3p_rank_limits")):
+            values, other = entry.get(f"{how}_thresholds"), entry.get(kept_as)
+            least = -1 if how == "cluster" else 1
+            need((values is None and other is None and by != how)
+                 or (isinstance(values, list) and len(values) == classes and all(map(_is_threshold, values))
+                     and isinstance(other, list) and len(other) == classes
+                     and all(isinstance(v, int) and not isinstance(v, bool) and least <= v <= max(classes, 0) for v in other)),
+                 f"scores.{kind}.{how}_thresholds",
+                 f"must be {classes} finite numbers or nulls, with {kept_as}: {classes} integers"
+                 f"{' (calibration.by is ' + how + ')' if by == how else ''}")
         kept = entry.get("calibration_scores")
         need(kept is None or (isinstance(kept, list) and len(kept) == classes and all(_ascending_numbers(part) for part in kept)
                               and sum(map(len, kept)) == entry["calibration_points"]),

@@ -10,7 +10,7 @@
 ``inputs`` are raw inputs as ``Predictor.predict_sets`` takes them (``[n, *shape]`` or
 ``[n, features]``), or, for a predictor trained on a table, one object per input of its feature
 names in any order (``Predictor.named_inputs``: missing or unexpected names are refused);
-``score``, ``calibration`` (``marginal`` or ``class``: a threshold per class; default the
+``score``, ``calibration`` (``marginal``; ``class``, ``cluster`` or ``rc3p``: a threshold per class; default the
 predictor's own), ``ids`` (integers drawing the randomised scores' uniforms, default ``0 .. n-1``),
 ``probabilities``, ``p_values`` (each input's conformal p-value of every class) and ``non_empty``
 (the top class in every empty set: ``Predictor.predict_sets``) are optional.  A bad request gets
@@ -55,9 +55,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
+from dpsm_ray.conformal import CALIBRATIONS
 from dpsm_ray.predict.predictor import InputError, Predictor, PredictorError, check_ids
 
 MAX_BODY_BYTES = 64 * 2**20  # 64 MiB: 4096 CIFAR images as JSON numbers take ~40 MiB
+QUOTED_CALIBRATIONS = ", ".join(f'"{name}"' for name in CALIBRATIONS)  # as JSON writes them
 REQUEST_FIELDS = ("inputs", "score", "calibration", "ids", "probabilities", "p_values", "non_empty")
 TOKEN_FILE = "serve-token"  # under the cache folder, when --token-file is not given
 MIN_TOKEN_CHARS = 16
@@ -139,7 +141,7 @@ class Parsed(NamedTuple):
     ids: object  # torch.Tensor [n] of the randomised scores' uniforms' ids
     probabilities: bool
     non_empty: bool
-    calibration: str  # marginal | class
+    calibration: str  # marginal | class | cluster | rc3p
     p_values: bool
 
 
@@ -174,7 +176,7 @@ def parse_request(predictor: Predictor, body: bytes, max_batch: int) -> Parsed |
     except PredictorError as error:
         return 400, {"error": str(error)}
     except ValueError:
-        return 400, {"error": f"\"calibration\" must be \"marginal\" or \"class\"; got {request.get('calibration')!r}"}
+        return 400, {"error": f"\"calibration\" must be one of {QUOTED_CALIBRATIONS}; got {request.get('calibration')!r}"}
     try:
         # objects of feature names (a predictor trained on a table), or arrays in the model's order
         rows = predictor.check_inputs(predictor.named_inputs(inputs) if isinstance(inputs[0], dict) else np.asarray(inputs))
@@ -200,9 +202,13 @@ def respond(predictor: Predictor, request: Parsed, probs) -> tuple[int, dict]:
     payload = {"sets": sets.lists, "set_size": [len(s) for s in sets.lists], "top1": probs.argmax(dim=1).tolist(),
                "score": request.score, "calibration": request.calibration, "alpha": predictor.alpha,
                "threshold": q if math.isfinite(q) and request.calibration == "marginal" else None}
-    if request.calibration == "class":  # null: a class every set holds, too few calibration points for alpha
-        payload["class_thresholds"] = [v if math.isfinite(v) else None for v in predictor.class_thresholds(request.score).tolist()]
-        payload["fallback_classes"] = predictor.fallback_classes(request.score)
+    if request.calibration != "marginal":  # null: a class every set holds, too few calibration points for alpha
+        thresholds, rank_limits = predictor.set_thresholds(request.score, request.calibration)
+        payload["class_thresholds"] = [v if math.isfinite(v) else None for v in thresholds.tolist()]
+        payload["fallback_classes"] = [k for k, v in enumerate(thresholds.tolist()) if math.isinf(v)
+                                       and (rank_limits is None or rank_limits[k] >= predictor.num_classes)]
+        if rank_limits is not None:
+            payload["rank_limits"] = rank_limits.tolist()
     names = predictor.class_names
     if names is not None:
         payload["set_names"] = [[names[k] for k in s] for s in sets.lists]

@@ -32,6 +32,7 @@ import pandas as pd
 from dpsm_ray.files import atomic_write
 from dpsm_ray.cards import BUILT_IN_METHODS, method_card, method_names
 from dpsm_ray.cards import score_names
+from dpsm_ray.conformal import CALIBRATION_TITLES, CALIBRATIONS
 from dpsm_ray.results.layout import OPTUNA_DB, CoverageFloor
 from dpsm_ray.results.tables import calibration_rows, figure_name, method_order, ordered
 
@@ -287,7 +288,7 @@ def drawings(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, c
             yield q_error_figure(curves, context)
         if curves.quantile_methods and "train_set_size_q" in curves.columns:
             yield set_size_gap_figure(curves)
-    for calibration in ("marginal", "class"):
+    for calibration in CALIBRATIONS:
         if not calibration_rows(classes, calibration).empty:
             yield class_coverage_figure(calibration_rows(classes, calibration), context.alpha, calibration)
 
@@ -376,8 +377,9 @@ def class_coverage_figure(classes: pd.DataFrame, alpha: float, calibration: str 
     lowest = per_class.loc[per_class.coverage.idxmin()] if per_class.coverage.notna().any() else None
     names = classes.dropna(subset=["class_name"]).drop_duplicates("label").set_index("label").class_name if "class_name" in classes else {}
     lowest_class = f", class {names[lowest.label]!r}" if lowest is not None and lowest.label in names else ""
-    sets = (" of class-conditional sets (a threshold per class, calibrated on that class's points alone)" if calibration == "class"
-            else "")
+    sets = {"marginal": "", "class": " of class-conditional sets (a threshold per class, calibrated on that class's points alone)",
+            "cluster": " of clustered sets (a threshold per cluster of classes whose scores look alike)",
+            "rc3p": " of RC3P sets (a threshold and a limit on the label's rank per class)"}[calibration]
     caption = (
         f"Each class's test coverage (top) and average set size (bottom){sets}, per final model, averaged over its"
         f" {'/'.join(str(v) for v in sorted(set(splits)))} re-splits (paper figures 5-6); each box: {behind}. Dashed: 1 − α ="
@@ -386,6 +388,8 @@ def class_coverage_figure(classes: pd.DataFrame, alpha: float, calibration: str 
     )
     if calibration == "class":
         return Figure("class_coverage_classwise", "Class-conditional coverage of class-conditional sets", caption), fig
+    if calibration != "marginal":
+        return Figure(f"class_coverage_{calibration}", f"Class-conditional coverage of {CALIBRATION_TITLES[calibration]} sets", caption), fig
     return Figure("class_coverage", "Class-conditional coverage", caption), fig
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 
 from dpsm_ray import cards
 from dpsm_ray.cards import score_card, score_names
+from dpsm_ray.conformal import CALIBRATION_TITLES, CALIBRATIONS
 from dpsm_ray.files import write_text
 from dpsm_ray.cards import reads
 from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
@@ -119,14 +120,21 @@ def comparison_caption(found: list[dict]) -> str:
     )
 
 
+# evals.parquet's columns added later, shown where a sweep wrote them (older results keep their tables)
+LATER_DETAILS = {"empty_rate": ("empty sets", 3), "singleton_rate": ("singletons", 3), "ece": ("ECE", 3)}
+
+
 def details_table(evals: pd.DataFrame) -> list[list[str]]:
-    rows = [["method", "score", "coverage", "set size", "CovGap %", "SSCV", "WSC", "accuracy", "models"]]
+    later = [name for name in LATER_DETAILS if name in evals and evals[name].notna().any()]
+    rows = [["method", "score", "coverage", "set size", "CovGap %", "SSCV", "WSC", "accuracy", *(LATER_DETAILS[n][0] for n in later),
+             "models"]]
     for method in ordered(evals["method"], method_order()):
         for score in ordered(evals["score"], score_names()):
             part = evals[(evals.method == method) & (evals.score == score)]
             rows.append([
                 method_name(method), score.upper(), cell(part.coverage, 3), cell(part.set_size, 2), cell(part.covgap, 2),
-                cell(part.sscv, 3), cell(part.wsc, 3), cell(part.accuracy, 3), str(part.run_id.nunique()),
+                cell(part.sscv, 3), cell(part.wsc, 3), cell(part.accuracy, 3), *(cell(part[n], LATER_DETAILS[n][1]) for n in later),
+                str(part.run_id.nunique()),
             ])
     return rows
 
@@ -142,7 +150,7 @@ def calibration_table(evals: pd.DataFrame, classes: pd.DataFrame, alpha: float) 
     rows = [["method", "score", "calibration", "coverage", "set size", "CovGap %", "lowest class coverage", "classes below 1 − α"]]
     for method in ordered(evals["method"], method_order()):
         for score in ordered(evals["score"], score_names()):
-            for calibration in ("marginal", "class"):
+            for calibration in CALIBRATIONS:
                 part = calibration_rows(evals, calibration)
                 part = part[(part.method == method) & (part.score == score)]
                 if part.empty:
@@ -151,7 +159,7 @@ def calibration_table(evals: pd.DataFrame, classes: pd.DataFrame, alpha: float) 
                 per_class = per_class[(per_class.method == method) & (per_class.score == score)].groupby("label").coverage.mean().dropna()
                 lowest = "n/a" if per_class.empty else f"{per_class.min():.3f}"
                 short = "n/a" if per_class.empty else f"{int((per_class < 1 - alpha).sum())} of {len(per_class)}"
-                rows.append([method_name(method), score.upper(), "class-conditional" if calibration == "class" else "marginal",
+                rows.append([method_name(method), score.upper(), CALIBRATION_TITLES[calibration],
                              cell(part.coverage, 3), cell(part.set_size, 2), cell(part.covgap, 2), lowest, short])
     return rows
 
@@ -162,7 +170,8 @@ def calibration_caption(alpha: float) -> str:
         f"class's calibration points alone): coverage, set size and CovGap as in the tables above; lowest class coverage and the "
         f"classes below 1 − α = {1 - alpha:g}: each class's test coverage averaged over every final model and re-split "
         "(classes.parquet). Class-conditional sets promise 1 − α in every class, marginal ones only on average; a class with too "
-        "few calibration points for α is in every class-conditional set."
+        "few calibration points for α is in every class-conditional set. Clustered sets (where run) share a threshold among classes "
+        "whose scores look alike; RC3P sets also limit the rank of a class among the probabilities (docs/predictor.md)."
     )
 
 
@@ -286,7 +295,8 @@ def console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> t
     report``, and their parts for report.md and report.tex: of the marginal rows, and the two
     calibrations side by side where class-conditional rows are there too."""
     alpha = float(evals.alpha.iloc[0])
-    both = None if calibration_rows(evals, "class").empty else calibration_table(evals, classes, alpha)
+    others = any(not calibration_rows(evals, calibration).empty for calibration in CALIBRATIONS[1:])
+    both = calibration_table(evals, classes, alpha) if others else None
     evals, classes = calibration_rows(evals), calibration_rows(classes)
     size, details, found = paper_table(evals), details_table(evals), comparisons(evals)
     note = identical_note(identical_scores(evals, classes), evals, classes)  # said once, under the first table

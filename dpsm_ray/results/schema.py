@@ -74,24 +74,31 @@ EPOCHS = {
 EVALS = {
     **RUN_KEY,
     "score": pa.string(),
-    "calibration": pa.string(),  # marginal (one threshold) | class (one per class); null in rows written before both ran
+    "calibration": pa.string(),  # marginal (one threshold) | class (one per class) | cluster | rc3p; null in rows written before class
     "split": pa.int64(),
     "alpha": pa.float64(),
     "n_cal": pa.int64(),
     "n_test": pa.int64(),
-    "q": pa.float64(),  # the marginal threshold; NaN for class-conditional rows (classes.parquet holds each class's)
+    "q": pa.float64(),  # the marginal threshold; NaN for the others' rows (classes.parquet holds each class's)
     "coverage": pa.float64(),
     "set_size": pa.float64(),
     "covgap": pa.float64(),
     "sscv": pa.float64(),
     "wsc": pa.float64(),
     "accuracy": pa.float64(),
+    # null in rows written before these columns (docs/results.md defines each)
+    "empty_rate": pa.float64(),  # the fraction of empty sets
+    "singleton_rate": pa.float64(),  # the fraction of sets of one class
+    "classes_under": pa.int64(),  # classes (with a test point) covered below 1 - alpha
+    "class_coverage_min": pa.float64(),  # the lowest coverage of a class
+    "class_coverage_max": pa.float64(),  # the highest
+    "ece": pa.float64(),  # the top-label expected calibration error of the probabilities (15 bins)
 }
 
 CLASSES = {
     **RUN_KEY,
     "score": pa.string(),
-    "calibration": pa.string(),  # marginal | class, as evals.parquet's
+    "calibration": pa.string(),  # marginal | class | cluster | rc3p, as evals.parquet's
     "split": pa.int64(),
     "label": pa.int64(),  # the class
     "class_name": pa.string(),  # its name, where the dataset has names (null otherwise)

@@ -155,7 +155,7 @@ def latex_table(rows: list[list[str]], caption: str, label: str, align: str | No
 
 
 def calibration_rows(frame: pd.DataFrame, calibration: str = "marginal") -> pd.DataFrame:
-    """The rows of evals.parquet or classes.parquet of one calibration, ``marginal`` or ``class``
+    """The rows of evals.parquet or classes.parquet of one calibration (``CALIBRATIONS``)
     (rows written before the calibration was recorded, and a null, are marginal)."""
     if "calibration" not in frame:
         return frame if calibration == "marginal" else frame.iloc[:0]

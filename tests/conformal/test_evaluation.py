@@ -7,6 +7,7 @@ from dpsm_ray.cards import score_functions, score_matrix, score_names
 from dpsm_ray.conformal import CALIBRATIONS, CLASS_COLUMNS, EVAL_COLUMNS, Resplits, evaluate, evaluate_classes, example_uniforms, resplit
 
 
+BOTH = ("marginal", "class")  # the calibrations the slow loops below reproduce (conformal/test_classwise.py: the others)
 SCORES = score_functions()  # every score, by its card
 
 
@@ -47,9 +48,9 @@ def slow_split_metrics(probs, labels, alpha, cal_index, test_index, kind, u, cal
 
 def test_evaluate_matches_a_slow_loop_over_splits():
     probs, labels = calibrated_data(120, 6, seed=0)
-    rows = evaluate(probs, labels, 0.1, Resplits(SCORES, splits=4, cal_fraction=0.5, seed=9, calibrations=CALIBRATIONS), wsc_directions=8)
+    rows = evaluate(probs, labels, 0.1, Resplits(SCORES, splits=4, cal_fraction=0.5, seed=9, calibrations=BOTH), wsc_directions=8)
     assert len(rows) == len(score_names()) * 2 * 4 and set(rows[0]) == set(EVAL_COLUMNS)
-    assert [(r["score"], r["calibration"]) for r in rows[::4]] == [(s, c) for s in score_names() for c in CALIBRATIONS]
+    assert [(r["score"], r["calibration"]) for r in rows[::4]] == [(s, c) for s in score_names() for c in BOTH]
     cal, test = resplit(120, 4, 0.5, 9)
     u = example_uniforms(9, torch.arange(120))
     for row in rows:
@@ -65,7 +66,7 @@ def test_evaluate_matches_a_slow_loop_over_splits():
 
 def test_class_rows_match_a_slow_loop_and_add_up_to_the_marginal_rows():
     probs, labels = calibrated_data(120, 6, seed=0)
-    resplits = Resplits(SCORES, splits=4, cal_fraction=0.5, seed=9, calibrations=CALIBRATIONS)
+    resplits = Resplits(SCORES, splits=4, cal_fraction=0.5, seed=9, calibrations=BOTH)
     rows, marginal = evaluate_classes(probs, labels, 0.1, resplits), evaluate(probs, labels, 0.1, resplits, wsc_directions=8)
     assert len(rows) == len(score_names()) * 2 * 4 * 6 and set(rows[0]) == set(CLASS_COLUMNS)
     cal, test = resplit(120, 4, 0.5, 9)
@@ -116,10 +117,10 @@ def test_class_conditional_coverage_is_valid_in_every_class_where_marginal_is_no
     logits = torch.randn(900, 6, generator=generator, dtype=torch.float64)
     logits[torch.arange(900), labels] += torch.where(labels < 3, 4.0, 0.5)
     probs, alpha, splits = logits.softmax(dim=1), 0.1, 400
-    resplits = Resplits(score_functions(("hps", "aps")), splits=splits, cal_fraction=1 / 3, seed=3, calibrations=CALIBRATIONS)
+    resplits = Resplits(score_functions(("hps", "aps")), splits=splits, cal_fraction=1 / 3, seed=3, calibrations=BOTH)
     rows = evaluate_classes(probs, labels, alpha, resplits)
     for kind in ("hps", "aps"):
-        for calibration in CALIBRATIONS:
+        for calibration in BOTH:
             worst = 1.0
             for label in range(6):
                 part = [r for r in rows if (r["score"], r["calibration"], r["label"]) == (kind, calibration, label)]
@@ -136,7 +137,7 @@ def test_class_conditional_coverage_is_valid_in_every_class_where_marginal_is_no
 def test_too_few_calibration_points_give_full_sets():
     probs, labels = calibrated_data(50, 4, seed=3)
     with pytest.warns(UserWarning, match=r"needs at least 9 calibration points of a class; classes 0, 1, 2, 3 had fewer"):
-        rows = evaluate(probs, labels, 0.1, Resplits(SCORES, splits=3, cal_fraction=0.1, seed=0, calibrations=CALIBRATIONS),
+        rows = evaluate(probs, labels, 0.1, Resplits(SCORES, splits=3, cal_fraction=0.1, seed=0, calibrations=BOTH),
                         wsc_directions=4)  # m = 5 < 1/alpha
     for row in rows:
         assert math.isinf(row["q"]) if row["calibration"] == "marginal" else math.isnan(row["q"])
@@ -198,7 +199,79 @@ def test_bad_arguments_are_named():
         evaluate(probs, labels, 0.1, Resplits(SCORES, cal_fraction=0.01))
     with pytest.raises(ValueError, match="scores must map each score's name to its function"):
         Resplits(["hps"])
-    with pytest.raises(ValueError, match=r"calibrations must be some of marginal, class; got \('mondrian',\)"):
+    with pytest.raises(ValueError, match=r"calibrations must be some of marginal, class, cluster, rc3p; got \('mondrian',\)"):
         Resplits(SCORES, calibrations=("mondrian",))
     with pytest.raises(ValueError, match=r"probs must be \[n, K\] and labels \[n\]"):
         evaluate_classes(probs, labels[:-1], 0.1, Resplits(SCORES))
+
+
+def test_cluster_and_rc3p_rows_are_their_calibrations_on_each_resplit():
+    from dpsm_ray.conformal.classwise import clustered_calibration, label_ranks, rc3p_calibration
+    from dpsm_ray.seeding import derive_seed
+
+    probs, labels = calibrated_data(900, 5, seed=4)
+    resplits = Resplits(score_functions(("hps", "aps")), splits=3, cal_fraction=0.5, seed=2, calibrations=CALIBRATIONS)
+    rows = evaluate_classes(probs, labels, 0.1, resplits)
+    cal, test = resplit(900, 3, 0.5, 2)
+    u = example_uniforms(2, torch.arange(900))
+    ranks = label_ranks(probs)
+    for kind in ("hps", "aps"):
+        scores = score_matrix(probs, kind, u=u)
+        label_scores = scores[torch.arange(900), labels]
+        for split in range(3):
+            c, t = cal[split], test[split]
+            clustered = clustered_calibration(label_scores[c], labels[c], 5, 0.1, seed=derive_seed(2, "clusters"))
+            ranked = rc3p_calibration(label_scores[c], ranks[c, labels[c]], labels[c], 5, 0.1)
+            expected = {
+                "cluster": scores[t] <= clustered.thresholds,
+                "rc3p": (scores[t] <= ranked.thresholds) & (ranks[t] <= ranked.rank_limits),
+            }
+            for calibration, sets in expected.items():
+                part = [r for r in rows if (r["score"], r["calibration"], r["split"]) == (kind, calibration, split)]
+                for row in part:
+                    own = labels[t] == row["label"]
+                    assert row["coverage"] == pytest.approx(sets[own, row["label"]].double().mean().item())
+                    assert row["set_size"] == pytest.approx(sets[own].sum(1).double().mean().item())
+                q = clustered.thresholds if calibration == "cluster" else ranked.thresholds
+                assert [r["q"] for r in part] == q.tolist()
+
+
+def test_the_conditional_metrics_match_a_slow_loop():
+    probs, labels = calibrated_data(400, 6, seed=5)
+    resplits = Resplits(score_functions(("hps", "aps")), splits=2, cal_fraction=0.5, seed=1, calibrations=CALIBRATIONS)
+    rows = evaluate(probs, labels, 0.1, resplits, wsc_directions=4)
+    by_class = evaluate_classes(probs, labels, 0.1, resplits)
+    _, test = resplit(400, 2, 0.5, 1)
+    for row in rows:
+        part = [r for r in by_class if (r["score"], r["calibration"], r["split"]) == (row["score"], row["calibration"], row["split"])]
+        covered = [r["coverage"] for r in part if r["n_test"] > 0]
+        assert row["classes_under"] == sum(c < 0.9 for c in covered)
+        assert (row["class_coverage_min"], row["class_coverage_max"]) == (min(covered), max(covered))
+        # the set sizes, from the class rows' mean set size times their points
+        total = sum(r["set_size"] * r["n_test"] for r in part if r["n_test"])
+        assert total / row["n_test"] == pytest.approx(row["set_size"])
+        # ECE by hand: 15 bins of (0, 1] by the top probability
+        points = test[row["split"]].tolist()
+        bins = {}
+        for i in points:
+            top = probs[i].max().item()
+            b = min(max(math.ceil(top * 15), 1), 15) - 1
+            hit = float(probs[i].argmax().item() == labels[i].item())
+            bins.setdefault(b, []).append((hit, top))
+        ece = sum(abs(sum(h for h, _ in v) - sum(p for _, p in v)) for v in bins.values()) / len(points)
+        assert row["ece"] == pytest.approx(ece, abs=1e-12)
+        assert 0 <= row["empty_rate"] <= 1 and 0 <= row["singleton_rate"] <= 1
+
+
+def test_empty_and_singleton_rates_by_hand():
+    from dpsm_ray.conformal.metrics import class_coverage_range, classes_under, empty_rate, singleton_rate, top_label_ece
+
+    sets = torch.tensor([[False, False, False], [True, False, False], [True, True, False], [False, True, False]])
+    labels = torch.tensor([0, 0, 1, 1])
+    assert empty_rate(sets).item() == 0.25 and singleton_rate(sets).item() == 0.5
+    # class 0: covered once of twice (0.5); class 1: twice (1.0); class 2: no point
+    assert classes_under(sets, labels, 0.1).item() == 1
+    assert [v.item() for v in class_coverage_range(sets, labels)] == [0.5, 1.0]
+    # two points at top probability 0.9 (bin 14), one right; one at 0.5 (bin 7), right: (|1 - 1.8| + |1 - 0.5|) / 3
+    probs = torch.tensor([[0.9, 0.1], [0.1, 0.9], [0.5, 0.5]], dtype=torch.float64)
+    assert top_label_ece(probs, torch.tensor([0, 0, 0])).item() == pytest.approx((0.8 + 0.5) / 3)
