@@ -151,3 +151,59 @@ def test_rc3p_and_clustered_predictors_give_their_calibrations_sets_and_keep_the
     assert clustered.info["scores"]["hps"]["clusters"] == [-1] * 10
     assert torch.equal(clustered.sets_from_proba(test_probs, "hps", example_ids=test_ids).mask,
                        clustered.sets_from_proba(test_probs, "hps", calibration="marginal", example_ids=test_ids).mask)
+
+
+def test_evaluate_gives_the_metrics_of_evals_parquet(fashion):
+    from dpsm_ray.conformal import Resplits, evaluate
+
+    predictor, parts = fashion
+    (cal_probs, cal_labels, cal_ids), (test_probs, test_labels, test_ids) = parts["cal"], parts["test"]
+    probs, labels, ids = torch.cat([cal_probs, test_probs]), torch.cat([cal_labels, test_labels]), torch.cat([cal_ids, test_ids])
+    from dpsm_ray.conformal import resplit
+
+    seed = predictor.uniform_seed  # the evaluation's uniforms are the predictor's
+    cal, test = resplit(len(labels), 1, len(cal_labels) / len(labels), seed)
+    mine = predictor.calibrated(probs[cal[0]], labels[cal[0]], ALPHA, by="rc3p", example_ids=ids[cal[0]], data="part")
+    measured = mine.measure(probs[test[0]], labels[test[0]], example_ids=ids[test[0]])
+    resplits = Resplits(score_functions(("hps", "aps")), splits=1, cal_fraction=len(cal_labels) / len(labels), seed=seed,
+                        example_ids=ids, calibrations=("rc3p",))
+    rows = evaluate(probs, labels, ALPHA, resplits, wsc_directions=4)
+    for row in rows:
+        ours = measured[row["score"]]
+        for name in ("coverage", "set_size", "empty_rate", "singleton_rate", "classes_under", "class_coverage_min", "class_coverage_max",
+                     "ece"):
+            assert ours[name] == pytest.approx(row[name], abs=1e-12), (row["score"], name)
+
+
+def test_control_risk_bounds_the_class_weighted_miss_cost_on_held_out_points(fashion, tmp_path):
+    """A sandal (class 5) must rarely be missed, a shirt (6) may be often: the miss cost on the test
+    split stays under the level, and the predictor keeps its lambda through save and load."""
+    from dpsm_ray.conformal import miss_cost
+    from dpsm_ray.predict.predictor import PredictorError
+
+    predictor, parts = fashion
+    (cal_probs, cal_labels, cal_ids), (test_probs, test_labels, test_ids) = parts["cal"], parts["test"]
+    names = predictor.class_names
+    costs = {names[5]: 1.0, 6: 0.1, names[0]: 0.5}
+    level = 0.02
+    controlled = predictor.calibrated_risk(cal_probs, cal_labels, predictor.class_costs(costs), level, ALPHA, example_ids=cal_ids,
+                                           data="the calibration split")
+    controlled.save(tmp_path / "risk")
+    loaded = Predictor.load(tmp_path / "risk", device="cpu")
+    assert loaded.calibrated_by == "risk" and loaded.info["risk"]["costs"][5] == 1.0 and loaded.info["risk"]["costs"][1] == 0.0
+    weights = torch.tensor(loaded.info["risk"]["costs"], dtype=torch.float64)
+    for score in ("hps", "aps"):
+        mask = loaded.sets_from_proba(test_probs, score, example_ids=test_ids).mask
+        cost = float(miss_cost(mask, test_labels, weights))
+        spread = float((~mask[torch.arange(len(test_labels)), test_labels]).double().mul(weights[test_labels]).std()) / len(test_labels) ** 0.5
+        assert cost <= level + 3 * spread, (score, cost)
+        # classes that cost nothing may be missed far more often than at 1 - alpha: the sets are smaller than marginal ones
+        marginal = predictor.calibrated(cal_probs, cal_labels, ALPHA, example_ids=cal_ids, data="x").sets_from_proba(
+            test_probs, score, example_ids=test_ids).mask
+        assert mask.sum() < marginal.sum()
+    with pytest.raises(PredictorError, match="p-values are defined for the marginal and class calibrations; risk"):
+        loaded.p_values_from_proba(test_probs, "hps")
+    with pytest.raises(ValueError, match="costs: 'boots' is not a class of this predictor"):
+        predictor.class_costs({"boots": 1.0})
+    with pytest.raises(ValueError, match="control_risk"):
+        predictor.calibrated(cal_probs, cal_labels, ALPHA, by="risk", data="x")

@@ -15,7 +15,10 @@ import importlib
 # Shi et al. 2024: conformal/classwise.py).  Here, torch-free, so that the command line checks
 # --eval-calibrations before torch loads
 CALIBRATIONS = ("marginal", "class", "cluster", "rc3p")
-CALIBRATION_TITLES = {"marginal": "marginal", "class": "class-conditional", "cluster": "clustered", "rc3p": "RC3P"}
+# the sets a predictor gives: a calibration's, or conformal risk control's for a class-weighted miss cost
+# (``Predictor.control_risk``: conformal/risk.py), which needs the costs and a level beside the calibration points
+SET_RULES = (*CALIBRATIONS, "risk")
+CALIBRATION_TITLES = {"marginal": "marginal", "class": "class-conditional", "cluster": "clustered", "rc3p": "RC3P", "risk": "risk-controlled"}
 
 # where each name lives: dpsm_ray/conformal/<module>.py
 HANDED_ON = {
@@ -34,11 +37,20 @@ HANDED_ON = {
     "evaluate_classes": "evaluation",
     "resplit": "evaluation",
     "check_alpha": "levels",
+    "check_costs": "risk",
+    "check_level": "risk",
+    "crc_threshold": "risk",
+    "miss_cost": "risk",
     "min_calibration_size": "levels",
     "SSCV_BINS": "metrics",
     "accuracy": "metrics",
     "class_counts": "metrics",
     "class_coverage": "metrics",
+    "class_coverage_range": "metrics",
+    "classes_under": "metrics",
+    "empty_rate": "metrics",
+    "singleton_rate": "metrics",
+    "top_label_ece": "metrics",
     "class_prediction_sets": "metrics",
     "class_set_size": "metrics",
     "coverage": "metrics",
@@ -79,4 +91,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f"{__name__}.{HANDED_ON[name]}"), name)
 
 
-__all__ = sorted(["CALIBRATIONS", "CALIBRATION_TITLES", *HANDED_ON])
+__all__ = sorted(["CALIBRATIONS", "CALIBRATION_TITLES", "SET_RULES", *HANDED_ON])

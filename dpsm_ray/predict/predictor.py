@@ -42,10 +42,12 @@ if TYPE_CHECKING:
 from dpsm_ray import __version__
 from dpsm_ray.cards import check_score, model_card, model_choices, score_card, score_matrix, score_names
 from dpsm_ray.conformal import (
-    CALIBRATION_TITLES, CALIBRATIONS, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts, class_prediction_sets,
-    clustered_calibration, conformal_p_values, conformal_quantile, coverage, example_uniforms, label_ranks, label_scores,
-    min_calibration_size, prediction_sets, rank_sets, rc3p_calibration, set_size,
+    CALIBRATION_TITLES, CALIBRATIONS, SET_RULES, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts, class_coverage_range,
+    class_prediction_sets, classes_under, clustered_calibration, conformal_p_values, conformal_quantile, coverage, empty_rate,
+    example_uniforms, label_ranks, label_scores, min_calibration_size, prediction_sets, rank_sets, rc3p_calibration, set_size,
+    singleton_rate, top_label_ece,
 )
+from dpsm_ray.conformal.risk import check_costs, check_level, crc_threshold
 from dpsm_ray.data.preprocessing import InputSpec
 from dpsm_ray.files import CorruptFileError, atomic_write, read_checked_json, sha256_file, write_checked_json
 from dpsm_ray.seeding import counter_uniforms, derive_seed
@@ -55,7 +57,8 @@ FORMAT = "dpsm_ray predictor"
 # marginal sets without a word, so it refuses these); a marginal predictor is still written as 1.
 # 3: clustered or RC3P sets unless asked otherwise
 FORMAT_VERSION = 3
-CALIBRATION_FORMATS = {"marginal": 1, "class": 2, "cluster": 3, "rc3p": 3}
+CALIBRATION_FORMATS = {"marginal": 1, "class": 2, "cluster": 3, "rc3p": 3, "risk": 3}
+
 INFO_FILE = "predictor.json"
 WEIGHTS_FILE = "weights.pt"
 # the chunks of the sweep's evaluation (train.loop.EVAL_BATCH): the same forward passes give the
@@ -442,6 +445,10 @@ class Predictor:
         if how == "class":
             return self.class_thresholds(score), None
         entry = self.calibrated_entry(score)
+        if how == "risk":
+            if "risk_threshold" not in entry:
+                raise PredictorError("this predictor has no risk control; control_risk(x_cal, y_cal, costs, level) gives it")
+            return torch.full((self.num_classes,), _threshold(entry["risk_threshold"]), dtype=torch.float64), None
         if f"{how}_thresholds" not in entry:
             raise PredictorError(f"this predictor records no {how} thresholds (written before that calibration); "
                                  f"recalibrate(x_cal, y_cal, by={how!r}) gives them")
@@ -645,8 +652,8 @@ class Predictor:
         """``calibration`` checked (None: the predictor's own)."""
         if calibration is None:
             return self.calibrated_by
-        if calibration not in CALIBRATIONS:
-            raise ValueError(f"calibration must be one of {', '.join(CALIBRATIONS)}; got {calibration!r}")
+        if calibration not in SET_RULES:
+            raise ValueError(f"calibration must be one of {', '.join(SET_RULES)}; got {calibration!r}")
         return calibration
 
     def calibrated_entry(self, score: str) -> dict:
@@ -709,12 +716,59 @@ class Predictor:
         return self.calibrated(probs, labels, self.alpha if alpha is None else alpha, by=by, example_ids=example_ids,
                                data=data or f"{len(labels)} points passed to Predictor.recalibrate")
 
+    def control_risk(
+        self, x_cal, y_cal, costs, level: float, *, alpha: float | None = None, example_ids=None, data: str | None = None
+    ) -> Predictor:
+        """A new predictor, calibrated on ``(x_cal, y_cal)`` as ``recalibrate`` does (at ``alpha``,
+        default this one's), whose sets control the expected class-weighted miss cost at ``level``:
+        ``costs`` gives each class's cost of a miss in [0, 1] (a list of K, or a dict of class names or
+        indices, the others 0), and for every score lambda is conformal risk control's
+        (``dpsm_ray.conformal.risk``), so that E[cost of Y if Y is not in C(X)] <= level on new points
+        exchangeable with these.  Its sets are {y : S(x, y) <= lambda} unless asked otherwise
+        (``calibration="risk"``)."""
+        labels = self.label_indices(y_cal)
+        probs = self.ordered_proba(self.raw_inputs(x_cal))
+        if len(labels) != len(probs):
+            raise InputError(f"y_cal must hold one label per input: {len(probs)} inputs, {len(labels)} labels")
+        return self.calibrated_risk(probs, labels, self.class_costs(costs), level, self.alpha if alpha is None else alpha,
+                                    example_ids=example_ids, data=data or f"{len(labels)} points passed to Predictor.control_risk")
+
+    def class_costs(self, costs) -> torch.Tensor:
+        """``costs`` as a ``[K]`` tensor: a sequence of K, or a mapping of class names or indices to
+        costs (the classes it leaves out cost nothing)."""
+        if isinstance(costs, dict):
+            names, values = self.class_names or [], torch.zeros(self.num_classes, dtype=torch.float64)
+            for key, value in costs.items():
+                index = names.index(str(key)) if str(key) in names else key if isinstance(key, int) else None
+                if index is None or not 0 <= index < self.num_classes:
+                    raise InputError(f"costs: {key!r} is not a class of this predictor (a class name, or an index below {self.num_classes})")
+                values[index] = float(value)
+            costs = values
+        return check_costs(costs, self.num_classes)
+
+    def calibrated_risk(
+        self, probs: torch.Tensor, labels: torch.Tensor, costs: torch.Tensor, level: float, alpha: float, *, example_ids=None, data: str
+    ) -> Predictor:
+        """``control_risk`` from calibration probabilities already computed with this model."""
+        check_level(level)
+        calibrated = self.calibrated(probs, labels, alpha, example_ids=example_ids, data=data)
+        info = calibrated.info
+        for kind, entry in info["scores"].items():
+            own = label_scores(self.score_matrix(probs, kind, example_ids), labels)
+            entry["risk_threshold"] = _json_thresholds(torch.tensor([crc_threshold(own, labels, costs, level)]))[0]
+        info["risk"] = {"costs": costs.tolist(), "level": level}
+        info["calibration"]["by"] = "risk"
+        info["format_version"] = CALIBRATION_FORMATS["risk"]
+        return calibrated
+
     def calibrated(
         self, probs: torch.Tensor, labels: torch.Tensor, alpha: float, *, by: str = "marginal", example_ids=None, data: str
     ) -> Predictor:
         """``recalibrate`` from calibration probabilities already computed with this model."""
         check_alpha(alpha)
         by = self.calibration_of(by)
+        if by == "risk":
+            raise ValueError("risk-controlled sets need each class's miss cost and a level: control_risk(x_cal, y_cal, costs, level)")
         labels = check_labels(labels, self.num_classes)
         scores = {}
         label_rank = label_ranks(probs).gather(1, labels[:, None]).squeeze(1)
@@ -767,12 +821,18 @@ class Predictor:
         self, probs: torch.Tensor, labels: torch.Tensor, *, calibration: str | None = None, example_ids=None
     ) -> dict[str, dict[str, float]]:
         """Coverage and mean set size of every calibrated score on labelled probabilities, with its
-        sets of ``calibration`` (None: the predictor's own)."""
+        sets of ``calibration`` (None: the predictor's own), and the metrics of evals.parquet that
+        follow from the sets alone (docs/results.md): the empty-set and singleton rates, the classes
+        under 1 - alpha and the lowest and highest class coverage; and the ECE of the probabilities."""
         labels = check_labels(labels, self.num_classes)
-        measured = {}
+        measured, ece = {}, float(top_label_ece(probs, labels))
         for kind in self.info["scores"]:
             mask = self.sets_from_proba(probs, kind, calibration=calibration, example_ids=example_ids).mask
-            measured[kind] = {"coverage": float(coverage(mask, labels)), "set_size": float(set_size(mask))}
+            low, high = class_coverage_range(mask, labels)
+            measured[kind] = {"coverage": float(coverage(mask, labels)), "set_size": float(set_size(mask)),
+                              "empty_rate": float(empty_rate(mask)), "singleton_rate": float(singleton_rate(mask)),
+                              "classes_under": int(classes_under(mask, labels, self.alpha)), "class_coverage_min": float(low),
+                              "class_coverage_max": float(high), "ece": ece}
         return measured
 
     def evaluate(self, x, y, *, calibration: str | None = None, example_ids=None) -> dict[str, dict[str, float]]:
@@ -1017,8 +1077,15 @@ def check_info(info, where: str) -> None:
     need(isinstance(scores, dict) and set(scores) <= set(score_names()), "scores",
          f"must be an object keyed by {', '.join(score_names())} (a score of your own: register_score its card before loading)")
     calibration = info["calibration"]
-    need(calibration is None or (isinstance(calibration, dict) and calibration.get("by", "marginal") in CALIBRATIONS), "calibration.by",
-         f"must be one of {', '.join(CALIBRATIONS)}")
+    need(calibration is None or (isinstance(calibration, dict) and calibration.get("by", "marginal") in SET_RULES), "calibration.by",
+         f"must be one of {', '.join(SET_RULES)}")
+    risk = info.get("risk")
+    need((risk is None and (calibration or {}).get("by") != "risk")
+         or (isinstance(risk, dict) and isinstance(risk.get("costs"), list) and len(risk["costs"]) == model["num_classes"]
+             and all(isinstance(c, (int, float)) and not isinstance(c, bool) and 0 <= c <= 1 for c in risk["costs"])
+             and isinstance(risk.get("level"), float) and 0 < risk["level"] < 1),
+         "risk", f"must be null or {{\"costs\": {model['num_classes']} numbers in [0, 1], \"level\": a number in (0, 1)}}"
+         f"{' (calibration.by is risk)' if (calibration or {}).get('by') == 'risk' else ''}")
     by = calibration.get("by", "marginal") if isinstance(calibration, dict) else "marginal"
     by_class = by == "class"
     classes = model["num_classes"]
@@ -1041,6 +1108,8 @@ def check_info(info, where: str) -> None:
                  f"scores.{kind}.{how}_thresholds",
                  f"must be {classes} finite numbers or nulls, with {kept_as}: {classes} integers"
                  f"{' (calibration.by is ' + how + ')' if by == how else ''}")
+        need(_is_threshold(entry.get("risk_threshold")) and (risk is None) == ("risk_threshold" not in entry),
+             f"scores.{kind}.risk_threshold", "must be a finite number or null (infinite), there exactly when risk is")
         kept = entry.get("calibration_scores")
         need(kept is None or (isinstance(kept, list) and len(kept) == classes and all(_ascending_numbers(part) for part in kept)
                               and sum(map(len, kept)) == entry["calibration_points"]),
