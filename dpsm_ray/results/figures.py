@@ -403,7 +403,7 @@ class Curves:
     mean: pd.DataFrame  # method, epoch and ``columns``
     columns: list[str]  # the EPOCH_CURVES the rows have (older files lack some)
     methods: list[str]  # in the paper's order
-    quantile_methods: list[str]  # the methods with a quantile to learn or estimate: ConfTr's batch τ, DPSM's q
+    quantile_methods: list[str]  # the methods whose rows hold a quantile they learn or estimate (ConfTr's batch τ, DPSM's q)
     runs: pd.Series  # method -> how many runs its curves average
 
     def of(self, method: str) -> pd.DataFrame:
@@ -414,7 +414,19 @@ def epoch_curves(epochs: pd.DataFrame) -> Curves:
     columns = [c for c in EPOCH_CURVES if c in epochs.columns]
     mean = epochs.groupby(["method", "epoch"], sort=True)[columns].mean().reset_index()
     methods = ordered(mean["method"], method_order())
-    return Curves(mean, columns, methods, [m for m in methods if m in ("conftr", "dpsm")], epochs.groupby("method").run_id.nunique())
+    # the methods whose runs wrote the quantile diagnostics (an objective's training_quantiles): no list of names
+    estimated = set(epochs.loc[epochs["q_error"].notna(), "method"]) if "q_error" in epochs else set()
+    return Curves(mean, columns, methods, [m for m in methods if m in estimated], epochs.groupby("method").run_id.nunique())
+
+
+def learns_quantile(method: str) -> bool:
+    """Whether ``method``'s objective keeps a quantile as state (DPSM's q), rather than estimating
+    one from each batch (ConfTr's τ): its card's objective overrides ``learned_quantile``."""
+    from dpsm_ray.objectives.base import Objective
+
+    if method not in method_names():
+        return False
+    return method_card(method).objective_class().learned_quantile is not Objective.learned_quantile
 
 
 def losses_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
@@ -505,17 +517,12 @@ def q_error_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
     legend_below(fig, method_handles(methods) + keys)
     column = "q_error_train" if "q_error_train" in curves.columns else "q_error"
     measured = "; ".join(
-        f"{name_of(m)} ({'learned q' if m == 'dpsm' else 'batch τ'}) {change_text(curves.of(m), column)}" for m in methods
+        f"{name_of(m)} ({'learned q' if learns_quantile(m) else 'batch τ'}) {change_text(curves.of(m), column)}" for m in methods
     )
-    q_init = (context.q_init or {}).get("dpsm")
-    start = (
-        ""
-        if "dpsm" not in methods
-        else (
-            f" DPSM's q_0: {', '.join(f'{v} ({Q_INIT_WORDS.get(v, v)})' for v in q_init)}."
-            if q_init
-            else " DPSM's q_0: not recorded in these files."
-        )
+    start = "".join(
+        f" {name_of(m)}'s q_0: {', '.join(f'{v} ({Q_INIT_WORDS.get(v, v)})' for v in (context.q_init or {})[m])}."
+        if (context.q_init or {}).get(m) else f" {name_of(m)}'s q_0: not recorded in these files."
+        for m in methods if learns_quantile(m)
     )
     caption = (
         "|q − Q_n| with Q_n over the whole training split (solid, paper figure 3(a)) and over D1, the half q is fitted on"

@@ -475,3 +475,21 @@ def test_the_searches_table_counts_each_method_s_trials_by_outcome_and_names_its
     write_report(results, log=quiet)
     assert "| search | Sobol-sequence, 2 trials per knob of each method, at least 6 each (CE 6, CUT 6, DPSM 8) |" in (
         results / "report.md").read_text()
+
+
+def test_quantile_curves_follow_the_rows_not_a_list_of_method_names():
+    """VR-ConfTr estimates a batch quantile as ConfTr does: its rows hold the quantile diagnostics,
+    so its curves are drawn and labelled batch τ; DPSM's objective keeps q as state (learned q)."""
+    from dpsm_ray.results.figures import epoch_curves, learns_quantile, q_error_figure
+
+    rows = []
+    for method, error in (("ce", math.nan), ("vr_conftr", 0.05), ("dpsm", 0.02)):
+        for epoch in (1, 2):
+            rows.append({"method": method, "run_id": f"{method}-0", "epoch": epoch, "upper_loss": 1.0, "q_error": error / epoch,
+                         "q_error_train": error / epoch})
+    curves = epoch_curves(pd.DataFrame(rows))
+    assert curves.quantile_methods == ["dpsm", "vr_conftr"] or curves.quantile_methods == ["vr_conftr", "dpsm"]
+    assert "ce" not in curves.quantile_methods
+    assert learns_quantile("dpsm") and not learns_quantile("vr_conftr") and not learns_quantile("conftr")
+    figure, _ = q_error_figure(curves, Context(0.1, q_init={"dpsm": ["random"]}))
+    assert "VR-ConfTr (batch τ)" in figure.caption and "DPSM (learned q)" in figure.caption and "DPSM's q_0: random" in figure.caption
