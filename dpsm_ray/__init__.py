@@ -8,16 +8,13 @@ face hands on its modules' names as they are first used (PEP 562), from a table 
 
 from __future__ import annotations
 
-import importlib
+from dpsm_ray.lazy import handed_on
 
 __version__ = "0.1.0"
 HANDED_ON = {"Predictor": "predict.predictor"}  # where each name lives under dpsm_ray/
 
 
-def __getattr__(name: str):
-    if name not in HANDED_ON:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{HANDED_ON[name]}"), name)
+__getattr__ = handed_on(__name__, HANDED_ON)
 
 
 __all__ = ["Predictor", "__version__"]

@@ -8,7 +8,7 @@ size it needs -- is torch-free, so the command line checks alpha before torch lo
 
 from __future__ import annotations
 
-import importlib
+from dpsm_ray.lazy import handed_on
 
 # how a score is calibrated: one threshold (marginal); one per class (class-conditional, "Mondrian"); one per
 # cluster of alike classes (clustered, Ding et al. 2023); one per class with a limit on the label's rank (RC3P,
@@ -18,7 +18,9 @@ CALIBRATIONS = ("marginal", "class", "cluster", "rc3p")
 # the sets a predictor gives: a calibration's, or conformal risk control's for a class-weighted miss cost
 # (``Predictor.control_risk``: conformal/risk.py), which needs the costs and a level beside the calibration points
 SET_RULES = (*CALIBRATIONS, "risk")
-CALIBRATION_TITLES = {"marginal": "marginal", "class": "class-conditional", "cluster": "clustered", "rc3p": "RC3P", "risk": "risk-controlled"}
+CALIBRATION_TITLES = {
+    "marginal": "marginal", "class": "class-conditional", "cluster": "clustered", "rc3p": "RC3P", "risk": "risk-controlled",
+}
 
 # where each name lives: dpsm_ray/conformal/<module>.py
 HANDED_ON = {
@@ -85,10 +87,7 @@ HANDED_ON = {
 }
 
 
-def __getattr__(name: str):
-    if name not in HANDED_ON:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{HANDED_ON[name]}"), name)
+__getattr__ = handed_on(__name__, HANDED_ON)
 
 
 __all__ = sorted(["CALIBRATIONS", "CALIBRATION_TITLES", "SET_RULES", *HANDED_ON])

@@ -65,7 +65,8 @@ class Resplits:
     score's name -> its function ``(probs [n, K], u [n]) -> scores [n, K]``;
     ``dpsm_ray.cards.score_functions`` gives the cards') and every calibration in ``calibrations``
     (``marginal``, the default: ``conformal_quantile``; ``class``: ``class_conformal_quantile``, a
-    threshold per class; ``cluster`` and ``rc3p``: ``conformal.classwise``; ``CALIBRATIONS``: all).  APS/RAPS/SAPS/top-k uniforms are drawn per example from ``(seed, example_ids)`` (default
+    threshold per class; ``cluster`` and ``rc3p``: ``conformal.classwise``; ``CALIBRATIONS``: all).  APS/RAPS/SAPS/top-k
+    uniforms are drawn per example from ``(seed, example_ids)`` (default
     ``arange(n)``), so they do not depend on order or batching."""
 
     scores: Mapping[str, Callable]
@@ -116,7 +117,8 @@ class Resplits:
                     sets = class_prediction_sets(all_scores[test], q)
                 else:
                     label_rank = ranks.gather(1, labels[:, None]).squeeze(1)
-                    found = [rc3p_calibration(cal_scores[r], label_rank[cal[r]], labels[cal[r]], num_classes, alpha) for r in range(self.splits)]
+                    found = [rc3p_calibration(cal_scores[r], label_rank[cal[r]], labels[cal[r]], num_classes, alpha)
+                             for r in range(self.splits)]
                     q, limits = torch.stack([f.thresholds for f in found]), torch.stack([f.rank_limits for f in found])
                     sets = rank_sets(all_scores[test], q, ranks[test], limits)
                 yield Calibrated(kind, calibration, cal, test, q, sets, limits)

@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 from dpsm_ray import __version__
 from dpsm_ray.cards import check_score, model_card, model_choices, score_card, score_matrix, score_names
 from dpsm_ray.conformal import (
-    CALIBRATION_TITLES, CALIBRATIONS, SET_RULES, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts, class_coverage_range,
-    class_prediction_sets, classes_under, clustered_calibration, conformal_p_values, conformal_quantile, coverage, empty_rate,
-    example_uniforms, label_ranks, label_scores, min_calibration_size, prediction_sets, rank_sets, rc3p_calibration, set_size,
+    CALIBRATION_TITLES, CALIBRATIONS, SET_RULES, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts,
+    class_coverage_range, class_prediction_sets, classes_under, clustered_calibration, conformal_p_values, conformal_quantile, coverage,
+    empty_rate, example_uniforms, label_ranks, label_scores, min_calibration_size, prediction_sets, rank_sets, rc3p_calibration, set_size,
     singleton_rate, top_label_ece,
 )
 from dpsm_ray.conformal.risk import check_costs, check_level, crc_threshold
@@ -741,7 +741,8 @@ class Predictor:
             for key, value in costs.items():
                 index = names.index(str(key)) if str(key) in names else key if isinstance(key, int) else None
                 if index is None or not 0 <= index < self.num_classes:
-                    raise InputError(f"costs: {key!r} is not a class of this predictor (a class name, or an index below {self.num_classes})")
+                    raise InputError(f"costs: {key!r} is not a class of this predictor (a class name, or an index below "
+                                     f"{self.num_classes})")
                 values[index] = float(value)
             costs = values
         return check_costs(costs, self.num_classes)

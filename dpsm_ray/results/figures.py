@@ -389,7 +389,8 @@ def class_coverage_figure(classes: pd.DataFrame, alpha: float, calibration: str 
     if calibration == "class":
         return Figure("class_coverage_classwise", "Class-conditional coverage of class-conditional sets", caption), fig
     if calibration != "marginal":
-        return Figure(f"class_coverage_{calibration}", f"Class-conditional coverage of {CALIBRATION_TITLES[calibration]} sets", caption), fig
+        title = f"Class-conditional coverage of {CALIBRATION_TITLES[calibration]} sets"
+        return Figure(f"class_coverage_{calibration}", title, caption), fig
     return Figure("class_coverage", "Class-conditional coverage", caption), fig
 
 

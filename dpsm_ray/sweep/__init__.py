@@ -8,18 +8,12 @@ The names load on first use, so that ``dpsm_ray.sweep.options`` can refuse a bad
 before torch and Ray are imported (seconds on a busy machine).
 """
 
-_NAMES = {
-    "SweepOutOfSpace": "dpsm_ray.sweep.protocol", "run_sweep": "dpsm_ray.sweep.protocol",
-    "SweepError": "dpsm_ray.sweep.spec", "SweepInterrupted": "dpsm_ray.sweep.spec", "SweepSpec": "dpsm_ray.sweep.spec",
-}
+from dpsm_ray.lazy import handed_on
+
+HANDED_ON = {"SweepOutOfSpace": "protocol", "run_sweep": "protocol", "SweepError": "spec", "SweepInterrupted": "spec", "SweepSpec": "spec"}
 
 
-def __getattr__(name: str):
-    if name in _NAMES:
-        import importlib
-
-        return getattr(importlib.import_module(_NAMES[name]), name)
-    raise AttributeError(f"module 'dpsm_ray.sweep' has no attribute {name!r}")
+__getattr__ = handed_on(__name__, HANDED_ON)
 
 
 __all__ = ["SweepError", "SweepInterrupted", "SweepOutOfSpace", "SweepSpec", "run_sweep"]

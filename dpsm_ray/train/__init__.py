@@ -12,19 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpsm_ray.config import ConfigError, TrainConfig
+from dpsm_ray.lazy import handed_on
 
 if TYPE_CHECKING:
     from dpsm_ray.train.loop import RunResult
 
-LAZY = {"LocalEnv": "env", "pick_device": "env", "DivergedError": "loop", "RunResult": "loop", "train": "loop"}
+HANDED_ON = {"LocalEnv": "env", "pick_device": "env", "DivergedError": "loop", "RunResult": "loop", "train": "loop"}
 
 
-def __getattr__(name: str):
-    if name in LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"dpsm_ray.train.{LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = handed_on(__name__, HANDED_ON)
 
 
 def run_training(config: TrainConfig, out_dir: str | os.PathLike | None = None, log=None, **ray_options) -> RunResult:
