@@ -4,6 +4,7 @@
     dpsm-ray sweep --dataset fonts --methods ce,dpsm --trials-per-knob 4 [--config FILE.yaml]
     dpsm-ray report results/digits
     dpsm-ray export results/digits --method dpsm --out predictors/dpsm
+    dpsm-ray export predictors/dpsm --format onnx --out portable/dpsm
     dpsm-ray calibrate --model mlp --weights model.pt --dataset digits --out predictors/mine
     dpsm-ray predict predictors/dpsm --input digits.npy --out sets.parquet
     dpsm-ray serve predictors/dpsm
@@ -152,24 +153,42 @@ def input_example(dataset: str) -> str:
 
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from dpsm_ray.predict.export import export_chosen
+    from dpsm_ray.predict.predictor import INFO_FILE
     from dpsm_ray.results.layout import SWEEP_FILE
 
-    results = Path(args.results)
-    if not (results / SWEEP_FILE).is_file():
-        parser.exit(
-            2,
-            f"{parser.prog}: error: {results} is not a sweep's results directory (no sweep.json); a run's --out holds its predictor in"
-            f" {PREDICTOR_DIR}/\n",
-        )
+    source = Path(args.source)
+    sweep, predictor = (source / SWEEP_FILE).is_file(), (source / INFO_FILE).is_file()
+    problem = None
+    if not sweep and not predictor:
+        problem = (f"{source} is neither a sweep's results directory (no sweep.json) nor a predictor directory (no predictor.json); "
+                   f"a run's --out holds its predictor in {PREDICTOR_DIR}/")
+    elif sweep and args.method is None:
+        problem = f"{source} is a sweep's results directory: --method names the method whose final model to export"
+    elif predictor and (args.method is not None or args.seed is not None):
+        problem = f"{source} is a predictor directory: --method and --seed choose among a sweep's final models"
+    elif predictor and args.format == "predictor":
+        problem = f"{source} is a predictor already: --format torchscript or onnx exports it to run without dpsm_ray"
+    elif args.format == "predictor" and (args.score is not None or args.calibration is not None):
+        problem = "--score and --calibration choose the sets of --format torchscript or onnx; a predictor directory holds them all"
+    if problem is not None:
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
     try:
-        export_chosen(results, args.method, args.out, seed=args.seed, overwrite=args.overwrite)
+        if args.format == "predictor":
+            from dpsm_ray.predict.export import export_chosen
+
+            export_chosen(source, args.method, args.out, seed=args.seed, overwrite=args.overwrite)
+        else:
+            from dpsm_ray.predict.portable import export_source
+
+            export_source(source, args.out, args.format, method=args.method, seed=args.seed, score=args.score,
+                          calibration=args.calibration, overwrite=args.overwrite, trust_code=args.trust_code)
     except (ValueError, FileNotFoundError) as error:  # PredictorError, CorruptFileError and UnreadableResults are ValueErrors
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     return 0
 
 
 def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from dpsm_ray.conformal import CALIBRATION_TITLES
     from dpsm_ray.predict.inputs import open_inputs
     from dpsm_ray.predict.predictions import output_format, write_sets
     from dpsm_ray.predict.predictor import Predictor
@@ -193,17 +212,22 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if source.skipped:
         print(f"skipped {len(source.skipped)} files that are not readable images (--skip-unreadable; e.g. {source.skipped[0]})",
               file=sys.stderr)
-    if calibration == "class":
-        thresholds = predictor.class_thresholds(args.score)
+    if calibration == "risk":
+        risk = predictor.info["risk"]
+        lam = predictor.set_thresholds(args.score, "risk")[0][0].item()
+        how = f"risk-controlled: lambda {lam:.4f}, expected miss cost <= {risk['level']:g}"
+    elif calibration != "marginal":
+        title = CALIBRATION_TITLES[calibration]
+        thresholds, _ = predictor.set_thresholds(args.score, calibration)
         finite = thresholds[thresholds.isfinite()]
-        short = predictor.fallback_classes(args.score)
+        short = predictor.fallback_classes(args.score) if calibration in ("class", "rc3p") else []
         if short:
             named = ", ".join(f"{k} ({predictor.class_names[k]!r})" if predictor.class_names else str(k) for k in short[:20])
             print(f"warning: {len(short)} class{'es' if len(short) > 1 else ''} had too few calibration points for a finite threshold at "
-                  f"alpha={predictor.alpha:g} -- {named}{', ...' if len(short) > 20 else ''}: every class-conditional set holds them",
+                  f"alpha={predictor.alpha:g} -- {named}{', ...' if len(short) > 20 else ''}: every {title} set holds them",
                   file=sys.stderr)
-        how = (f"class-conditional: q {float(finite.min()):.4f} .. {float(finite.max()):.4f} over {len(finite)} classes" if len(finite)
-               else "class-conditional: every class threshold infinite")
+        how = (f"{title}: q {float(finite.min()):.4f} .. {float(finite.max()):.4f} over {len(finite)} classes" if len(finite)
+               else f"{title}: every class threshold infinite")
     else:
         how = f"q {predictor.threshold(args.score):.4f}"
     sizes = rows["set_size"]
@@ -420,22 +444,38 @@ def add_report_command(commands) -> None:
 
 
 def add_export_command(commands) -> None:
-    """``dpsm-ray export RESULTS --method M``."""
+    """``dpsm-ray export SOURCE [--method M] --out DIR [--format predictor|torchscript|onnx]``."""
+    from dpsm_ray.conformal import SET_RULES
+    from dpsm_ray.predict.portable import MODEL_FILES
+
     export = commands.add_parser(
         "export",
         allow_abbrev=False,
-        help="copy a sweep's final model of a method out as a conformal predictor",
+        help="copy a sweep's final model of a method out as a conformal predictor, or export a predictor to run without dpsm_ray",
         description="Copy the predictor of METHOD out of a sweep's RESULTS/predictors/ into OUT (docs/predictor.md): by default the final "
         "model chosen on validation data alone (the smallest validation set size among the method's seeds whose validation coverage "
-        "reaches the sweep's floor), or --seed S's. Builds RESULTS/predictors/ first for a sweep finished without it.",
+        "reaches the sweep's floor), or --seed S's. Builds RESULTS/predictors/ first for a sweep finished without it. With --format "
+        "torchscript or onnx, OUT holds instead one score's sets under one calibration for torch alone, or onnxruntime and numpy: the "
+        "network with its input preparation (model.pt or model.onnx: raw inputs in, scores and ranks out), thresholds.json and LOAD.md, "
+        "the loader; SOURCE may then be a predictor directory too.",
     )
-    export.add_argument("results", metavar="RESULTS", help="a sweep's --results-dir")
+    export.add_argument("source", metavar="SOURCE",
+                        help="a sweep's --results-dir (with --method), or, with --format torchscript or onnx, a predictor directory")
     export.add_argument(
-        "--method", required=True, help=f"the method whose final model to export: one the sweep ran ({', '.join((*METHODS, BASE_MODEL))})"
+        "--method", help=f"the method whose final model to export: one the sweep ran ({', '.join((*METHODS, BASE_MODEL))})"
     )
     export.add_argument("--seed", type=int, help="that final seed's model instead of the chosen one")
-    export.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write (predictor.json and weights.pt)")
-    export.add_argument("--overwrite", action="store_true", help="replace a predictor already in --out")
+    export.add_argument("--out", required=True, metavar="DIR", help="the directory to write (predictor.json and weights.pt; with "
+                        "--format torchscript or onnx the model file, thresholds.json and LOAD.md)")
+    export.add_argument("--format", default="predictor", choices=("predictor", *MODEL_FILES),
+                        help="predictor: a predictor directory, for dpsm_ray's predict and serve; torchscript (model.pt) or onnx "
+                        "(model.onnx, needs pip install \"dpsm_ray[onnx]\"): one score's sets that run without dpsm_ray "
+                        "(default: %(default)s)")
+    export.add_argument("--score", choices=score_names(), help="the exported sets' non-conformity score (default: hps)")
+    export.add_argument("--calibration", choices=SET_RULES,
+                        help="the exported sets' calibration (docs/predictor.md) (default: the predictor's own)")
+    export.add_argument("--overwrite", action="store_true", help="replace a predictor, or an export, already in --out")
+    export.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     export.set_defaults(handler=cmd_export, parser=export)
 
 
@@ -477,6 +517,8 @@ def add_calibrate_command(commands) -> None:
 
 def add_predict_command(commands) -> None:
     """``dpsm-ray predict PREDICTOR --input PATH --out FILE``."""
+    from dpsm_ray.conformal import SET_RULES
+
     predict = commands.add_parser(
         "predict",
         allow_abbrev=False,
@@ -512,10 +554,12 @@ def add_predict_command(commands) -> None:
     predict.add_argument("--score", default="hps", choices=score_names(), help="non-conformity score (default: %(default)s)")
     predict.add_argument(
         "--calibration",
-        choices=("marginal", "class"),
+        choices=SET_RULES,
         help="marginal: one threshold per score, 1 - alpha coverage on average; class: a threshold per class, 1 - alpha coverage in every "
-        "class (usually larger sets; a class with too few calibration points is in every set) (default: the predictor's own, "
-        "recalibrate's by=)",
+        "class (usually larger sets; a class with too few calibration points is in every set); cluster: a threshold per cluster of alike "
+        "classes (Ding et al. 2023); rc3p: a threshold and a limit on the label's rank per class (Shi et al. 2024); risk: the expected "
+        "class-weighted miss cost at most its level (conformal risk control, a predictor from Predictor.control_risk) (default: the "
+        "predictor's own, recalibrate's by=)",
     )
     predict.add_argument("--probabilities", action="store_true", help="add each input's softmax row (list<double>)")
     predict.add_argument(

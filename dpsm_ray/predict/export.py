@@ -320,6 +320,23 @@ def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLik
     results, out = Path(results), Path(out)
     if (out / INFO_FILE).exists() and not overwrite:
         raise PredictorError(f"--out {out} holds a predictor already; choose another directory, or --overwrite it")
+    source, why = chosen_predictor(results, method, seed, log=log)
+    if out.exists() and any(out.iterdir()) and not (out / INFO_FILE).exists():
+        raise PredictorError(f"--out {out} is a non-empty directory without a predictor in it; choose a new or empty directory")
+    predictor = Predictor.load(source, device="cpu")
+    predictor.save(out, provenance={"exported_from": str(source.resolve()), "chosen_by": why}, overwrite=overwrite)
+    log(f"{method}: {source.name} ({'chosen on validation data' if seed is None else why}) -> {out}")
+    warning = chance_line(predictor)
+    if warning is not None:
+        log(warning)
+    return out
+
+
+def chosen_predictor(results: str | os.PathLike, method: str, seed: int | None = None, log=print) -> tuple[Path, str]:
+    """The directory of ``method``'s predictor in the sweep in ``results`` -- its final model chosen on
+    validation data (``CHOICE_RULE``), or seed ``seed``'s -- and why it is that one; builds the sweep's
+    predictors first when it has none (a sweep finished before predictors existed)."""
+    results = Path(results)
     index = read_index(results)
     if index is None:
         log(f"{results} has no predictors yet: exporting its final models")
@@ -342,13 +359,4 @@ def export_chosen(results: str | os.PathLike, method: str, out: str | os.PathLik
         entry, why = mine[seed], f"--seed {seed}"
     else:
         raise PredictorError(f"--seed {seed}: the sweep's final {method} models have the seeds {', '.join(map(str, sorted(mine)))}")
-    if out.exists() and any(out.iterdir()) and not (out / INFO_FILE).exists():
-        raise PredictorError(f"--out {out} is a non-empty directory without a predictor in it; choose a new or empty directory")
-    source = results / entry["directory"]
-    predictor = Predictor.load(source, device="cpu")
-    predictor.save(out, provenance={"exported_from": str(source.resolve()), "chosen_by": why}, overwrite=overwrite)
-    log(f"{method}: {entry['name']} ({'chosen on validation data' if seed is None else why}) -> {out}")
-    warning = chance_line(predictor)
-    if warning is not None:
-        log(warning)
-    return out
+    return results / entry["directory"], why
