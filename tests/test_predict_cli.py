@@ -328,3 +328,27 @@ def test_an_npz_with_labels_y_reports_coverage_and_a_bad_format_is_named(digits_
     with pytest.raises(SystemExit):
         predict(directory, "--input", tmp_path / "bad.npz", "--out", tmp_path / "s.parquet")
     assert "'y' must hold class indices in 0..9" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("calibration", ["cluster", "rc3p", "risk"])
+def test_clustered_rc3p_and_risk_controlled_sets_are_the_predictor_s(digits_predictor, tmp_path, capsys, calibration):
+    _, predictor, x = digits_predictor
+    data = load_splits("digits", seed=0)
+    cal_x, cal_y = data.cal.source.inputs[data.cal.ids], data.cal.labels
+    mine = predictor.control_risk(cal_x, cal_y, {"3": 1.0, 8: 0.5}, 0.05, example_ids=data.cal.ids)
+    directory = mine.save(tmp_path / "predictor")
+    numpy.savez(tmp_path / "x.npz", x=x.numpy(), ids=numpy.arange(700, 750))
+    out = tmp_path / "sets.parquet"
+    assert predict(directory, "--input", tmp_path / "x.npz", "--out", out, "--score", "aps", "--calibration", calibration) == 0
+    rows = pq.read_table(out).to_pylist()
+    assert [r["set"] for r in rows] == mine.predict_sets(x, "aps", calibration=calibration, example_ids=torch.arange(700, 750)).lists
+    metadata = read_metadata(out)
+    assert metadata["calibration"] == calibration and len(metadata["class_thresholds"]) == 10
+    assert ("rank_limits" in metadata) == (calibration == "rc3p")
+    printed = capsys.readouterr().out
+    assert {"cluster": "(clustered: q", "rc3p": "(RC3P: q", "risk": "(risk-controlled: lambda"}[calibration] in printed
+    if calibration == "risk":
+        assert "expected miss cost <= 0.05" in printed
+        with pytest.raises(SystemExit) as exited:
+            predict(directory, "--input", tmp_path / "x.npz", "--out", tmp_path / "p.parquet", "--p-values")
+        assert exited.value.code == 2 and "p-values are defined for the marginal and class calibrations; risk" in capsys.readouterr().err

@@ -121,7 +121,8 @@ def comparison_caption(found: list[dict]) -> str:
 
 
 # evals.parquet's columns added later, shown where a sweep wrote them (older results keep their tables)
-LATER_DETAILS = {"empty_rate": ("empty sets", 3), "singleton_rate": ("singletons", 3), "ece": ("ECE", 3)}
+LATER_DETAILS = {"empty_rate": ("empty sets", 3), "singleton_rate": ("singletons", 3), "classes_under": ("classes below 1 − α", 1),
+                 "ece": ("ECE", 3)}
 
 
 def details_table(evals: pd.DataFrame) -> list[list[str]]:

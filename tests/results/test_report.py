@@ -493,3 +493,15 @@ def test_quantile_curves_follow_the_rows_not_a_list_of_method_names():
     assert learns_quantile("dpsm") and not learns_quantile("vr_conftr") and not learns_quantile("conftr")
     figure, _ = q_error_figure(curves, Context(0.1, q_init={"dpsm": ["random"]}))
     assert "VR-ConfTr (batch τ)" in figure.caption and "DPSM (learned q)" in figure.caption and "DPSM's q_0: random" in figure.caption
+
+
+def test_the_details_table_shows_the_later_metrics_only_where_a_sweep_wrote_them():
+    from dpsm_ray.results.report import details_table
+
+    rows = [{"method": "dpsm", "score": "hps", "run_id": "r", "coverage": 0.9, "set_size": 1.5, "covgap": 2.0, "sscv": 0.1, "wsc": 0.8,
+             "accuracy": 0.7, "empty_rate": e, "singleton_rate": 0.5, "classes_under": c, "ece": 0.04} for e, c in ((0.1, 3), (0.2, 5))]
+    new = details_table(pd.DataFrame(rows))
+    assert new[0][-5:] == ["empty sets", "singletons", "classes below 1 − α", "ECE", "models"]
+    assert new[1][-5:] == ["0.150 ± 0.071", "0.500 ± 0.000", "4.0 ± 1.4", "0.040 ± 0.000", "1"]
+    older = details_table(pd.DataFrame(rows).drop(columns=["empty_rate", "singleton_rate", "classes_under", "ece"]))
+    assert older[0] == ["method", "score", "coverage", "set size", "CovGap %", "SSCV", "WSC", "accuracy", "models"]
