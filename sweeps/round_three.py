@@ -1,0 +1,268 @@
+"""Round three of the fidelity study (docs/fidelity.md, "Round three": its criterion, written before
+any of its runs): the paper's headline regime with room for the gain -- 79 Greek and Cyrillic classes
+that the backbone never saw, few shots of each, two backbones.
+
+    python sweeps/round_three.py --stage backbones --out results/round_three   # LeNet on the 62 digits and Latin letters, seeds 0 and 1
+    python sweeps/round_three.py --stage regime --out results/round_three      # the shots: the first of 40, 20, 10 in the regime
+    python sweeps/round_three.py --stage backbones --quick                     # a smoke run (2 epochs) of a stage, into
+    python sweeps/round_three.py --stage regime --quick                        #   results/round_three-quick
+
+The stages run in the criterion's order, each on what the one before it wrote; a later stage (the
+searches, the references and the searched arms, the sharp arms, the verdict from compact results) is
+added here when it runs (issue 67).  Every stage resumes: run it again and what is done is read, not
+trained, and a run stopped part way continues from its checkpoint.  One torch thread and no data
+workers, as a study's trials have (``round_two.EVALUATION``): the thread count decides the sums'
+order, and with it the weights (docs/fidelity.md, "2.79 against 2.97, measured").
+
+- *backbones*: each backbone is the service's own command (docs/datasets.md), run in this process:
+
+      dpsm-ray train --dataset fonts:classes=62,noise=20,eval=5 --method ce --model lenet --epochs 20 --milestones 10 15 \\
+          --batch-size 64 --lr 0.05 --data-workers 0 --seed S --out OUT/backbones/seed-S        # S = 0, 1
+
+  Seeds 0-4 of every arm use backbone 0, seeds 5-9 backbone 1.  ``OUT/backbones.json``: each one's
+  test accuracy and sets on its own data (the held-out typefaces of its 62 classes).
+- *regime*: for 40, 20 and 10 shots in that order, backbone 0's seed-0 CE base model -- the study's
+  ``base`` arm, trained and evaluated by the code a study's trial runs (a new seeded head, 30 epochs,
+  lr 0.01 divided by 10 at 15 and 25, batch 64; 10 calibration/test re-splits) -- until one is in
+  the regime: test accuracy >= 0.75 and HPS sets at alpha 0.1 in [1.4, 3.5].  ``OUT/regime.json``:
+  the table and the shots chosen (null: the regime is not reached, and round three stops there).
+
+Each stage's JSON records, for each run, the commit of the ``dpsm_ray`` it imported (and the tracked
+files that differed from it), this script's sha256 and the wall seconds of the call that finished it.
+"""
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from round_two import DATASETS as ROUND_TWO
+
+from dpsm_ray.results.studies import Arm
+
+BACKBONE_DATA = "fonts:classes=62,noise=20,eval=5"  # the 62 digits and Latin letters of FONT_CLASSES
+BACKBONE_SEEDS = (0, 1)
+BACKBONE_TRAINING = ("--method", "ce", "--model", "lenet", "--epochs", "20", "--milestones", "10", "15", "--batch-size", "64",
+                     "--lr", "0.05", "--data-workers", "0")
+QUICK_BACKBONE = ("--epochs", "2", "--milestones", "1", "--train-subset", "1240")  # 20 images a class
+SHOTS = (40, 20, 10)  # Caltech-101 has about 43 training images a class; fewer only if 40 is not in the regime
+REGIME_ACCURACY = 0.75
+REGIME_HPS = (1.4, 3.5)  # the paper's Caltech CE range (1.57 ResNet, 3.50 DenseNet), a little room below
+BASE_ARM = Arm("base", "CE base model, not fine-tuned (the paper's CE column)", {"method": "base", "epochs": 0})
+PREFIX = "round_three"
+
+
+def target(shots: int) -> str:
+    """The 79 Greek and Cyrillic classes, ``shots`` training images of each from the held-out faces."""
+    return f"fonts_transfer:classes=79,first=62,shots={shots},eval=5,noise=20,backbone_classes=62"
+
+
+def common_settings(shots: int, backbone: Path, quick: bool) -> dict:
+    """The study's common settings on ``backbone``: round two's fonts_transfer recipe (the base
+    model's schedule, the official fine-tuning schedule, the evaluation), on round three's target."""
+    recipe = ROUND_TWO["fonts_transfer"]
+    quick_settings = {k: v for k, v in recipe["quick"]["common"].items() if k != "dataset"} if quick else {}
+    return {**recipe["common"], **quick_settings, "dataset": target(shots), "pretrained_path": str(backbone)}
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def source() -> dict:
+    """What made the results: the commit of the imported ``dpsm_ray`` (with its tracked files that
+    differ from it, none in a clean checkout) and this script's sha256."""
+    import dpsm_ray
+    from dpsm_ray.files import sha256_file
+
+    tree = Path(dpsm_ray.__file__).resolve().parents[1]
+
+    def git(*arguments: str) -> str:
+        return subprocess.run(["git", "-C", str(tree), *arguments], capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD") or None, "modified": git("status", "--porcelain", "--untracked-files=no").splitlines(),
+            "package": str(tree), "script": str(Path(__file__).resolve()), "script_sha256": sha256_file(__file__)}
+
+
+def read_record(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def scores_summary(run: Path) -> dict:
+    """A finished run's test metrics: the mean over its calibration/test re-splits of each score's
+    set size and coverage, and the test accuracy."""
+    import pandas as pd
+
+    from dpsm_ray.results.layout import PARQUET
+    from dpsm_ray.results.tables import calibration_rows, summarise
+
+    evals = calibration_rows(pd.read_parquet(run / PARQUET["evals"]))
+    summary = summarise(evals).set_index("score")
+    return {"accuracy": float(summary.loc["hps", "accuracy"]), "splits": int(evals.split.nunique()),
+            **{f"{score}_set_size": float(row.set_size) for score, row in summary.iterrows()},
+            **{f"{score}_coverage": float(row.coverage) for score, row in summary.iterrows()}}
+
+
+def finished(run: Path) -> bool:
+    from dpsm_ray.results.layout import PARQUET
+
+    return (run / PARQUET["classes"]).is_file()  # write_run's last file
+
+
+# ----------------------------------------------------------------------------- the stages
+
+
+def backbones(out: Path, quick: bool) -> dict:
+    """Pretrain the backbones (``dpsm-ray train``, in this process) that are not finished; their
+    test metrics on their own data."""
+    from dpsm_ray.cli import PREDICTOR_DIR, main as dpsm_ray
+    from dpsm_ray.files import write_json
+
+    path = out / "backbones.json"
+    record = read_record(path)
+    for seed in BACKBONE_SEEDS:
+        run = backbone_dir(out, seed)
+        key = f"seed-{seed}"
+        if finished(run) and (run / PREDICTOR_DIR).is_dir() and key in record.get("runs", {}):
+            say(f"backbone {seed}: done ({run})")
+            continue
+        argv = ["train", "--dataset", BACKBONE_DATA, *BACKBONE_TRAINING, *(QUICK_BACKBONE if quick else ()), "--seed", str(seed),
+                "--out", str(run)]
+        resumed = (run / "checkpoint.pt").is_file()
+        say(f"backbone {seed}: {'resuming' if resumed else 'training'}: dpsm-ray {shlex.join(argv)}")
+        started = time.perf_counter()
+        status = dpsm_ray(argv)
+        seconds = time.perf_counter() - started
+        if status:
+            raise SystemExit(status)
+        record.setdefault("runs", {})[key] = {"seed": seed, "dataset": BACKBONE_DATA, "command": f"dpsm-ray {shlex.join(argv)}",
+                                              **scores_summary(run), "wall_seconds": seconds, "resumed": resumed, "source": source()}
+        write_json(path, record)
+        say(f"backbone {seed}: {seconds:.0f} s")
+    say(backbones_table(record))
+    return record
+
+
+def backbone_dir(out: Path, seed: int) -> Path:
+    return out / "backbones" / f"seed-{seed}"
+
+
+def backbones_table(record: dict) -> str:
+    lines = [f"backbones on {BACKBONE_DATA} (test split, mean over calibration/test re-splits, alpha 0.1)",
+             "| backbone | test accuracy | HPS size (coverage) | APS size | RAPS size | wall time |", "|---|---|---|---|---|---|"]
+    for run in (record["runs"][f"seed-{seed}"] for seed in BACKBONE_SEEDS if f"seed-{seed}" in record["runs"]):
+        lines.append(f"| {run['seed']} | {run['accuracy']:.3f} | {run['hps_set_size']:.3f} ({run['hps_coverage']:.3f}) | "
+                     f"{run['aps_set_size']:.3f} | {run['raps_set_size']:.3f} | {run['wall_seconds']:.0f} s |")
+    return "\n".join(lines)
+
+
+def regime(out: Path, quick: bool) -> dict:
+    """The regime check: backbone 0's seed-0 CE base model at 40, 20, then 10 shots, until one is
+    in the regime; the table, and the shots chosen (None if none is)."""
+    from dpsm_ray.files import write_json
+
+    backbone = backbone_dir(out, 0) / "model.pt"
+    if not finished(backbone_dir(out, 0)):
+        raise SystemExit(f"{PREFIX}: error: no backbone 0 in {backbone.parent}: run --stage backbones --out {out} first")
+    path = out / "regime.json"
+    record = read_record(path)
+    record.update(criterion={"accuracy_at_least": REGIME_ACCURACY, "hps_set_size_between": list(REGIME_HPS), "alpha": 0.1,
+                             "shots_in_order": list(SHOTS)}, backbone=str(backbone))
+    runs = record.setdefault("runs", {})
+    record["chosen_shots"] = None
+    for shots in SHOTS:
+        key = f"shots-{shots}"
+        if key not in runs or not finished(regime_dir(out, shots)):
+            runs[key] = {"shots": shots, **base_model_run(out, shots, backbone, quick), "source": source()}
+            write_json(path, record)
+        else:
+            say(f"regime: {shots} shots: done ({regime_dir(out, shots)})")
+        run = runs[key]
+        say(f"regime: {shots} shots: test accuracy {run['accuracy']:.3f}, HPS {run['hps_set_size']:.3f}: "
+            f"{'in' if run['in_regime'] else 'not in'} the regime")
+        if run["in_regime"]:
+            record["chosen_shots"] = shots
+            break
+    write_json(path, record)
+    say(regime_table(record))
+    return record
+
+
+def regime_dir(out: Path, shots: int) -> Path:
+    return out / "regime" / f"shots-{shots}"
+
+
+def base_model_run(out: Path, shots: int, backbone: Path, quick: bool) -> dict:
+    """Backbone 0's seed-0 CE base model at ``shots``, as a study's ``base`` arm trains and
+    evaluates it (``Study.arm_config``; the base model cached under OUT/regime/base_models), in this
+    process; its test metrics and whether it is in the regime."""
+    from dpsm_ray.config import TrainConfig, check_pretrained
+    from dpsm_ray.results import write_run
+    from dpsm_ray.results.studies import Study
+    from dpsm_ray.train import run_training
+
+    common = TrainConfig.from_dict(common_settings(shots, backbone, quick))
+    study = Study(name=f"{PREFIX}-regime", common=common, arms=(BASE_ARM,), seeds=(common.seed,))
+    config = study.arm_config(BASE_ARM, out / "regime")
+    check_pretrained(config)
+    run = regime_dir(out, shots)
+    resumed = run.is_dir()  # a call before this one started it (its base model resumes from its checkpoint)
+    run.mkdir(parents=True, exist_ok=True)
+    say(f"regime: {shots} shots: backbone 0's seed-0 CE base model on {config.dataset} -> {run}")
+    started = time.perf_counter()
+    write_run(run, run_training(config, run, log=say))
+    seconds = time.perf_counter() - started
+    summary = scores_summary(run)
+    low, high = REGIME_HPS
+    in_regime = summary["accuracy"] >= REGIME_ACCURACY and low <= summary["hps_set_size"] <= high
+    say(f"regime: {shots} shots: {seconds:.0f} s")
+    return {"dataset": config.dataset, **summary, "in_regime": in_regime, "wall_seconds": seconds, "resumed": resumed}
+
+
+def regime_table(record: dict) -> str:
+    low, high = REGIME_HPS
+    lines = [f"the regime check: backbone 0's seed-0 CE base model, 79 unseen classes (test split, mean over calibration/test re-splits, "
+             f"alpha 0.1; in the regime: accuracy >= {REGIME_ACCURACY:g} and {low:g} <= HPS <= {high:g})",
+             "| shots | test accuracy | HPS size (coverage) | APS size | RAPS size | in the regime | wall time |",
+             "|---|---|---|---|---|---|---|"]
+    for run in (record["runs"][f"shots-{shots}"] for shots in SHOTS if f"shots-{shots}" in record["runs"]):
+        lines.append(f"| {run['shots']} | {run['accuracy']:.3f} | {run['hps_set_size']:.3f} ({run['hps_coverage']:.3f}) | "
+                     f"{run['aps_set_size']:.3f} | {run['raps_set_size']:.3f} | {'yes' if run['in_regime'] else 'no'} | "
+                     f"{run['wall_seconds']:.0f} s |")
+    chosen = record["chosen_shots"]
+    lines.append(f"chosen: {chosen} shots a class" if chosen is not None else
+                 "no shots in the regime: round three reports these CE base models and stops (docs/fidelity.md)")
+    return "\n".join(lines)
+
+
+STAGES = {"backbones": backbones, "regime": regime}  # in the criterion's order
+
+
+def main(argv=None) -> int:
+    import torch
+
+    parser = argparse.ArgumentParser(prog="sweeps/round_three.py", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--stage", required=True, choices=list(STAGES), help="the stage to run (each reads what the ones before wrote)")
+    parser.add_argument("--out", help=f"the round's directory (default: results/{PREFIX}[-quick])")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 epochs, the backbones on 20 images a class")
+    args = parser.parse_args(argv)
+    out = Path(args.out or f"results/{PREFIX}{'-quick' if args.quick else ''}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)  # as a study's trial (one CPU, one thread): the same sums in the same order
+    found = source()
+    say(f"{PREFIX}: stage {args.stage} into {out}; dpsm_ray at {found['commit']} ({found['package']}"
+        f"{', modified: ' + ', '.join(found['modified']) if found['modified'] else ''}), script sha256 {found['script_sha256']}")
+    started = time.perf_counter()
+    STAGES[args.stage](out, args.quick)
+    say(f"{PREFIX}: stage {args.stage} finished in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
