@@ -315,3 +315,29 @@ def test_the_doc_s_study_tables_are_what_the_committed_results_regenerate():
         assert printed.returncode == 0, printed.stderr[-2000:]
         assert block["text"] == printed.stdout, f"docs/fidelity.md's block differs from `{block['command']}`: regenerate it"
 
+
+
+def test_a_second_backbone_re_trains_the_first_one_s_picks_on_one_split():
+    """Round three: seeds 5-9 of every arm on backbone 1 re-train the picks searched on backbone 0
+    (``differing``), and cut the data split of seed 0 (the common ``split_seed``)."""
+    from dpsm_ray.results.studies import Arm, Study
+
+    arm = Arm("ce", "CE fine-tuned", {"method": "ce"})
+    second = Study("second", TrainConfig(dataset="digits", seed=5, split_seed=0), (arm,), seeds=(5, 6))
+    assert second.arm_config(arm).split_seed == 0 and second.arm_config(arm).seed == 5
+    first = Study("first", TrainConfig(dataset="digits", seed=5), (arm,), seeds=(5, 6))
+    assert first.arm_config(arm).split_seed == 5  # as before: the study's first seed
+
+
+def test_a_sweep_setting_named_as_differing_is_let_differ(tmp_path):
+    """Round three re-trains backbone 0's picks on backbone 1 with ``differing=("pretrained_path",)``;
+    here the same rule on a setting a digits config can vary: refused by name, then let through."""
+    from dpsm_ray.sweep.spec import SweepError
+
+    common = TrainConfig(dataset="digits", alpha=0.1, epochs=3, batch_size=64)
+    write_sweep(tmp_path / "sweep", common)
+    other = common.replace(base_lr=0.02)
+    with pytest.raises(SweepError, match=r"its sweep ran with base_lr=None, the study with 0.02"):
+        searched_arms(tmp_path / "sweep", other, log=lambda line: None)
+    arms = searched_arms(tmp_path / "sweep", other, log=lambda line: None, differing=("base_lr",))
+    assert [arm.name for arm in arms] == ["searched_ce", "searched_dpsm"]

@@ -212,3 +212,32 @@ def test_a_study_s_own_arms_and_a_league_s_searches_are_read_as_one_study_the_sh
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and f"arm base is in {study} and in {league} with different evaluation rows" in error
+
+
+def test_one_arm_s_seeds_from_two_studies_are_joined_and_an_overlap_must_be_the_same_models(tmp_path):
+    """Round three's two backbones: seeds 0-1 of an arm in one study's folder, seed 2 in another's,
+    read as one arm of three seeds; a seed in both with other rows is refused."""
+    import json
+
+    import pandas as pd
+
+    from dpsm_ray.results.runs import COMPACT_RUNS
+    from dpsm_ray.results.studies import COMPACT_EVALS, read_study_folders
+
+    def folder(name: str, seeds, shift: float = 0.0) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        rows = [{"stage": "ce", "seed": seed, "score": "hps", "split": split, "set_size": 1.5 + seed / 10 + shift, "coverage": 0.9,
+                 "covgap": 1.0, "accuracy": 0.8} for seed in seeds for split in range(2)]
+        pd.DataFrame(rows)[list(COMPACT_EVALS)].to_csv(path / "evals.csv", index=False)
+        pd.DataFrame(columns=list(COMPACT_RUNS)).to_csv(path / "runs.csv", index=False)
+        (path / "arms.json").write_text(json.dumps([{"name": "ce", "title": "CE fine-tuned", "settings": {"method": "ce"}}]))
+        return path
+
+    one, two = folder("backbone-0", (0, 1)), folder("backbone-1", (2,))
+    evals, _, arms, _, _ = read_study_folders([one, two])
+    assert [arm.name for arm in arms] == ["ce"] and sorted(set(evals.seed)) == [0, 1, 2] and len(evals) == 6
+    evals, _, _, _, _ = read_study_folders([one, one])  # the same models twice: once
+    assert len(evals) == 4
+    with pytest.raises(ValueError, match="arm ce is in .*backbone-0 and in .*clash with different evaluation rows"):
+        read_study_folders([one, folder("clash", (1, 2), shift=0.1)])

@@ -51,8 +51,11 @@ class Study:
     mechanism: tuple[tuple[str, str, str], ...] = ()
 
     def arm_config(self, arm: Arm, results: Path | None = None) -> TrainConfig:
-        """``arm``'s configuration (seed 0), with the base-model cache of ``results``; validated."""
-        values = {**self.common.to_dict(), **arm.settings, "split_seed": self.common.seed, "evaluate_test": True}
+        """``arm``'s configuration (seed 0), with the base-model cache of ``results``; validated.  Every
+        seed and arm cuts one data split: the common ``split_seed`` where set (round three's seeds 5-9,
+        on a second backbone, cut seed 0's), else the study's first seed."""
+        split = self.common.seed if self.common.split_seed is None else self.common.split_seed
+        values = {**self.common.to_dict(), **arm.settings, "split_seed": split, "evaluate_test": True}
         if results is not None:
             values["cache_dir"] = str(results / BASE_MODELS)
         return TrainConfig.from_dict(values).with_absolute_paths()
@@ -148,7 +151,9 @@ def read_study_folders(folders) -> tuple:
     folder's alpha, None for a study's): each folder a study's compact results or a league's copy
     (``read_league_as_study``) -- round two on fonts reads its own sharp arms and the league's
     searches together.  An arm in two folders is kept once if its evaluation rows are the same in
-    both (the same models); ValueError naming it and both folders if they differ."""
+    both (the same models), and its seeds are joined if no seed is in both (round three's two
+    backbones: seeds 0-4 and 5-9 of each arm, two studies); ValueError naming it and both folders
+    otherwise."""
     import pandas as pd
 
     evals, runs, failed, arms, alphas, source = [], [], [], [], [], {}
@@ -158,17 +163,20 @@ def read_study_folders(folders) -> tuple:
         else:
             (part_evals, part_runs, part_arms, part_failed), alpha = read_compact(folder), None
         alphas.append(alpha)
-        mine = []  # the arms this folder adds, its rows in its own order
+        mine = []  # the arms this folder adds (or adds seeds to), its rows in its own order
         for arm in part_arms:
             rows = part_evals[part_evals.stage == arm.name]
             if arm.name in source:
                 first, kept = source[arm.name]
-                if not rows_equal(rows, kept):
-                    raise ValueError(f"arm {arm.name} is in {first} and in {folder} with different evaluation rows: "
-                                     "they are not the same models; report them apart")
-                continue
-            source[arm.name] = (folder, rows)
-            arms.append(arm)
+                if set(rows.seed) & set(kept.seed):
+                    if not rows_equal(rows, kept):
+                        raise ValueError(f"arm {arm.name} is in {first} and in {folder} with different evaluation rows: "
+                                         "they are not the same models; report them apart")
+                    continue
+                source[arm.name] = (first, pd.concat([kept, rows]))  # other seeds of the same arm
+            else:
+                source[arm.name] = (folder, rows)
+                arms.append(arm)
             mine.append(arm.name)
         evals.append(part_evals[part_evals.stage.isin(mine)])
         runs.append(part_runs[part_runs.stage.isin(mine)])

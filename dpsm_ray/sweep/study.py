@@ -117,11 +117,13 @@ SHARED_WITH_THE_SWEEP = (
 )
 
 
-def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm, ...]:
+def searched_arms(sweep_dir: Path, common: TrainConfig, log=print, *, differing: tuple[str, ...] = ()) -> tuple[Arm, ...]:
     """``searched_<method>`` for each of CE, ConfTr, CUT and DPSM that the finished Optuna sweep in
     ``sweep_dir`` searched: the method at the configuration its search picked (the sweep's own
     rule, dpsm_ray/sweep/pick.py), re-trained by the study with every seed from the study's base
-    models.  SweepError if the sweep is not one the study can use."""
+    models.  SweepError if the sweep is not one the study can use: one whose settings differ from
+    the study's in a field of SHARED_WITH_THE_SWEEP, but those named in ``differing`` (round three
+    re-trains backbone 0's picks on backbone 1: ``("pretrained_path",)``)."""
     from dpsm_ray.sweep.pick import best_overrides
     from dpsm_ray.sweep.space import method_knobs
     from dpsm_ray.results.layout import SWEEP_FILE
@@ -135,7 +137,7 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print) -> tuple[Arm,
         raise SweepError(f"--searched-from {sweep_dir}: a --grid sweep; the searched arms come from an Optuna search")
     ours = json.loads(json.dumps(common.to_dict(), default=list))
     for name in SHARED_WITH_THE_SWEEP:
-        if stored["base"].get(name) != ours[name]:
+        if stored["base"].get(name) != ours[name] and name not in differing:
             raise SweepError(
                 f"--searched-from {sweep_dir}: its sweep ran with {name}={stored['base'].get(name)!r}, the study with {ours[name]!r}; "
                 "search with the study's settings"
