@@ -16,7 +16,7 @@ from dpsm_ray.results.layout import package_versions
 from dpsm_ray.results.tables import method_name, method_order, ordered
 
 # The configuration fields the chosen-configuration table shows, with the paper's symbols; a
-# method that does not read a field (its card's fields, dpsm_ray/methods.py) shows "—" there.
+# method that does not read a field (its card's fields, dpsm_ray/cards/methods.py) shows "—" there.
 PARAMETERS = SETTING_LABELS  # the fields marked with a ``label`` (dpsm_ray/config.py), in their order
 UNUSED = "—"
 # a search's record (``search.csv`` in a compact copy): one row per search trial, then the knobs it searched and its error

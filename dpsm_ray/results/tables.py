@@ -66,7 +66,7 @@ BASE_TITLES = ("CE (base model, as in the paper's table)", "CE base")  # the tab
 
 
 def method_order() -> tuple[str, ...]:
-    """The report's order of methods: the CE base model, then the cards (dpsm_ray/methods.py)."""
+    """The report's order of methods: the CE base model, then the cards (dpsm_ray/cards/methods.py)."""
     return (BASE_MODEL, *(card.name for card in method_cards()))
 
 

@@ -15,7 +15,7 @@ from dpsm_ray.cards import DEFAULT_RANGES, KNOB_ALIASES, PAPER_GRID, Range, knob
 
 
 def method_knobs(method: str) -> tuple[str, ...]:
-    """What a search varies for ``method``: its card's knobs (dpsm_ray/methods.py)."""
+    """What a search varies for ``method``: its card's knobs (dpsm_ray/cards/methods.py)."""
     return method_card(method).knobs
 
 
