@@ -244,7 +244,8 @@ def study_from_args(args, definition: dict, parser) -> Study:
             {**common, **({"epochs": definition["quick"]["epochs"], "milestones": definition["quick"]["milestones"]} if args.quick else {})}
         ).with_absolute_paths()
         try:
-            searched = searched_arms(Path(args.searched_from), expected, log=lambda line: print(line, flush=True))
+            searched = searched_arms(Path(args.searched_from), expected, log=lambda line: print(line, flush=True),
+                                     differing=tuple(definition.get("differing", ())))
         except SweepError as error:
             parser.exit(2, f"{prog}: error: {error}\n")
         arms = (*arms, *(shortened(searched, definition["quick"]["epochs"], definition["quick"]["milestones"]) if args.quick else searched))
@@ -285,8 +286,9 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     ``sweeps/cifar100_fidelity.py``: ``datasets`` maps a name to ``{"common": TrainConfig fields,
     "arms": (Arm, ...), "seeds": n, "concurrency": c, "quick": {"common": ..., "seeds": n, "epochs":
     e, "milestones": m}}`` and optionally the analysis' ``comparisons``, ``batch_pairs`` and
-    ``mechanism`` (``Study``'s), the results directory's ``prefix`` (default ``fidelity``) and
-    ``report_only`` (why a dataset is only read, from a league's results, never run);
+    ``mechanism`` (``Study``'s), the results directory's ``prefix`` (default ``fidelity``),
+    ``differing`` (the settings its searched arms may have been searched with otherwise:
+    ``searched_arms``) and ``report_only`` (why a dataset is only read, from a league's results, never run);
     ``estimate(study)``, if given, is printed before the study starts.  Exit status as every
     command's (``dpsm_ray.sweep.exits``)."""
     import dataclasses
