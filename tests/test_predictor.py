@@ -300,7 +300,7 @@ def test_class_thresholds_are_a_per_class_loop_and_a_short_class_is_in_every_set
         warnings.simplefilter("error")
         plain = named.calibrated(probs, labels, 0.1, data="toy")
     assert plain.calibrated_by == "marginal" and plain.info["format_version"] == 1 and plain.fallback_classes("hps") == [2]
-    with pytest.raises(ValueError, match="calibration must be one of marginal, class, cluster, rc3p; got 'mondrian'"):
+    with pytest.raises(ValueError, match="calibration must be one of marginal, class, cluster, rc3p, risk; got 'mondrian'"):
         plain.predict_sets(torch.zeros(1, 2), calibration="mondrian")
 
 
