@@ -353,9 +353,27 @@ def detectable_text(change: dict) -> str:
 
 
 def markdown_report(analysis: dict) -> str:
+    """A study's analysis as markdown: its arms' table, then each part the analysis holds."""
+    scores = [s for s in score_names() if analysis["table"] and s in analysis["table"][0]]
+    lines, outside = arms_table(analysis, scores)
+    flagged_arms = {arm for arm, _, _ in outside}
+
+    def mark(arm: str) -> str:
+        return f"{arm} (outside)" if arm in flagged_arms else arm
+
+    lines += lost_lines(analysis)
+    lines += comparison_lines(analysis, scores, mark)
+    lines += batch_lines(analysis)
+    lines += verdict_lines(analysis)
+    lines += diagnostic_lines(analysis, mark)
+    lines += gradient_lines(analysis, mark)
+    return "\n".join(lines)
+
+
+def arms_table(analysis: dict, scores: list[str]) -> tuple[list[str], list[tuple[str, str, float]]]:
+    """The arms' set sizes and coverages, and the (arm, score, coverage) outside the precondition."""
     from dpsm_ray.results.report import markdown
 
-    scores = [s for s in score_names() if analysis["table"] and s in analysis["table"][0]]
     lines = [f"**{analysis['dataset']}, alpha {analysis['alpha']:g}**: {len(analysis['seeds'])} training seeds x {analysis['eval_splits']} "
              "calibration/test re-splits; set size mean ± std over seeds and re-splits.", ""]
     rows = [["arm", "models", *[f"{s.upper()} size" for s in scores], *[f"{s.upper()} coverage" for s in scores], "accuracy"]]
@@ -373,11 +391,12 @@ def markdown_report(analysis: dict) -> str:
         said = "; ".join(f"`{arm}` {score.upper()} {coverage:.4f}" for arm, score, coverage in outside)
         lines += [f"Outside the coverage precondition (1 - alpha ± {COVERAGE_TOLERANCE}: such a set size counts as smaller in no verdict; "
                   f"marked (outside) in every table): {said}.", ""]
-    flagged_arms = {arm for arm, _, _ in outside}
+    return lines, outside
 
-    def mark(arm: str) -> str:
-        return f"{arm} (outside)" if arm in flagged_arms else arm
 
+def lost_lines(analysis: dict) -> list[str]:
+    """The trials that ended without a model, and the arms the comparisons name that are absent."""
+    lines = []
     if analysis["failed"]:
         grouped: dict[tuple[str, str], list[int]] = {}
         for failure in analysis["failed"]:
@@ -388,6 +407,14 @@ def markdown_report(analysis: dict) -> str:
     if analysis.get("absent"):
         lines += [f"Arms the study's comparisons name that are not in these results (in no table, comparison or verdict): "
                   f"{', '.join(f'`{arm}`' for arm in analysis['absent'])}.", ""]
+    return lines
+
+
+def comparison_lines(analysis: dict, scores: list[str], mark) -> list[str]:
+    """Each arm against the references, then the study's own comparisons."""
+    from dpsm_ray.results.report import markdown
+
+    lines = []
     detectable = [f"{s.upper()} detectable" for s in scores]
     for against in REFERENCES:
         part = [c for c in analysis["comparisons"] if c["against"] == against and not c.get("own")]
@@ -420,6 +447,14 @@ def markdown_report(analysis: dict) -> str:
             mine = {c["score"]: c for c in own if c["arm"] == arm and c["against"] == against}
             rows.append([mark(arm), mark(against), *[interval_text(mine[s]) for s in scores], *[detectable_text(mine[s]) for s in scores]])
         lines += [markdown(rows), ""]
+    return lines
+
+
+def batch_lines(analysis: dict) -> list[str]:
+    """The batch-size prediction, where the study makes it."""
+    from dpsm_ray.results.report import markdown
+
+    lines = []
     if analysis.get("batch"):
         batch = analysis["batch"]
         first, last = batch["batches"][0], batch["batches"][-1]
@@ -440,6 +475,12 @@ def markdown_report(analysis: dict) -> str:
         rows = [["batch", "DPSM \\|q - Q_n\\|", "ConfTr \\|Q_batch - Q_n\\|"]]
         rows += [[str(e["batch"]), fmt(e["dpsm_q_error_train"], 4), fmt(e["conftr_q_error_train"], 4)] for e in batch["errors"]]
         lines += [markdown(rows), ""]
+    return lines
+
+
+def verdict_lines(analysis: dict) -> list[str]:
+    """The claim's and the mechanism's verdicts."""
+    lines = []
     verdict = analysis.get("verdicts", {})
     if "claim" in verdict:
         claim = verdict["claim"]
@@ -463,6 +504,14 @@ def markdown_report(analysis: dict) -> str:
             ),
             "",
         ]
+    return lines
+
+
+def diagnostic_lines(analysis: dict, mark) -> list[str]:
+    """The quantile diagnostics, and the quantile error like for like."""
+    from dpsm_ray.results.report import markdown
+
+    lines = []
     if analysis["diagnostics"]:
         lines += [
             (
@@ -494,6 +543,14 @@ def markdown_report(analysis: dict) -> str:
             for row, d in zip(rows[1:], like):
                 row += [fmt(d.get("q_error_train_mode_d1", math.nan), 4), fmt(d.get("q_dataset_train_mode_d1", math.nan), 4)]
         lines += [markdown(rows), ""]
+    return lines
+
+
+def gradient_lines(analysis: dict, mark) -> list[str]:
+    """Whether the size term is active: the gradient norms."""
+    from dpsm_ray.results.report import markdown
+
+    lines = []
     if analysis.get("gradients"):
         lines += [
             (
@@ -508,4 +565,4 @@ def markdown_report(analysis: dict) -> str:
             rows.append([mark(g["arm"]), fmt(g["ce_grad_norm_first"], 3), fmt(g["size_grad_norm_first"], 3), ratio("first"),
                          fmt(g["ce_grad_norm_middle"], 3), fmt(g["size_grad_norm_middle"], 3), ratio("middle")])
         lines += [markdown(rows), ""]
-    return "\n".join(lines)
+    return lines
