@@ -298,6 +298,7 @@ def console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> t
     alpha = float(evals.alpha.iloc[0])
     others = any(not calibration_rows(evals, calibration).empty for calibration in CALIBRATIONS[1:])
     both = calibration_table(evals, classes, alpha) if others else None
+    heading = calibrations_heading(evals)
     evals, classes = calibration_rows(evals), calibration_rows(classes)
     size, details, found = paper_table(evals), details_table(evals), comparisons(evals)
     note = identical_note(identical_scores(evals, classes), evals, classes)  # said once, under the first table
@@ -319,9 +320,16 @@ def console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> t
             else []
         ),
         *(["All metrics: in report.md"] if brief else ["All metrics", render_columns(details), *([missing] if missing else [])]),
-        *(["", "Marginal and class-conditional calibration", render_columns(both)] if both and not brief else []),
+        *(["", heading, render_columns(both)] if both and not brief else []),
     ])
     return text, (size, details, found, note, chance, missing, both)
+
+
+def calibrations_heading(evals: pd.DataFrame) -> str:
+    """"Marginal and class-conditional calibration", naming those evals.parquet holds."""
+    shown = [CALIBRATION_TITLES[c] for c in CALIBRATIONS if not calibration_rows(evals, c).empty]
+    heading = f"{', '.join(shown[:-1])} and {shown[-1]} calibration" if len(shown) > 1 else f"{shown[0]} calibration"
+    return heading[0].upper() + heading[1:]
 
 
 def headline(results_dir: str | os.PathLike) -> str:
@@ -389,9 +397,35 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     md += ["## All metrics", "", markdown(details), "", details_note, ""]
     tex.append(latex_table(details, f"All metrics. {details_note}", "metrics"))
     if both:
-        md += ["## Marginal and class-conditional calibration", "", markdown(both), "", calibration_caption(alpha), ""]
+        md += [f"## {calibrations_heading(evals)}", "", markdown(both), "", calibration_caption(alpha), ""]
         tex.append(latex_table(both, calibration_caption(alpha), "calibrations", align="lllrrrrr"))
 
+    more_md, more_tex = provenance_sections(trials, sweep, evals)
+    md += more_md
+    tex += more_tex
+    md += predictors_section(results, log, brief)
+
+    figures = write_figures(results, evals, epochs, classes, run_context(results, trials, alpha))
+    search_written, search_note = search_written()
+    for figure in figures:
+        md += markdown_figure(figure, "##")
+    md += ["## Search", "", search_note, ""]
+    for figure in search_written:
+        md += markdown_figure(figure, "###")
+    tex += [latex_figure(f) for f in [*figures, *search_written]]
+    write_text(results / "report.md", "\n".join(md))
+    write_text(results / "report.tex", latex_document(results.name, tex, search_note))
+    log(
+        f"report written to {results / 'report.md'} and {results / 'report.tex'} with {len(figures) + len(search_written)} figures (PNG and"
+        f" PDF) in {results / 'figures'}"
+    )
+    return text
+
+
+def provenance_sections(trials: pd.DataFrame, sweep: dict | None, evals: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The report's sections on where its numbers came from -- the chosen configurations, the
+    searches, the sweep's settings, the versions -- as markdown lines and LaTeX tables."""
+    md, tex = [], []
     configurations = chosen_configurations(trials, sweep)
     md += ["## Chosen configurations", ""]
     if configurations is None:
@@ -443,23 +477,7 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
             align="lll",
         )
     )
-    md += predictors_section(results, log, brief)
-
-    figures = write_figures(results, evals, epochs, classes, run_context(results, trials, alpha))
-    search_written, search_note = search_written()
-    for figure in figures:
-        md += markdown_figure(figure, "##")
-    md += ["## Search", "", search_note, ""]
-    for figure in search_written:
-        md += markdown_figure(figure, "###")
-    tex += [latex_figure(f) for f in [*figures, *search_written]]
-    write_text(results / "report.md", "\n".join(md))
-    write_text(results / "report.tex", latex_document(results.name, tex, search_note))
-    log(
-        f"report written to {results / 'report.md'} and {results / 'report.tex'} with {len(figures) + len(search_written)} figures (PNG and"
-        f" PDF) in {results / 'figures'}"
-    )
-    return text
+    return md, tex
 
 
 def write_figures(results: Path, evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> list[Figure]:

@@ -505,3 +505,12 @@ def test_the_details_table_shows_the_later_metrics_only_where_a_sweep_wrote_them
     assert new[1][-5:] == ["0.150 ± 0.071", "0.500 ± 0.000", "4.0 ± 1.4", "0.040 ± 0.000", "1"]
     older = details_table(pd.DataFrame(rows).drop(columns=["empty_rate", "singleton_rate", "classes_under", "ece"]))
     assert older[0] == ["method", "score", "coverage", "set size", "CovGap %", "SSCV", "WSC", "accuracy", "models"]
+
+
+def test_the_calibrations_heading_names_those_the_rows_hold():
+    from dpsm_ray.results.report import calibrations_heading
+
+    frame = pd.DataFrame({"calibration": ["marginal", "class", "cluster", "rc3p"]})
+    assert calibrations_heading(frame) == "Marginal, class-conditional, clustered and RC3P calibration"
+    assert calibrations_heading(frame.iloc[:2]) == "Marginal and class-conditional calibration"
+    assert calibrations_heading(frame.iloc[[0, 3]]) == "Marginal and RC3P calibration"
