@@ -218,18 +218,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
     train_size = len(data.train)
     if config.batch_size > 2 * (train_size // 2):
         raise ConfigError("batch_size", config.batch_size, f"must be at most {2 * (train_size // 2)}, the training split")
-    model = build_model(
-        config.resolved_model(),
-        data.num_classes,
-        input_shape=data.input_shape,
-        pretrained_path=config.pretrained_path,
-    )
-    if config.init == "base":
-        if config.init_checkpoint is None:
-            raise RuntimeError("init='base' needs the base model's weights: run through run_training, which resolves the cache")
-        model.load_state_dict(torch.load(config.init_checkpoint, map_location="cpu", weights_only=True))
-    elif config.init.startswith(WEIGHTS):
-        load_weights(model, config.init.removeprefix(WEIGHTS), config.model)
+    model = starting_model(config, data)
     fields = {name: getattr(config, name) for name in ("alpha", *method_fields())}
     fields["quantile_lr"] = config.resolved_quantile_lr(train_size)  # gamma per step
     objective = build_objective(config.method, seed=config.seed, collective=env.collective, **fields)
@@ -266,28 +255,8 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
         torch_threads=torch.get_num_threads(),
     )
 
-    state = env.load_state()
-    if state is not None:
-        if state["config_hash"] != config.config_hash():
-            raise RuntimeError("the checkpoint belongs to a different configuration; refusing to resume from it")
-        unwrap(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        objective.load_state_dict(state["objective"])
-        set_global_rng_state(state["rng"], env.device)
-        result.epochs = state["epochs"]
-        start_epoch = state["epoch"] + 1
-        env.log(f"resumed from the checkpoint after epoch {state['epoch'] + 1}")
-    else:
-        # the starting model's scores of what B1 is drawn from (D1, or the whole training split),
-        # in eval mode without augmentation: q_0 = their Q_n by default
-        q_pool = d1 if objective.batch_split == "halves" else torch.arange(train_size)
-        d1_scores = label_scores_of(model, data.train, q_pool, data.num_classes, env, config.precision)
-        objective.initialize(d1_scores)
-        start = objective.start_line(d1_scores)
-        if start is not None:
-            env.log(f"[{config.method}] {start}, {config.steps_per_epoch(train_size)} steps per epoch")
-        start_epoch = 0
+    parts = (model, optimizer, scheduler, objective)
+    start_epoch = resumed_or_started(config, env, parts, data, d1, result)
     clock.add("build", time.perf_counter() - build_started)
 
     step = None
@@ -323,18 +292,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
         )
         result.epochs.append(row)
         last = epoch == config.epochs - 1
-        checkpoint = None
-        if last or (epoch + 1) % config.checkpoint_every == 0:
-            checkpoint = {
-                "epoch": epoch,
-                "config_hash": config.config_hash(),
-                "model": unwrap(model).state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "objective": objective.state_dict(),
-                "rng": global_rng_state(env.device),
-                "epochs": result.epochs,
-            }
+        checkpoint = checkpoint_of(epoch, config, env, parts, result) if last or (epoch + 1) % config.checkpoint_every == 0 else None
         env.log(progress_line(row, config, objective.uses_quantile))
         with clock("report"):  # the checkpoint, the epoch rows and Ray's report
             env.report(row, checkpoint, result.epochs)
@@ -344,6 +302,64 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
             result.evals, result.classes = yield from evaluating(model, data, config, env, forwards)
     result.model_state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return result
+
+
+def starting_model(config: TrainConfig, data) -> torch.nn.Module:
+    """The run's model on the CPU with its starting weights: the pretrained backbone it is built
+    with, then the base model's weights (``init`` base) or a researcher's (``init`` weights:FILE)."""
+    model = build_model(config.resolved_model(), data.num_classes, input_shape=data.input_shape, pretrained_path=config.pretrained_path)
+    if config.init == "base":
+        if config.init_checkpoint is None:
+            raise RuntimeError("init='base' needs the base model's weights: run through run_training, which resolves the cache")
+        model.load_state_dict(torch.load(config.init_checkpoint, map_location="cpu", weights_only=True))
+    elif config.init.startswith(WEIGHTS):
+        load_weights(model, config.init.removeprefix(WEIGHTS), config.model)
+    return model
+
+
+def resumed_or_started(config: TrainConfig, env, parts: tuple, data, d1: torch.Tensor, result: RunResult) -> int:
+    """The epoch the run starts at: after its checkpoint's, whose state ``parts`` (model, optimizer,
+    scheduler, objective), the RNG streams and ``result``'s epochs take; else 0, the objective's
+    state initialised from the starting model's scores."""
+    model, optimizer, scheduler, objective = parts
+    state = env.load_state()
+    if state is not None:
+        if state["config_hash"] != config.config_hash():
+            raise RuntimeError("the checkpoint belongs to a different configuration; refusing to resume from it")
+        unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        objective.load_state_dict(state["objective"])
+        set_global_rng_state(state["rng"], env.device)
+        result.epochs = state["epochs"]
+        env.log(f"resumed from the checkpoint after epoch {state['epoch'] + 1}")
+        return state["epoch"] + 1
+    # the starting model's scores of what B1 is drawn from (D1, or the whole training split),
+    # in eval mode without augmentation: q_0 = their Q_n by default
+    train_size = len(data.train)
+    q_pool = d1 if objective.batch_split == "halves" else torch.arange(train_size)
+    d1_scores = label_scores_of(model, data.train, q_pool, data.num_classes, env, config.precision)
+    objective.initialize(d1_scores)
+    start = objective.start_line(d1_scores)
+    if start is not None:
+        env.log(f"[{config.method}] {start}, {config.steps_per_epoch(train_size)} steps per epoch")
+    return 0
+
+
+def checkpoint_of(epoch: int, config: TrainConfig, env, parts: tuple, result: RunResult) -> dict:
+    """What resumes the run after ``epoch``: the state of ``parts`` (model, optimizer, scheduler,
+    objective), the RNG streams and the epochs' rows so far."""
+    model, optimizer, scheduler, objective = parts
+    return {
+        "epoch": epoch,
+        "config_hash": config.config_hash(),
+        "model": unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "objective": objective.state_dict(),
+        "rng": global_rng_state(env.device),
+        "epochs": result.epochs,
+    }
 
 
 def global_rng_state(device: torch.device) -> dict:
