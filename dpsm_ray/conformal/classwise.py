@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 from dpsm_ray.conformal.levels import check_alpha, min_calibration_size
+from dpsm_ray.conformal.metrics import class_counts
 from dpsm_ray.conformal.quantile import class_conformal_quantile, class_order_statistic, conformal_quantile
 
 # the quantiles of a class's scores that embed it for k-means (the paper's)
@@ -70,7 +71,7 @@ def rc3p_calibration(scores: torch.Tensor, ranks: torch.Tensor, labels: torch.Te
     and k_y = K, so that every set holds it (the conservative fallback, as class-conditional sets)."""
     check_alpha(alpha)
     a = Fraction(repr(float(alpha)))
-    counts = torch.zeros(num_classes, dtype=torch.int64).scatter_add_(0, labels.cpu(), torch.ones_like(labels.cpu()))
+    counts = class_counts(labels.cpu(), num_classes)
     by_rank = torch.zeros(num_classes, num_classes + 1, dtype=torch.int64)
     by_rank.index_put_((labels.cpu(), ranks.cpu()), torch.ones_like(labels.cpu()), accumulate=True)
     beyond = counts[:, None] - by_rank[:, 1:].cumsum(dim=1)  # [K, K]: c_y(k) for k = 1..K
@@ -119,7 +120,7 @@ def clustered_calibration(
     the sets are the marginal ones; so too, from the calibration points left, with no more embeddable
     classes than clusters."""
     check_alpha(alpha)
-    counts = torch.zeros(num_classes, dtype=torch.int64).scatter_add_(0, labels.cpu(), torch.ones_like(labels.cpu()))
+    counts = class_counts(labels.cpu(), num_classes)
     if fraction is not None and not 0 < fraction < 1:
         raise ValueError(f"clustered calibration: the clustering fraction must be in (0, 1); got {fraction}")
     default_clusters, default_fraction = clustering_parameters(counts, alpha)
@@ -142,7 +143,7 @@ def clustered_calibration(
 def cluster_classes(scores: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float, num_clusters: int, seed: int):
     """Each class's cluster, ``[K]`` int64 (-1: the null cluster), from the clustering part's label
     scores and labels (``clustered_calibration``)."""
-    counts = torch.zeros(num_classes, dtype=torch.int64).scatter_add_(0, labels.cpu(), torch.ones_like(labels.cpu()))
+    counts = class_counts(labels.cpu(), num_classes)
     embeddable = (counts >= min_calibration_size(alpha)).nonzero().flatten().tolist()
     clusters = torch.full((num_classes,), -1, dtype=torch.int64)
     if len(embeddable) <= num_clusters or num_clusters < 2:

@@ -98,7 +98,9 @@ class Resplits:
         u = example_uniforms(self.seed, ids).to(probs.device)
         if {"class", "rc3p"} & set(self.calibrations):
             warn_short_classes(class_counts(labels[cal], num_classes), alpha)
-        ranks = label_ranks(probs) if "rc3p" in self.calibrations else None
+        ranks = label_ranks(probs) if "rc3p" in self.calibrations else None  # every class's, and (below) the label's
+        label_rank = ranks.gather(1, labels[:, None]).squeeze(1) if ranks is not None else None
+        cluster_seed = derive_seed(self.seed, "clusters")
         for kind, matrix in self.scores.items():
             all_scores = matrix(probs, u)
             cal_scores = label_scores(all_scores, labels)[cal]
@@ -112,11 +114,10 @@ class Resplits:
                     sets = class_prediction_sets(all_scores[test], q)
                 elif calibration == "cluster":
                     q = torch.stack([clustered_calibration(cal_scores[r], labels[cal[r]], num_classes, alpha,
-                                                           seed=derive_seed(self.seed, "clusters")).thresholds
+                                                           seed=cluster_seed).thresholds
                                      for r in range(self.splits)])
                     sets = class_prediction_sets(all_scores[test], q)
                 else:
-                    label_rank = ranks.gather(1, labels[:, None]).squeeze(1)
                     found = [rc3p_calibration(cal_scores[r], label_rank[cal[r]], labels[cal[r]], num_classes, alpha)
                              for r in range(self.splits)]
                     q, limits = torch.stack([f.thresholds for f in found]), torch.stack([f.rank_limits for f in found])

@@ -259,6 +259,6 @@ def top_label_ece(probs: torch.Tensor, labels: torch.Tensor, bins: int = 15) -> 
     correct = (predicted == labels).to(torch.float64)
     index = (confidence * bins).ceil().long().clamp(min=1, max=bins) - 1
     shape = (*confidence.shape[:-1], bins)
-    count = torch.zeros(shape, dtype=torch.float64, device=probs.device).scatter_add_(-1, index, torch.ones_like(confidence))
+    # a bin's (points / n) x |accuracy - mean probability| is |its sum of (correct - probability)| / n
     gap = torch.zeros(shape, dtype=torch.float64, device=probs.device).scatter_add_(-1, index, correct - confidence)
     return gap.abs().sum(dim=-1) / confidence.shape[-1]

@@ -13,6 +13,7 @@ from fractions import Fraction
 import torch
 
 from dpsm_ray.conformal.levels import check_alpha
+from dpsm_ray.conformal.metrics import class_counts
 
 
 def conformal_rank(n: int, alpha: float) -> int:
@@ -57,8 +58,7 @@ def class_conformal_quantile(scores: torch.Tensor, labels: torch.Tensor, num_cla
     class with too few points for its alpha (n_y < ``min_calibration_size(alpha)``, none at all
     included) gets +inf, as ``conformal_quantile`` does: every set holds that class, the only
     threshold that keeps its guarantee (the conservative fallback)."""
-    counts = torch.zeros((*labels.shape[:-1], num_classes), dtype=torch.int64, device=labels.device)
-    counts.scatter_add_(-1, labels, torch.ones_like(labels))
+    counts = class_counts(labels, num_classes)
     ranks = torch.tensor([conformal_rank(size, alpha) for size in range(scores.shape[-1] + 1)], device=counts.device)[counts]
     return class_order_statistic(scores, labels, num_classes, ranks)
 
@@ -68,8 +68,7 @@ def class_order_statistic(scores: torch.Tensor, labels: torch.Tensor, num_classe
     ``labels`` ``[..., n]``, ``ranks`` ``[..., K]`` (from 1); +inf where the class holds fewer points
     than its rank (none at all included)."""
     n = scores.shape[-1]
-    counts = torch.zeros((*labels.shape[:-1], num_classes), dtype=torch.int64, device=labels.device)
-    counts.scatter_add_(-1, labels, torch.ones_like(labels))
+    counts = class_counts(labels, num_classes)
     ranks = ranks.to(counts.device).expand_as(counts)
     if n == 0:
         return torch.full(counts.shape, math.inf, dtype=scores.dtype, device=scores.device)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 from dpsm_ray import __version__
 from dpsm_ray.cards import check_score, model_card, model_choices, score_card, score_matrix, score_names
 from dpsm_ray.conformal import (
-    CALIBRATION_TITLES, CALIBRATIONS, SET_RULES, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts,
+    CALIBRATION_TITLES, SET_RULES, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts,
     class_coverage_range, class_prediction_sets, classes_under, clustered_calibration, conformal_p_values, conformal_quantile, coverage,
     empty_rate, example_uniforms, label_ranks, label_scores, min_calibration_size, prediction_sets, rank_sets, rc3p_calibration, set_size,
     singleton_rate, top_label_ece,
@@ -588,8 +588,9 @@ class Predictor:
             mask = prediction_sets(scores, self.threshold(score))
         else:
             thresholds, rank_limits = self.set_thresholds(score, how)
-            mask = class_prediction_sets(scores, thresholds)
-            if rank_limits is not None:
+            if rank_limits is None:
+                mask = class_prediction_sets(scores, thresholds)
+            else:
                 mask = rank_sets(scores, thresholds, label_ranks(probs), rank_limits)
         if non_empty:
             empty = ~mask.any(dim=1)
