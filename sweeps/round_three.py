@@ -241,7 +241,93 @@ def regime_table(record: dict) -> str:
     return "\n".join(lines)
 
 
-STAGES = {"backbones": backbones, "regime": regime}  # in the criterion's order
+# ----------------------------------------------------------------------------- the arms
+
+SEARCH = Path(__file__).resolve().parents[1] / "docs" / "results" / "round_three-fonts_transfer" / "search-sweep"
+SEEDS_PER_BACKBONE = 5  # seeds 0-4 on backbone 0, 5-9 on backbone 1
+CE_ARM = Arm("ce", "CE fine-tuned", {"method": "ce"})
+SEARCHED = ("searched_ce", "searched_conftr", "searched_cut", "searched_dpsm")
+ANALYSIS = {
+    "comparisons": (("searched_dpsm", "searched_ce"), ("searched_dpsm", "searched_conftr"), ("searched_dpsm", "searched_cut"),
+                    ("dpsm_t001_l05", "cut_l05"), ("dpsm_t001_l05", "searched_ce"), ("dpsm_t003_l05", "searched_ce")),
+    "mechanism": (("dpsm_t001_l05", "cut_l05"),),  # DPSM against CUT alone: round three has no sharp ConfTr arm
+    "claim_rule": "round_three",
+    "seed_groups": tuple(tuple(range(b * SEEDS_PER_BACKBONE, (b + 1) * SEEDS_PER_BACKBONE)) for b in BACKBONE_SEEDS),
+}
+
+
+def sharp_arms(lr: float) -> tuple[Arm, ...]:
+    """The sharp proxy at searched CE's ``lr``, in the order the criterion cuts them last to first:
+    DPSM (CE on the whole batch) at T 0.01, CUT, then DPSM at T 0.03, each at lambda 0.5."""
+    def dpsm(temperature: float, tag: str) -> Arm:
+        return Arm(f"dpsm_{tag}_l05", f"DPSM, CE on the whole batch, T {temperature:g}, lambda 0.5, lr {lr:g}",
+                   {"method": "dpsm", "ce_batch": "full", "sigmoid_temperature": temperature, "conformal_weight": 0.5, "lr": lr})
+
+    return (dpsm(0.01, "t001"), Arm("cut_l05", f"CUT, lambda 0.5, lr {lr:g}", {"method": "cut", "conformal_weight": 0.5, "lr": lr}),
+            dpsm(0.03, "t003"))
+
+
+def searched_ce_lr(common: dict) -> float:
+    """The lr of searched CE's pick in the committed search (the sharp arms' lr)."""
+    from dpsm_ray.config import TrainConfig
+    from dpsm_ray.sweep.study import searched_arms
+
+    config = TrainConfig.from_dict(common).with_absolute_paths()
+    arms = {arm.name: arm for arm in searched_arms(SEARCH, config, log=lambda line: None, differing=("pretrained_path",))}
+    return float(arms["searched_ce"].settings["lr"])
+
+
+def arm_studies(out: Path, quick: bool) -> dict:
+    """The two studies' definitions (``dpsm_ray.sweep.study.cli``'s): ``backbone-B``, seeds 5B to
+    5B + 4 on backbone B, every seed on seed 0's data split; the references, the sharp arms, and
+    (--searched-from) the searched ones."""
+    chosen = read_record(out / "regime.json").get("chosen_shots")
+    if chosen is None:
+        raise SystemExit(f"{PREFIX}: error: {out / 'regime.json'} names no shots in the regime: run --stage regime --out {out} first "
+                         "(round three stops where none is)")
+    definitions = {}
+    for b in BACKBONE_SEEDS:
+        if not finished(backbone_dir(out, b)):
+            raise SystemExit(f"{PREFIX}: error: no backbone {b} in {backbone_dir(out, b)}: run --stage backbones --out {out} first")
+        common = {**common_settings(chosen, backbone_dir(out, b) / "model.pt", quick), "seed": b * SEEDS_PER_BACKBONE, "split_seed": 0}
+        definitions[f"backbone-{b}"] = {
+            "common": common, "arms": (BASE_ARM, CE_ARM, *sharp_arms(searched_ce_lr({**common, "seed": 0}))),
+            "seeds": SEEDS_PER_BACKBONE, "concurrency": 2, "prefix": PREFIX, "differing": ("pretrained_path",),
+            "quick": {"common": {k: v for k, v in ROUND_TWO["fonts_transfer"]["quick"]["common"].items() if k != "dataset"}, "seeds": 2,
+                      "epochs": 2, "milestones": (1,)},
+            **ANALYSIS,
+        }
+    return definitions
+
+
+def arm_phases(quick: bool) -> list[tuple[str, ...]]:
+    """The arms each call runs, cumulative, in the criterion's order: the references and the searched
+    arms; then the sharp arms one at a time, the first cut last (a smoke run has no searched arms)."""
+    first = ("base", "ce", *(() if quick else SEARCHED))
+    return [first, (*first, "dpsm_t001_l05"), (*first, "dpsm_t001_l05", "cut_l05"), (*first, "dpsm_t001_l05", "cut_l05", "dpsm_t003_l05")]
+
+
+def arms(out: Path, quick: bool) -> dict:
+    """The 10-seed arms: each phase on backbone 0, then on backbone 1 (``dpsm_ray.sweep.study.cli``,
+    in this process, into OUT/arms/backbone-B); a phase run already is read, not trained."""
+    from dpsm_ray.sweep.study import cli
+
+    definitions = arm_studies(out, quick)
+    for phase in arm_phases(quick):
+        for name in definitions:
+            folder = out / "arms" / name
+            argv = ["--dataset", name, "--out", str(folder), "--arms", ",".join(phase), *(["--quick"] if quick else []),
+                    *([] if quick else ["--searched-from", str(SEARCH)]), *(["--resume"] if (folder / "sweep.json").is_file() else [])]
+            say(f"arms: {name}: {', '.join(phase)}: sweeps/round_three.py {shlex.join(argv)}")
+            started = time.perf_counter()
+            status = cli(f"{PREFIX} arms", "round three's arms", definitions, argv)
+            if status:
+                raise SystemExit(status)
+            say(f"arms: {name}: {', '.join(phase)}: {time.perf_counter() - started:.0f} s")
+    return definitions
+
+
+STAGES = {"backbones": backbones, "regime": regime, "arms": arms}  # in the criterion's order
 
 
 def main(argv=None) -> int:

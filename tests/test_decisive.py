@@ -92,7 +92,7 @@ def test_the_claim_and_the_mechanism_verdicts_by_hand():
     assert claim["hps"]["against"] == "searched_conftr" and claim["hps"]["mean"] == pytest.approx(100 * (1.75 - 1.95) / 1.95, abs=0.05)
     assert claim["verdict"] == "supported" and claim["hps"]["coverage_ok"]
     mechanism = analysis["verdicts"]["mechanism"]
-    assert (mechanism["dpsm"], mechanism["conftr"], mechanism["cut"]) == ("dpsm_l05", "conftr_l05", "cut_l05")  # the lambda 0.1 arms are absent
+    assert (mechanism["dpsm"], mechanism["against"]) == ("dpsm_l05", ["conftr_l05", "cut_l05"])  # the lambda 0.1 arms are absent
     assert mechanism["verdict"] == "holds"
     # coverage is a precondition: outside 1 - alpha +- 0.005 an arm's smaller sets do not count
     undercovered = analyse_tables(study(), *tables(coverage=0.88))["verdicts"]

@@ -273,6 +273,8 @@ def study_from_args(args, definition: dict, parser) -> Study:
             comparisons=tuple(definition.get("comparisons", ())),
             batch_pairs=tuple(definition.get("batch_pairs", ())),
             mechanism=tuple(definition.get("mechanism", ())),
+            claim_rule=definition.get("claim_rule", "decisive"),
+            seed_groups=tuple(definition.get("seed_groups", ())),
         )
         for arm in study.arms:
             study.arm_config(arm)
@@ -286,7 +288,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     ``sweeps/cifar100_fidelity.py``: ``datasets`` maps a name to ``{"common": TrainConfig fields,
     "arms": (Arm, ...), "seeds": n, "concurrency": c, "quick": {"common": ..., "seeds": n, "epochs":
     e, "milestones": m}}`` and optionally the analysis' ``comparisons``, ``batch_pairs`` and
-    ``mechanism`` (``Study``'s), the results directory's ``prefix`` (default ``fidelity``),
+    ``mechanism``, ``claim_rule`` and ``seed_groups`` (``Study``'s), the results directory's ``prefix`` (default ``fidelity``),
     ``differing`` (the settings its searched arms may have been searched with otherwise:
     ``searched_arms``) and ``report_only`` (why a dataset is only read, from a league's results, never run);
     ``estimate(study)``, if given, is printed before the study starts.  Exit status as every
