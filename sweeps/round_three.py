@@ -277,17 +277,18 @@ def searched_ce_lr(common: dict) -> float:
     return float(arms["searched_ce"].settings["lr"])
 
 
-def arm_studies(out: Path, quick: bool) -> dict:
+def arm_studies(out: Path, quick: bool, *, trained: bool = True) -> dict:
     """The two studies' definitions (``dpsm_ray.sweep.study.cli``'s): ``backbone-B``, seeds 5B to
     5B + 4 on backbone B, every seed on seed 0's data split; the references, the sharp arms, and
-    (--searched-from) the searched ones."""
+    (--searched-from) the searched ones.  ``trained``: the backbones must be in ``out`` (not for a
+    report from compact results, which reads no model)."""
     chosen = read_record(out / "regime.json").get("chosen_shots")
     if chosen is None:
         raise SystemExit(f"{PREFIX}: error: {out / 'regime.json'} names no shots in the regime: run --stage regime --out {out} first "
                          "(round three stops where none is)")
     definitions = {}
     for b in BACKBONE_SEEDS:
-        if not finished(backbone_dir(out, b)):
+        if trained and not finished(backbone_dir(out, b)):
             raise SystemExit(f"{PREFIX}: error: no backbone {b} in {backbone_dir(out, b)}: run --stage backbones --out {out} first")
         common = {**common_settings(chosen, backbone_dir(out, b) / "model.pt", quick), "seed": b * SEEDS_PER_BACKBONE, "split_seed": 0}
         definitions[f"backbone-{b}"] = {
@@ -328,16 +329,32 @@ def arms(out: Path, quick: bool) -> dict:
 
 
 STAGES = {"backbones": backbones, "regime": regime, "arms": arms}  # in the criterion's order
+COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "results" / "round_three-fonts_transfer"
+
+
+def report(folders: list[str]) -> int:
+    """The arms' tables and verdicts from the two studies' compact results, read as one study of
+    10 seeds (``read_study_folders`` joins each arm's seeds): nothing is trained."""
+    from dpsm_ray.sweep.study import cli
+
+    definitions = arm_studies(COMMITTED, False, trained=False)
+    return cli("sweeps/round_three.py", "round three's arms", definitions, ["--dataset", "backbone-0", "--report-from", *folders])
 
 
 def main(argv=None) -> int:
     import torch
 
     parser = argparse.ArgumentParser(prog="sweeps/round_three.py", description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--stage", required=True, choices=list(STAGES), help="the stage to run (each reads what the ones before wrote)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--stage", choices=list(STAGES), help="the stage to run (each reads what the ones before wrote)")
+    what.add_argument("--report-from", nargs="+", metavar="FOLDER",
+                      help="print the arms' tables and verdicts from the two studies' compact/ folders (e.g. the committed copies "
+                           f"under {COMMITTED.relative_to(COMMITTED.parents[2])}/) and exit: nothing is trained")
     parser.add_argument("--out", help=f"the round's directory (default: results/{PREFIX}[-quick])")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 epochs, the backbones on 20 images a class")
     args = parser.parse_args(argv)
+    if args.report_from:
+        return report(args.report_from)
     out = Path(args.out or f"results/{PREFIX}{'-quick' if args.quick else ''}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)  # as a study's trial (one CPU, one thread): the same sums in the same order

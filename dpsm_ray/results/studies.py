@@ -524,7 +524,8 @@ def verdict_lines(analysis: dict) -> list[str]:
 
         def within(change: dict) -> str:
             means = change.get("within") or []
-            return f", within each backbone {' and '.join(f'{fmt(mean, 1)}%' for mean in means)}" if means else ""
+            text = [f"{fmt(mean, 1)}%" if math.isfinite(mean) else "n/a (no seed)" for mean in means]
+            return f", within each backbone {' and '.join(text)}" if means else ""
 
         lines += [
             f"**The claim** ({rule}, coverage within 1 - alpha ± {COVERAGE_TOLERANCE}): **{claim['verdict']}**. "
