@@ -20,7 +20,7 @@ from dpsm_ray.conformal import CALIBRATIONS
 from dpsm_ray.conformal.levels import min_calibration_size
 from dpsm_ray.own_data import split_path_spec
 from dpsm_ray.cards import check_model, default_model, paper_score_names, pretrainable_models, score_names, split_sizes
-from dpsm_ray.cards import BASE_MODEL, METHODS, method_names, reads
+from dpsm_ray.cards import BASE_MODEL, METHODS, headline_method, method_names, reads
 
 
 class ConfigError(ValueError):
@@ -131,7 +131,7 @@ class TrainConfig:
         sweep=True,
     )
     method: str = option(
-        "dpsm",
+        headline_method(),
         f"training objective: {', '.join(METHODS)}; or {BASE_MODEL} (the CE base model itself, evaluated without training: --init base"
         " --epochs 0)",
     )

@@ -73,6 +73,8 @@ DECISIVE_ANALYSIS = {
     "comparisons": (("dpsm_l05", "conftr_l05"), ("dpsm_l05", "cut_l05"), ("dpsm_l01", "conftr_l01"), ("dpsm_l01", "cut_l01"),
                     ("dpsm_l05_ceb1", "dpsm_l05"), ("dpsm_l05_t1", "dpsm_l05"), ("dpsm_l005", "dpsm_l05"),
                     ("searched_dpsm", "searched_ce"), ("searched_dpsm", "searched_conftr"), ("searched_dpsm", "searched_cut")),
+    # the claim: searched DPSM against the best of searched CE, ConfTr and CUT
+    "claim": ("searched_dpsm", "searched_ce", "searched_conftr", "searched_cut"),
     "batch_pairs": ((32, "dpsm_l05_b32", "conftr_l05_b32"), (128, "dpsm_l05", "conftr_l05"), (512, "dpsm_l05_b512", "conftr_l05_b512")),
     "mechanism": (("dpsm_l05", "conftr_l05", "cut_l05"), ("dpsm_l01", "conftr_l01", "cut_l01")),
 }

@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from round_two import DATASETS as ROUND_TWO
+from round_two import CLAIM, DATASETS as ROUND_TWO
 
 from dpsm_ray.results.studies import Arm
 
@@ -251,6 +251,7 @@ ANALYSIS = {
     "comparisons": (("searched_dpsm", "searched_ce"), ("searched_dpsm", "searched_conftr"), ("searched_dpsm", "searched_cut"),
                     ("dpsm_t001_l05", "cut_l05"), ("dpsm_t001_l05", "searched_ce"), ("dpsm_t003_l05", "searched_ce")),
     "mechanism": (("dpsm_t001_l05", "cut_l05"),),  # DPSM against CUT alone: round three has no sharp ConfTr arm
+    "claim": CLAIM,
     "claim_rule": "round_three",
     "seed_groups": tuple(tuple(range(b * SEEDS_PER_BACKBONE, (b + 1) * SEEDS_PER_BACKBONE)) for b in BACKBONE_SEEDS),
 }

@@ -63,7 +63,9 @@ def sharp_arms(lr: float) -> tuple[Arm, ...]:
     )
 
 
+CLAIM = ("searched_dpsm", "searched_ce", "searched_conftr", "searched_cut")  # searched DPSM against the best of the others
 ANALYSIS = {
+    "claim": CLAIM,
     "comparisons": (
         ("dpsm_t001_l05", "conftr_t001_l05"), ("dpsm_t001_l05", "cut_l05"), ("dpsm_t003_l05", "conftr_t003_l05"),
         ("dpsm_t003_l05", "cut_l05"), ("dpsm_t001_l01", "conftr_t001_l01"), ("dpsm_t001_l01", "cut_l01"),
@@ -104,7 +106,7 @@ for name, definition in DATASETS.items():
 DATASETS["fashion_mnist"] = {
     "common": {"dataset": "fashion_mnist", "alpha": 0.01, **DPSM_CODE_SHARED, **EVALUATION},  # the decisive test's recipe
     "quick": {"common": {}, **QUICK},
-    "arms": (), "seeds": 10, "prefix": "round_two",
+    "arms": (), "seeds": 10, "prefix": "round_two", "claim": CLAIM,
     "comparisons": (("searched_dpsm", "searched_ce"), ("searched_dpsm", "searched_conftr"), ("searched_dpsm", "searched_cut")),
     "report_only": "round two reads its searches from the league's results: python sweeps/league.py --dataset fashion_mnist, then "
                    "python sweeps/round_two.py --dataset fashion_mnist --report-from results/league-fashion_mnist/compact",

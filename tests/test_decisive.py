@@ -82,7 +82,7 @@ def test_the_batch_gaps_and_their_change_by_hand():
     assert hps["difference"]["mean"] == pytest.approx(sum(change) / 3) and hps["difference"]["detectable"] == pytest.approx(detectable_effect(change))
     # the gap grows as the batch shrinks (means 22.1 > 9.5 > 1.7) and the interval of the change is above 0
     assert sum(small) > sum(middle) > sum(large) and hps["difference"]["low"] > 0 and hps["holds"] and not hps["contradicted"]
-    assert [e["dpsm_q_error_train"] for e in batch["errors"]] == pytest.approx([0.02] * 3)
+    assert [e["learned_q_error_train"] for e in batch["errors"]] == pytest.approx([0.02] * 3)
 
 
 def test_the_claim_and_the_mechanism_verdicts_by_hand():
@@ -92,7 +92,7 @@ def test_the_claim_and_the_mechanism_verdicts_by_hand():
     assert claim["hps"]["against"] == "searched_conftr" and claim["hps"]["mean"] == pytest.approx(100 * (1.75 - 1.95) / 1.95, abs=0.05)
     assert claim["verdict"] == "supported" and claim["hps"]["coverage_ok"]
     mechanism = analysis["verdicts"]["mechanism"]
-    assert (mechanism["dpsm"], mechanism["against"]) == ("dpsm_l05", ["conftr_l05", "cut_l05"])  # the lambda 0.1 arms are absent
+    assert (mechanism["arm"], mechanism["against"]) == ("dpsm_l05", ["conftr_l05", "cut_l05"])  # the lambda 0.1 arms are absent
     assert mechanism["verdict"] == "holds"
     # coverage is a precondition: outside 1 - alpha +- 0.005 an arm's smaller sets do not count
     undercovered = analyse_tables(study(), *tables(coverage=0.88))["verdicts"]
@@ -218,7 +218,7 @@ def test_the_searched_arms_are_each_methods_pick_from_its_sweep(tmp_path):
     # each at its pick (the finished feasible trial with the smallest validation set size), only the method's knobs
     assert arms[0].settings == {"method": "ce", "lr": 0.03}
     assert arms[1].settings["lr"] == 0.03 and arms[1].settings["conformal_weight"] == 0.3 and set(arms[1].settings) == {"method", "conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"}
-    assert [arm.title for arm in arms] == ["CE fine-tuned, searched (2 Optuna trials)", "DPSM, searched (2 Optuna trials)"]
+    assert [arm.title for arm in arms] == ["CE, searched (2 Optuna trials)", "DPSM, searched (2 Optuna trials)"]  # the cards' titles
 
 
 def test_a_searched_arm_s_title_gives_its_own_budget_when_the_search_s_follows_the_knobs(tmp_path):
@@ -226,7 +226,7 @@ def test_a_searched_arm_s_title_gives_its_own_budget_when_the_search_s_follows_t
     common = TrainConfig(dataset="digits", alpha=0.1, epochs=3, batch_size=64)
     write_sweep(tmp_path / "sweep", common, trials_per_knob=3)
     arms = searched_arms(tmp_path / "sweep", common, log=lambda line: None)
-    assert [arm.title for arm in arms] == ["CE fine-tuned, searched (3 Optuna trials)", "DPSM, searched (12 Optuna trials)"]
+    assert [arm.title for arm in arms] == ["CE, searched (3 Optuna trials)", "DPSM, searched (12 Optuna trials)"]
 
 
 def test_a_sweep_that_differs_from_the_study_is_refused_naming_the_setting(tmp_path):

@@ -108,7 +108,7 @@ def test_round_three_s_claim_rule_by_hand(dpsm, verdict):
         if dpsm[0] == -60.0:
             assert claim[score]["high"] < -5 < 0 < claim[score]["within"][1]
     mechanism = analysis["verdicts"]["mechanism"]
-    assert (mechanism["dpsm"], mechanism["against"], mechanism["verdict"]) == ("dpsm_t001_l05", ["cut_l05"], "holds")
+    assert (mechanism["arm"], mechanism["against"], mechanism["verdict"]) == ("dpsm_t001_l05", ["cut_l05"], "holds")
     report = markdown_report(analysis)
     assert f"**{verdict}**" in report and "within each backbone" in report and "smaller than `cut_l05`" in report
 

@@ -14,3 +14,20 @@ def test_every_package_line_fits_140_columns():
             for path in sorted(package.rglob("*.py"))
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > LIMIT]
     assert long == [], f"{len(long)} lines over {LIMIT} characters: reflow them (black -l {LIMIT} -S --line-ranges=N-N FILE)"
+
+
+def test_no_package_file_but_a_method_s_card_and_objective_names_a_method():
+    """The cards are the only list of methods (docs/extending.md): a method's name as a string
+    anywhere else in the package -- a title table, a headline, a preset -- is a list kept by hand,
+    which a new method would have to find and edit."""
+    import ast
+
+    from dpsm_ray.cards import method_names
+
+    package = Path(dpsm_ray.__file__).parent
+    names = set(method_names())
+    found = [f"{path.relative_to(package)}:{node.lineno}: {node.value!r}"
+             for path in sorted(package.rglob("*.py")) if path.relative_to(package).parts[0] not in ("cards", "objectives")
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+    assert found == [], "method names outside dpsm_ray/cards and dpsm_ray/objectives:\n" + "\n".join(found)

@@ -29,6 +29,9 @@ COMMON_ARGUMENTS = ("alpha", "conformal_weight", "collective")
 # "base": the CE base model itself, evaluated without further training (the paper's table's CE
 # column, docs/method.md); a run of it trains 0 epochs from --init base.  Not a card: it builds CE.
 BASE_MODEL = "base"
+# Plain cross-entropy: what a base model trains with (and ``base`` builds), and the reference every
+# league and study compares the other methods with.
+REFERENCE_METHOD = "ce"
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class MethodCard:
     ``grid_axes``: its axes of the paper's grid (``PAPER_GRID`` above).
     ``paper``: in the paper's table, so a sweep runs it unless told otherwise.
     ``colour`` / ``marker``: its matplotlib style in every figure (None: one drawn from its name).
+    ``headline``: the method the report's headline compares with the best of the others (the paper's).
+    ``presets``: the settings each named preset gives it (``--preset``, dpsm_ray/train/presets.py).
     """
 
     name: str
@@ -55,6 +60,8 @@ class MethodCard:
     short_title: str | None = None  # tick labels and legends; the title when None
     colour: str | None = None
     marker: str | None = None
+    headline: bool = False
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def objective_class(self):
         return self.objective if inspect.isclass(self.objective) else self.objective()
@@ -137,6 +144,18 @@ def reads(method: str, field_name: str) -> bool:
     return method in _CARDS and _CARDS[method].reads(field_name)
 
 
+def headline_method() -> str | None:
+    """The method the report's headline compares with the others (the first card marked so)."""
+    return next((card.name for card in _CARDS.values() if card.headline), None)
+
+
+def preset_settings(preset: str, method: str) -> dict:
+    """What preset ``preset`` gives ``method`` beyond its shared schedule (nothing for a method
+    whose card names no such preset, or for the base model)."""
+    card = _CARDS.get(method)
+    return dict(card.presets.get(preset, {})) if card is not None else {}
+
+
 def method_fields() -> frozenset[str]:
     """The config fields some method reads and another does not."""
     return frozenset(name for card in _CARDS.values() for name in card.fields)
@@ -198,6 +217,7 @@ _BUILT_IN_CARDS = (
         "CE",
         _cross_entropy,
         paper=True,
+        presets={"official": {}},
         colour="tab:blue",
         marker="o",
     ),
@@ -210,6 +230,8 @@ _BUILT_IN_CARDS = (
         knobs=("conformal_weight", "lr"),
         grid_axes=(*SHARED_GRID_AXES, "conformal_weight"),
         paper=True,
+        # YuanjieSh/DPSM_code's CUT path (CE on the whole batch, train_cifar.py:265-268); its README has no command for it
+        presets={"official": {"conformal_weight": 0.05, "ce_batch": "full"}},
         colour="tab:green",
         marker="s",
     ),
@@ -222,6 +244,8 @@ _BUILT_IN_CARDS = (
         knobs=("conformal_weight", "lr", "sigmoid_temperature"),
         grid_axes=(*SHARED_GRID_AXES, "conformal_weight"),
         paper=True,
+        # the same code's ConfTr path (CE on the whole batch, train_cifar.py:196-199): T and lambda as DPSM's
+        presets={"official": {"sigmoid_temperature": 1.0, "conformal_weight": 0.05, "conftr_split": "batch"}},
         colour="tab:orange",
         marker="^",
     ),
@@ -233,6 +257,15 @@ _BUILT_IN_CARDS = (
         # its size weight sits inside a logarithm, where it only shifts the loss: not a knob
         knobs=("lr", "sigmoid_temperature"),
         short_title="ConfTr (pub.)",
+        # ConfTr's own code (google-deepmind/conformal_training, experiments/run_fashion_mnist.py and run.py): from
+        # scratch, batch 100, 150 epochs, lr 0.01 divided by 10 at epochs 60, 90 and 120, Nesterov momentum 0.9, weight
+        # decay 5e-4 * sum of squares (1e-3 as torch's coefficient), T 0.1, size weight 0.01 inside the logarithm,
+        # kappa 0, no CE, smooth sort dispersion 0.1
+        presets={"official": {
+            "init": "scratch", "batch_size": 100, "epochs": 150, "lr": 0.01, "milestones": (60, 90, 120), "lr_decay": 0.1,
+            "lr_schedule": "step", "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3, "sigmoid_temperature": 0.1,
+            "conformal_weight": 0.01, "size_target": 0.0, "ce_weight": 0.0, "sort_temperature": 0.1,
+        }},
         colour="tab:brown",
         marker="v",
     ),
@@ -245,6 +278,12 @@ _BUILT_IN_CARDS = (
         knobs=("conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"),
         grid_axes=(*SHARED_GRID_AXES, "conformal_weight", "quantile_lr"),
         paper=True,
+        headline=True,
+        # YuanjieSh/DPSM_code at 6bb92ed: CE on the whole batch, each batch split in place into the quantile's and the
+        # size loss's halves (train_cifar.py:300, 358-361), T = 1 and lambda 0.05 (the ResNet-110 command), q's fixed step
+        # 0.01 (--lr_qr)
+        presets={"official": {"sigmoid_temperature": 1.0, "conformal_weight": 0.05, "quantile_lr": 0.01, "ce_batch": "full",
+                              "dpsm_split": "batch"}},
         colour="tab:red",
         marker="D",
     ),
@@ -299,7 +338,7 @@ def build_objective(method: str, *, seed: int = 0, collective=None, **values) ->
     unknown = set(values) - method_fields() - {"alpha", "conformal_weight"}
     if unknown:
         raise TypeError(f"build_objective: no method reads {', '.join(sorted(unknown))}")
-    return method_card("ce" if method == BASE_MODEL else method).build(values, seed=seed, collective=collective)
+    return method_card(REFERENCE_METHOD if method == BASE_MODEL else method).build(values, seed=seed, collective=collective)
 
 
 # the built-in methods (``method_names()`` adds registered ones), and the paper's table: what a sweep runs by default

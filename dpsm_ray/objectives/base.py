@@ -26,6 +26,10 @@ class ObjectiveOutput:
     parts: dict[str, torch.Tensor] | None = None
 
 
+# each epoch's mean of a stat -> its column of epochs.parquet
+STAT_COLUMNS = {"upper": "upper_loss", "ce": "ce_loss", "conformal": "conformal_loss", "pinball": "lower_loss"}
+
+
 def hps_scores(logits: torch.Tensor) -> torch.Tensor:
     """Training score of every label: HPS on softmax probabilities, ``[n, K]``."""
     return hps_matrix(logits.softmax(dim=1))

@@ -14,13 +14,13 @@ import json
 import math
 from pathlib import Path
 
-from dpsm_ray.cards import BASE_MODEL
+from dpsm_ray.cards import BASE_MODEL, REFERENCE_METHOD
 from dpsm_ray.results.layout import Results
 from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.runs import model_rows
 from dpsm_ray.results.tables import calibration_rows, method_name
 
-REFERENCE = "ce"  # every method is compared with CE fine-tuned, searched as carefully
+REFERENCE = REFERENCE_METHOD  # every method is compared with CE fine-tuned, searched as carefully
 SCORES = ("hps", "aps", "raps")
 DECIDING = ("hps", "aps")  # the criterion's scores
 COVERAGE_TOLERANCE = 0.005  # coverage outside 1 - alpha +- this does not count as smaller

@@ -56,20 +56,21 @@ def comparisons(evals: pd.DataFrame, metric: str = "set_size") -> list[dict]:
     by the same protocol (the lowest mean; the base model excluded) and, where it was evaluated,
     the CE base model (the paper's comparison)."""
     methods = ordered(evals["method"], method_order())
-    if "dpsm" not in methods:
+    headline = cards.headline_method()
+    if headline not in methods:
         return []
-    baselines = [m for m in methods if m not in ("dpsm", "base")]
+    baselines = [m for m in methods if m not in (headline, cards.BASE_MODEL)]
     found = []
     for score in ordered(evals["score"], score_names()):
         means = evals[evals.score == score].groupby("method")[metric].mean()
-        if not math.isfinite(means.get("dpsm", math.nan)):
+        if not math.isfinite(means.get(headline, math.nan)):
             continue
-        for label, pool in (("best baseline", baselines), ("the CE base model", ["base"] if "base" in methods else [])):
+        for label, pool in (("best baseline", baselines), ("the CE base model", [cards.BASE_MODEL] if cards.BASE_MODEL in methods else [])):
             present = means.reindex(pool).dropna()
             if present.empty:
                 continue
             against = present.idxmin()
-            change = paired_change(evals, "dpsm", against, score, metric, by="method")
+            change = paired_change(evals, headline, against, score, metric, by="method")
             if change["seeds"]:
                 found.append({**change, "label": label})
     return found

@@ -14,13 +14,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsm_ray.cards import BASE_MODEL, score_names
+from dpsm_ray.cards import BASE_MODEL, REFERENCE_METHOD, score_names
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.results.layout import BASE_MODELS, Results
 from dpsm_ray.results.runs import COMPACT_RUNS, GRADIENTS, LIKE_FOR_LIKE, LIKE_FOR_LIKE_D1, model_rows
 from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
 
-REFERENCES = ("ce", "base")  # every arm is compared with CE fine-tuned and with the base model
+REFERENCES = (REFERENCE_METHOD, BASE_MODEL)  # every arm is compared with CE fine-tuned (the arm "ce") and with the base model
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,9 @@ class Study:
     # the mechanism criterion's (DPSM arm, the arms it must beat ...) at each setting: ConfTr's and CUT's in
     # the decisive test and round two, CUT's alone in round three
     mechanism: tuple[tuple[str, ...], ...] = ()
-    # the claim's rule (CLAIM_RULES), and the seeds it reads a mean change within (round three's two backbones)
+    # the claim's arms: the claimant (searched DPSM), then the baselines it must beat (searched CE, ConfTr and CUT);
+    # its rule (CLAIM_RULES), and the seeds it reads a mean change within (round three's two backbones)
+    claim: tuple[str, ...] = ()
     claim_rule: str = "decisive"
     seed_groups: tuple[tuple[int, ...], ...] = ()
 
@@ -275,7 +277,6 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
 CLAIM_MARGIN = 5.0
 CRITERION_SCORES = ("hps", "aps")  # the scores the criterion judges (docs/fidelity.md)
 COVERAGE_TOLERANCE = 0.005
-SEARCHED_METHODS = ("ce", "conftr", "cut", "dpsm")
 
 
 def decisive_claim(changes) -> str:
@@ -321,21 +322,21 @@ def verdicts(study: Study, analysis: dict, evals) -> dict:
         return abs(rows[arm][score]["coverage"] - (1 - study.common.alpha)) <= COVERAGE_TOLERANCE
 
     result = {}
-    baselines = [f"searched_{m}" for m in SEARCHED_METHODS[:-1] if f"searched_{m}" in rows]
-    if "searched_dpsm" in rows and baselines and all(s in rows["searched_dpsm"] for s in CRITERION_SCORES):
+    claimant, baselines = (study.claim[0], [arm for arm in study.claim[1:] if arm in rows]) if study.claim else (None, [])
+    if claimant in rows and baselines and all(s in rows[claimant] for s in CRITERION_SCORES):
         claim = {}
         for score in CRITERION_SCORES:
             best = min(baselines, key=lambda arm: rows[arm][score]["set_size"])
-            change = paired_change(evals, "searched_dpsm", best, score)
-            claim[score] = {"against": best, **change, "coverage_ok": covered("searched_dpsm", score)}
-            claim[score]["within"] = [within_mean(evals, "searched_dpsm", best, score, seeds) for seeds in study.seed_groups]
+            change = paired_change(evals, claimant, best, score)
+            claim[score] = {"against": best, **change, "coverage_ok": covered(claimant, score)}
+            claim[score]["within"] = [within_mean(evals, claimant, best, score, seeds) for seeds in study.seed_groups]
         result["claim"] = {**claim, "rule": study.claim_rule, "verdict": CLAIM_RULES[study.claim_rule](claim.values())}
     triples = [t for t in study.mechanism if set(t) <= set(rows)]
     if triples:
-        dpsm, *others = min(triples, key=lambda t: rows[t[0]]["hps"]["set_size"])
-        changes = {f"{score}_{other}": paired_change(evals, dpsm, other, score) for score in CRITERION_SCORES for other in others}
-        holds = all(c["high"] < 0 for c in changes.values()) and all(covered(dpsm, score) for score in CRITERION_SCORES)
-        result["mechanism"] = {"dpsm": dpsm, "against": others, "changes": changes, "verdict": "holds" if holds else "not shown"}
+        arm, *others = min(triples, key=lambda t: rows[t[0]]["hps"]["set_size"])
+        changes = {f"{score}_{other}": paired_change(evals, arm, other, score) for score in CRITERION_SCORES for other in others}
+        holds = all(c["high"] < 0 for c in changes.values()) and all(covered(arm, score) for score in CRITERION_SCORES)
+        result["mechanism"] = {"arm": arm, "against": others, "changes": changes, "verdict": "holds" if holds else "not shown"}
     return result
 
 
@@ -365,7 +366,7 @@ def batch_gaps(study: Study, evals, runs, scores: list[str]) -> dict | None:
             "batch": batch,
             **{
                 f"{name}_q_error_train": float(runs[runs.stage == arm].q_error_train.mean())
-                for name, arm in (("dpsm", dpsm), ("conftr", conftr))
+                for name, arm in (("learned", dpsm), ("batch", conftr))
             },
         }
         for batch, dpsm, conftr in pairs
@@ -456,7 +457,7 @@ def comparison_lines(analysis: dict, scores: list[str], mark) -> list[str]:
         part = [c for c in analysis["comparisons"] if c["against"] == against and not c.get("own")]
         if not part:
             continue
-        title = "CE fine-tuned (the same protocol)" if against == "ce" else "the CE base model (the paper's CE column)"
+        title = "CE fine-tuned (the same protocol)" if against == REFERENCE_METHOD else "the CE base model (the paper's CE column)"
         lines += [
             (
                 f"Per-seed change of the set size against {title}, mean [{T_LEVEL:.0%} t interval] over the seeds "
@@ -509,7 +510,7 @@ def batch_lines(analysis: dict) -> list[str]:
                          interval_text(part["difference"]), detectable_text(part["difference"]), verdict])
         lines += [markdown(rows), ""]
         rows = [["batch", "DPSM \\|q - Q_n\\|", "ConfTr \\|Q_batch - Q_n\\|"]]
-        rows += [[str(e["batch"]), fmt(e["dpsm_q_error_train"], 4), fmt(e["conftr_q_error_train"], 4)] for e in batch["errors"]]
+        rows += [[str(e["batch"]), fmt(e["learned_q_error_train"], 4), fmt(e["batch_q_error_train"], 4)] for e in batch["errors"]]
         lines += [markdown(rows), ""]
     return lines
 
@@ -542,8 +543,9 @@ def verdict_lines(analysis: dict) -> list[str]:
         mechanism = verdict["mechanism"]
         lines += [
             (
-                f"**The mechanism** (`{mechanism['dpsm']}`, of the mechanism's settings the one with DPSM's smallest HPS sets, smaller"
-                f" than {' and '.join(f'`{arm}`' for arm in mechanism['against'])}, HPS and APS, intervals below 0): **{mechanism['verdict']}**."
+                f"**The mechanism** (`{mechanism['arm']}`, of the mechanism's settings the one with DPSM's smallest HPS sets, smaller"
+                f" than {' and '.join(f'`{arm}`' for arm in mechanism['against'])}, HPS and APS, intervals below 0):"
+                f" **{mechanism['verdict']}**."
             ),
             "",
         ]

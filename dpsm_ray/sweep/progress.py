@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from dpsm_ray.train.lines import EpochLine
 from dpsm_ray.timing import duration_text
+from dpsm_ray.cards import REFERENCE_METHOD
 
 
 def clock_text(seconds: float) -> str:
@@ -102,7 +103,7 @@ class Progress:
             return  # the last epoch: the "trained in" line follows
         self._last_epoch_line = now
         left = (line.epochs - line.epoch) * line.seconds
-        what = "base model" if line.method == "ce" else line.method
+        what = "base model" if line.method == REFERENCE_METHOD else line.method
         self(
             f"{what}: epoch {line.epoch}/{line.epochs}  val size {line.val_set_size:.2f}  ({line.seconds:.1f}s per epoch, about"
             f" {duration_text(left)} left)"

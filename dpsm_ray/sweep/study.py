@@ -32,7 +32,6 @@ from dpsm_ray.results.layout import SWEEP_FILE, CoverageFloor, Results
 if TYPE_CHECKING:
     from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.results.studies import (
-    SEARCHED_METHODS,
     Arm,
     Study,
     analyse,
@@ -97,7 +96,6 @@ def write_study_results(study: Study, results: Path) -> None:
 # ----------------------------------------------------------------------------- the arms
 
 
-METHOD_TITLES = {"ce": "CE fine-tuned", "conftr": "ConfTr", "cut": "CUT", "dpsm": "DPSM"}
 # the settings a sweep must share with the study for its picks to be the study's searched arms
 SHARED_WITH_THE_SWEEP = (
     "dataset",
@@ -118,12 +116,13 @@ SHARED_WITH_THE_SWEEP = (
 
 
 def searched_arms(sweep_dir: Path, common: TrainConfig, log=print, *, differing: tuple[str, ...] = ()) -> tuple[Arm, ...]:
-    """``searched_<method>`` for each of CE, ConfTr, CUT and DPSM that the finished Optuna sweep in
-    ``sweep_dir`` searched: the method at the configuration its search picked (the sweep's own
+    """``searched_<method>`` for each method the finished Optuna sweep in ``sweep_dir`` searched (in
+    the cards' order): the method at the configuration its search picked (the sweep's own
     rule, dpsm_ray/sweep/pick.py), re-trained by the study with every seed from the study's base
     models.  SweepError if the sweep is not one the study can use: one whose settings differ from
     the study's in a field of SHARED_WITH_THE_SWEEP, but those named in ``differing`` (round three
     re-trains backbone 0's picks on backbone 1: ``("pretrained_path",)``)."""
+    from dpsm_ray.cards import method_cards
     from dpsm_ray.sweep.pick import best_overrides
     from dpsm_ray.sweep.space import method_knobs
     from dpsm_ray.results.layout import SWEEP_FILE
@@ -145,20 +144,16 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print, *, differing:
     if not Results(sweep_dir).path("trials").is_file():
         raise SweepError(f"--searched-from {sweep_dir}: the sweep has no finished search trials yet (no trials.parquet)")
     arms = []
-    for method in SEARCHED_METHODS:
-        if method in stored.get("methods", ()):
-            overrides = best_overrides(sweep_dir, method, method_knobs(method), log)
-            if overrides is not None:
-                budget = search_budget(stored["trials"], stored.get("trials_per_knob"), method, stored.get("min_trials"))  # what it gave
-                arms.append(
-                    Arm(
-                        f"searched_{method}",
-                        f"{METHOD_TITLES[method]}, searched ({budget} Optuna trials)",
-                        {"method": method, **overrides},
-                    )
-                )
+    searched = [card for card in method_cards() if card.name in stored.get("methods", ())]
+    for card in searched:
+        overrides = best_overrides(sweep_dir, card.name, method_knobs(card.name), log)
+        if overrides is not None:
+            budget = search_budget(stored["trials"], stored.get("trials_per_knob"), card.name, stored.get("min_trials"))  # what it gave
+            title = f"{card.title}, searched ({budget} Optuna trials)"
+            arms.append(Arm(f"searched_{card.name}", title, {"method": card.name, **overrides}))
     if not arms:
-        raise SweepError(f"--searched-from {sweep_dir}: none of {', '.join(SEARCHED_METHODS)} has a search trial that finished")
+        names = ", ".join(card.name for card in searched)
+        raise SweepError(f"--searched-from {sweep_dir}: none of {names} has a search trial that finished")
     return tuple(arms)
 
 
@@ -273,6 +268,7 @@ def study_from_args(args, definition: dict, parser) -> Study:
             comparisons=tuple(definition.get("comparisons", ())),
             batch_pairs=tuple(definition.get("batch_pairs", ())),
             mechanism=tuple(definition.get("mechanism", ())),
+            claim=tuple(definition.get("claim", ())),
             claim_rule=definition.get("claim_rule", "decisive"),
             seed_groups=tuple(definition.get("seed_groups", ())),
         )
@@ -288,7 +284,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     ``sweeps/cifar100_fidelity.py``: ``datasets`` maps a name to ``{"common": TrainConfig fields,
     "arms": (Arm, ...), "seeds": n, "concurrency": c, "quick": {"common": ..., "seeds": n, "epochs":
     e, "milestones": m}}`` and optionally the analysis' ``comparisons``, ``batch_pairs`` and
-    ``mechanism``, ``claim_rule`` and ``seed_groups`` (``Study``'s), the results directory's ``prefix`` (default ``fidelity``),
+    ``mechanism``, ``claim``, ``claim_rule`` and ``seed_groups`` (``Study``'s), the results directory's ``prefix`` (default ``fidelity``),
     ``differing`` (the settings its searched arms may have been searched with otherwise:
     ``searched_arms``) and ``report_only`` (why a dataset is only read, from a league's results, never run);
     ``estimate(study)``, if given, is printed before the study starts.  Exit status as every

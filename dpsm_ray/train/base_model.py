@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dpsm_ray.files import cache_home, sha256_file
-from dpsm_ray.cards import method_fields
+from dpsm_ray.cards import REFERENCE_METHOD, method_fields
 from dpsm_ray.cards import dataset_card
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.results.layout import BASE_MODELS, CHECKPOINT_FILE, EPOCHS_FILE, MODEL_FILE, RESULT_FILE
@@ -68,7 +68,7 @@ def base_config(config: TrainConfig) -> TrainConfig:
     # the optimiser as the fine-tuning runs have it, unless the recipe sets it
     recipe = {"momentum": config.momentum, "nesterov": config.nesterov, "weight_decay": config.weight_decay, **recipe}
     return config.replace(
-        method="ce",
+        method=REFERENCE_METHOD,
         model=model,
         init="scratch",
         init_checkpoint=None,

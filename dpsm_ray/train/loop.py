@@ -44,7 +44,7 @@ from dpsm_ray.data import DataSplits, Split, stratified_partition
 from dpsm_ray.cards import method_fields
 from dpsm_ray.models.weights import load_weights
 from dpsm_ray.cards import build_objective
-from dpsm_ray.objectives import Objective, hps_scores
+from dpsm_ray.objectives import STAT_COLUMNS, Objective, hps_scores
 from dpsm_ray.results.schema import EPOCHS, RUN_KEY
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.config import WEIGHTS, ConfigError, TrainConfig
@@ -437,10 +437,7 @@ def train_epoch(
     if not math.isfinite(means["upper"]):
         raise DivergedError(f"training loss is {means['upper']} in epoch {epoch + 1} (method {config.method}, lr {config.lr})")
     return {
-        "upper_loss": means["upper"],
-        "ce_loss": means["ce"],
-        "conformal_loss": means["conformal"],
-        "lower_loss": means["pinball"],
+        **{column: means[stat] for stat, column in STAT_COLUMNS.items()},
         "q": means["quantile"] if objective.learned_quantile() is None else objective.learned_quantile(),
     }, step
 
