@@ -4,13 +4,16 @@ that the backbone never saw, few shots of each, two backbones.
 
     python sweeps/round_three.py --stage backbones --out results/round_three   # LeNet on the 62 digits and Latin letters, seeds 0 and 1
     python sweeps/round_three.py --stage regime --out results/round_three      # the shots: the first of 40, 20, 10 in the regime
+    dpsm-ray sweep --config sweeps/round_three-search.yaml ...                 # the searches (that file says how)
+    python sweeps/round_three.py --stage arms --out results/round_three        # the 10-seed arms, two studies of five
+    python sweeps/round_three.py --report-from docs/results/round_three-fonts_transfer/backbone-0 \
+        docs/results/round_three-fonts_transfer/backbone-1                    # the tables and verdicts, nothing trained
     python sweeps/round_three.py --stage backbones --quick                     # a smoke run (2 epochs) of a stage, into
     python sweeps/round_three.py --stage regime --quick                        #   results/round_three-quick
 
-The stages run in the criterion's order, each on what the one before it wrote; a later stage (the
-searches, the references and the searched arms, the sharp arms, the verdict from compact results) is
-added here when it runs (issue 67).  Every stage resumes: run it again and what is done is read, not
-trained, and a run stopped part way continues from its checkpoint.  One torch thread and no data
+The stages run in the criterion's order, each on what the one before it wrote.  Every stage resumes:
+run it again and what is done is read, not trained, and a run stopped part way continues from its
+checkpoint.  One torch thread and no data
 workers, as a study's trials have (``round_two.EVALUATION``): the thread count decides the sums'
 order, and with it the weights (docs/fidelity.md, "2.79 against 2.97, measured").
 
@@ -26,6 +29,11 @@ order, and with it the weights (docs/fidelity.md, "2.79 against 2.97, measured")
   lr 0.01 divided by 10 at 15 and 25, batch 64; 10 calibration/test re-splits) -- until one is in
   the regime: test accuracy >= 0.75 and HPS sets at alpha 0.1 in [1.4, 3.5].  ``OUT/regime.json``:
   the table and the shots chosen (null: the regime is not reached, and round three stops there).
+- *arms*: two studies (``dpsm_ray.sweep.study``) into OUT/arms/backbone-B, seeds 5B to 5B + 4 on
+  backbone B, all on seed 0's data split: the base model, CE fine-tuned and the four searched picks
+  of the committed search (``--searched-from`` docs/results/round_three-fonts_transfer/search-sweep),
+  then the sharp arms at searched CE's lr one at a time, DPSM at T 0.01, CUT, DPSM at T 0.03: the
+  reverse of the order the criterion cuts them in.  Each study's compact/ is what docs/results keeps.
 
 Each stage's JSON records, for each run, the commit of the ``dpsm_ray`` it imported (and the tracked
 files that differed from it), this script's sha256 and the wall seconds of the call that finished it.
@@ -351,7 +359,8 @@ def main(argv=None) -> int:
     what.add_argument("--report-from", nargs="+", metavar="FOLDER",
                       help="print the arms' tables and verdicts from the two studies' compact/ folders (e.g. the committed copies "
                            f"under {COMMITTED.relative_to(COMMITTED.parents[2])}/) and exit: nothing is trained")
-    parser.add_argument("--out", help=f"the round's directory (default: results/{PREFIX}[-quick])")
+    parser.add_argument("--results-dir", "--out", dest="out", metavar="DIR",
+                        help=f"the round's directory (default: results/{PREFIX}[-quick])")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 epochs, the backbones on 20 images a class")
     args = parser.parse_args(argv)
     if args.report_from:

@@ -185,8 +185,9 @@ def study_parser(prog: str, description: str, datasets: dict[str, dict]):
     add("--dataset", choices=list(datasets), default=next(iter(datasets)), help="(default: %(default)s)")
     add("--data-root", help="where the dataset's files are (the dataset's default otherwise)")
     prefixes = sorted({definition.get("prefix", "fidelity") for definition in datasets.values()})
-    add("--out", help=f"the study's directory (default: results/{'|'.join(prefixes)}-DATASET[-quick])")
-    add("--resume", action="store_true", help="continue an interrupted study in --out")
+    add("--results-dir", "--out", dest="out", metavar="DIR",  # a sweep's flag; --out, its first name, still read
+        help=f"the study's results directory (default: results/{'|'.join(prefixes)}-DATASET[-quick])")
+    add("--resume", action="store_true", help="continue an interrupted study in --results-dir")
     add("--seeds", type=int, help="training seeds per arm (default: the dataset's)")
     add("--arms", help="a comma-separated subset of the arms, the searched ones too with --searched-from (default: all)")
     add("--quick", action="store_true", help="a smoke run at the dataset's small sizes (a training subset, 1-2 epochs, 2 seeds)")
@@ -214,7 +215,7 @@ def study_parser(prog: str, description: str, datasets: dict[str, dict]):
         "--report-now",
         action="store_true",
         help=(
-            "write and print the tables of the trials --out holds now (its compact/ and fidelity.md) and exit: "
+            "write and print the tables of the trials --results-dir holds now (its compact/ and fidelity.md) and exit: "
             "nothing is trained; for a study stopped part way (name the arms and --searched-from it ran with)"
         ),
     )
@@ -332,8 +333,8 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
         except SweepFinished:  # the same command again: what it made
             print(markdown_report(analyse(study, out.resolve())))
             keep_search_record(args.searched_from, out)
-            print(f"{prog}: {out} holds this finished study (its tables are above); --resume runs arms added since, another --out a "
-                  "new one")
+            print(f"{prog}: {out} holds this finished study (its tables are above); --resume runs arms added since, another "
+                  "--results-dir a new one")
             return 0
     print(markdown_report(analysis))
     keep_search_record(args.searched_from, out)
