@@ -507,25 +507,44 @@ def check_pretrained(config: TrainConfig) -> None:
         raise ConfigError("pretrained_path", path, f"the weights {problem}")
 
 
-def validate(config: TrainConfig) -> None:
-    def need(ok: bool, name: str, allowed: str) -> None:
+class _Checks:
+    """What validate's parts share: a failed check raises ``ConfigError`` naming the field."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+
+    def need(self, ok: bool, name: str, allowed: str) -> None:
         if not ok:
-            raise ConfigError(name, getattr(config, name), allowed)
+            raise ConfigError(name, getattr(self.config, name), allowed)
 
-    def number(name: str) -> float:
-        value = getattr(config, name)
-        need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), name, "must be a finite number")
+    def number(self, name: str) -> float:
+        value = getattr(self.config, name)
+        self.need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), name, "must be a finite number")
         return value
 
-    def integer(name: str) -> int:
-        value = getattr(config, name)
-        need(isinstance(value, int) and not isinstance(value, bool), name, "must be an integer")
+    def integer(self, name: str) -> int:
+        value = getattr(self.config, name)
+        self.need(isinstance(value, int) and not isinstance(value, bool), name, "must be an integer")
         return value
 
+
+def validate(config: TrainConfig) -> None:
+    """Every field in range, in one order (the first bad field is the one named): the data, model
+    and start; the objective's options; the schedule; the evaluation; where and how it runs."""
+    checks = _Checks(config)
     try:
         train_size = split_sizes(config.dataset)["train"]
     except ValueError as error:
         raise ConfigError("dataset", config.dataset, str(error).partition("; got")[0]) from None
+    _check_model_and_start(config, checks)
+    _check_objective(config, checks)
+    _check_schedule(config, checks, train_size)
+    _check_evaluation(config, checks)
+    _check_resources(config, checks)
+
+
+def _check_model_and_start(config: TrainConfig, checks: _Checks) -> None:
+    need = checks.need
     if config.model != "auto":
         try:
             check_model(config.model)
@@ -558,6 +577,11 @@ def validate(config: TrainConfig) -> None:
         "base_batch_size",
         "must be an even integer >= 2",
     )
+
+
+def _check_objective(config: TrainConfig, checks: _Checks) -> None:
+    """The objectives' options (each read by the methods whose card lists it)."""
+    need, number, integer = checks.need, checks.number, checks.integer
     need(0 < number("alpha") < 1, "alpha", "must be in the open interval (0, 1)")
     need(number("conformal_weight") >= 0, "conformal_weight", "must be >= 0 (the paper's lambda)")
     need(number("sigmoid_temperature") > 0, "sigmoid_temperature", "must be > 0")
@@ -572,6 +596,10 @@ def validate(config: TrainConfig) -> None:
     need(number("ce_weight") >= 0, "ce_weight", "must be >= 0")
     need(integer("vr_neighbours") >= 1, "vr_neighbours", "must be an integer >= 1 (VR-ConfTr's m)")
     need(number("rank_exponent") >= 0, "rank_exponent", "must be >= 0 (RWCE's gamma)")
+
+
+def _check_schedule(config: TrainConfig, checks: _Checks, train_size: int) -> None:
+    need, number, integer = checks.need, checks.number, checks.integer
     need(number("lr") > 0, "lr", "eta must be > 0")
     need(
         integer("batch_size") >= 2 and config.batch_size % 2 == 0, "batch_size", "must be an even integer >= 2 (half from D1, half from D2)"
@@ -611,6 +639,10 @@ def validate(config: TrainConfig) -> None:
         f"must be at most {usable}: each step takes half the batch from each half of the {config.train_subset or train_size} training"
         " examples",
     )
+
+
+def _check_evaluation(config: TrainConfig, checks: _Checks) -> None:
+    need, integer = checks.need, checks.integer
     need(integer("val_splits") >= 1, "val_splits", "must be an integer >= 1")
     need(
         integer("diagnostic_examples") >= 0 and config.diagnostic_examples != 1,
@@ -629,6 +661,10 @@ def validate(config: TrainConfig) -> None:
         "eval_calibrations",
         f"must be some of {', '.join(CALIBRATIONS)}, each once",
     )
+
+
+def _check_resources(config: TrainConfig, checks: _Checks) -> None:
+    need, number, integer = checks.need, checks.number, checks.integer
     need(integer("workers") >= 0, "workers", "must be an integer >= 0")
     need(config.workers == 0 or config.batch_size % (2 * config.workers) == 0, "batch_size",
          f"must be divisible by 2 * workers = {2 * config.workers} (each worker takes batch_size / workers, half from D1 and half from D2)")
