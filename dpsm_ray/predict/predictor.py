@@ -430,8 +430,8 @@ class Predictor:
         few calibration points for alpha, which every class-conditional set holds)."""
         entry = self.calibrated_entry(score)
         if "class_thresholds" not in entry:
-            raise PredictorError(f"this predictor records no class thresholds (written before class-conditional calibration); "
-                                 f"recalibrate(x_cal, y_cal, by='class') gives them")
+            raise PredictorError("this predictor records no class thresholds (written before class-conditional calibration); "
+                                 "recalibrate(x_cal, y_cal, by='class') gives them")
         return torch.tensor([_threshold(q) for q in entry["class_thresholds"]], dtype=torch.float64)
 
     def set_thresholds(self, score: str, calibration: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -1089,45 +1089,8 @@ def check_info(info, where: str) -> None:
          "risk", f"must be null or {{\"costs\": {model['num_classes']} numbers in [0, 1], \"level\": a number in (0, 1)}}"
          f"{' (calibration.by is risk)' if (calibration or {}).get('by') == 'risk' else ''}")
     by = calibration.get("by", "marginal") if isinstance(calibration, dict) else "marginal"
-    by_class = by == "class"
-    classes = model["num_classes"]
     for kind, entry in scores.items():
-        threshold = entry.get("threshold", "missing") if isinstance(entry, dict) else "missing"
-        need(_is_threshold(threshold), f"scores.{kind}.threshold", "must be a finite number, or null for an infinite threshold")
-        need(isinstance(entry.get("calibration_points"), int), f"scores.{kind}.calibration_points", "must be an integer")
-        per_class = entry.get("class_thresholds")
-        need((per_class is None and not by_class) or (isinstance(per_class, list) and len(per_class) == classes
-                                                       and all(map(_is_threshold, per_class))),
-             f"scores.{kind}.class_thresholds",
-             f"must be {classes} finite numbers or nulls (infinite){' (calibration.by is class)' * by_class}")
-        for how, kept_as in (("cluster", "clusters"), ("rc3p", "rc3p_rank_limits")):
-            values, other = entry.get(f"{how}_thresholds"), entry.get(kept_as)
-            least = -1 if how == "cluster" else 1
-            need((values is None and other is None and by != how)
-                 or (isinstance(values, list) and len(values) == classes and all(map(_is_threshold, values))
-                     and isinstance(other, list) and len(other) == classes
-                     and all(isinstance(v, int) and not isinstance(v, bool) and least <= v <= max(classes, 0) for v in other)),
-                 f"scores.{kind}.{how}_thresholds",
-                 f"must be {classes} finite numbers or nulls, with {kept_as}: {classes} integers"
-                 f"{' (calibration.by is ' + how + ')' if by == how else ''}")
-        need(_is_threshold(entry.get("risk_threshold")) and (risk is None) == ("risk_threshold" not in entry),
-             f"scores.{kind}.risk_threshold", "must be a finite number or null (infinite), there exactly when risk is")
-        kept = entry.get("calibration_scores")
-        need(kept is None or (isinstance(kept, list) and len(kept) == classes and all(_ascending_numbers(part) for part in kept)
-                              and sum(map(len, kept)) == entry["calibration_points"]),
-             f"scores.{kind}.calibration_scores",
-             f"must be {classes} ascending lists of finite numbers, {entry['calibration_points']} in all")
-        for name, default in score_card(kind).parameters.items():
-            value = entry.get(name)
-            integral = isinstance(default, int)
-            need(
-                isinstance(value, int if integral else (int, float))
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value >= 0,
-                f"scores.{kind}.{name}",
-                f"must be {'an integer' if integral else 'a number'} >= 0",
-            )
+        _check_score(need, kind, entry, model["num_classes"], by, risk)
     weights = info["weights"]
     need(
         isinstance(weights, dict)
@@ -1137,3 +1100,45 @@ def check_info(info, where: str) -> None:
         "weights.file",
         "must be a file name inside the predictor directory",
     )
+
+
+def _check_score(need, kind: str, entry, classes: int, by: str, risk) -> None:
+    """One score's entry of predictor.json: its thresholds (marginal, and those of the calibration
+    ``by``), its calibration points and kept scores, and its card's parameters."""
+    by_class = by == "class"
+    threshold = entry.get("threshold", "missing") if isinstance(entry, dict) else "missing"
+    need(_is_threshold(threshold), f"scores.{kind}.threshold", "must be a finite number, or null for an infinite threshold")
+    need(isinstance(entry.get("calibration_points"), int), f"scores.{kind}.calibration_points", "must be an integer")
+    per_class = entry.get("class_thresholds")
+    need((per_class is None and not by_class) or (isinstance(per_class, list) and len(per_class) == classes
+                                                   and all(map(_is_threshold, per_class))),
+         f"scores.{kind}.class_thresholds",
+         f"must be {classes} finite numbers or nulls (infinite){' (calibration.by is class)' * by_class}")
+    for how, kept_as in (("cluster", "clusters"), ("rc3p", "rc3p_rank_limits")):
+        values, other = entry.get(f"{how}_thresholds"), entry.get(kept_as)
+        least = -1 if how == "cluster" else 1
+        need((values is None and other is None and by != how)
+             or (isinstance(values, list) and len(values) == classes and all(map(_is_threshold, values))
+                 and isinstance(other, list) and len(other) == classes
+                 and all(isinstance(v, int) and not isinstance(v, bool) and least <= v <= max(classes, 0) for v in other)),
+             f"scores.{kind}.{how}_thresholds",
+             f"must be {classes} finite numbers or nulls, with {kept_as}: {classes} integers"
+             f"{' (calibration.by is ' + how + ')' if by == how else ''}")
+    need(_is_threshold(entry.get("risk_threshold")) and (risk is None) == ("risk_threshold" not in entry),
+         f"scores.{kind}.risk_threshold", "must be a finite number or null (infinite), there exactly when risk is")
+    kept = entry.get("calibration_scores")
+    need(kept is None or (isinstance(kept, list) and len(kept) == classes and all(_ascending_numbers(part) for part in kept)
+                          and sum(map(len, kept)) == entry["calibration_points"]),
+         f"scores.{kind}.calibration_scores",
+         f"must be {classes} ascending lists of finite numbers, {entry['calibration_points']} in all")
+    for name, default in score_card(kind).parameters.items():
+        value = entry.get(name)
+        integral = isinstance(default, int)
+        need(
+            isinstance(value, int if integral else (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value >= 0,
+            f"scores.{kind}.{name}",
+            f"must be {'an integer' if integral else 'a number'} >= 0",
+        )
