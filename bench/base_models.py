@@ -6,7 +6,7 @@
 Trains ``--seeds`` base models (``--dataset``'s default model, ``--epochs`` epochs each) into a
 fresh cache three ways: in this process one after another, as the sweep driver did before its base
 models became Ray tasks -- once at one torch thread (the studies' setting) and once at torch's
-default for this machine -- and through ``dpsm_ray.sweep.protocol.with_base_models``, one Ray task
+default for this machine -- and through ``dpsm_ray.sweep.driver.with_base_models``, one Ray task
 per seed holding a trial's CPU, as many at once as the Ray instance holds.  ``identical`` says
 whether each way's weights are bit for bit those of the one-thread driver's: where they are, where
 a base model trains changes its speed alone.  Ray is the one ``RAY_ADDRESS`` names, or one started
@@ -54,7 +54,7 @@ def weights(config: TrainConfig) -> dict[str, torch.Tensor]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from dpsm_ray.sweep.protocol import with_base_models
+    from dpsm_ray.sweep.driver import with_base_models
     from dpsm_ray.train.ray_session import ensure_ray, leaving_ray_as_it_was
 
     spec = SweepSpec(name="bench", base=TrainConfig(dataset=args.dataset, init="base", base_epochs=args.epochs, epochs=1), methods=("ce",))

@@ -7,7 +7,7 @@ Every predictor of the sweep in ``--results`` is written again into a scratch co
 directory (its files hard-linked, its ``predictors/`` left out), two ways: by
 ``dpsm_ray.predict.export.export_sweep`` in this process, one model after another -- as the sweep
 driver wrote them before they became Ray tasks -- and through the sweep's own builder
-(``dpsm_ray.sweep.protocol.export_predictors``), one Ray task per model holding a trial's CPU, as
+(``dpsm_ray.sweep.driver.export_predictors``), one Ray task per model holding a trial's CPU, as
 many at once as the Ray instance holds.  The driver runs at one torch thread (the studies'
 setting) and at torch's default for this machine.  ``identical`` says whether each way's
 predictors (their run, thresholds and test figures) are those of the one-thread driver's.  Ray is
@@ -81,7 +81,7 @@ def written(results: Path) -> dict[str, dict]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from dpsm_ray.predict.export import export_sweep
-    from dpsm_ray.sweep.protocol import export_predictors
+    from dpsm_ray.sweep.driver import export_predictors
     from dpsm_ray.sweep.spec import SweepSpec
     from dpsm_ray.train.ray_session import ensure_ray, leaving_ray_as_it_was
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpsm_ray.sweep.protocol import SweepSpec, run_sweep
+from dpsm_ray.sweep.driver import SweepSpec, run_sweep
 from dpsm_ray.sweep.space import PAPER_GRID
 from dpsm_ray.config import TrainConfig
 

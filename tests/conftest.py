@@ -199,12 +199,12 @@ def skip_beside_a_foreign_ray(item) -> None:
 def no_ray_start(monkeypatch):
     """Fails the test if the sweep driver tries to reach Ray: for checks that must happen before
     (whether this test session's Ray is up already does not matter)."""
-    from dpsm_ray.sweep import protocol
+    from dpsm_ray.sweep import driver
 
     def refuse(*args, **kwargs):
         raise AssertionError("the sweep went on to start (or join) Ray")
 
-    monkeypatch.setattr(protocol, "ensure_ray", refuse)
+    monkeypatch.setattr(driver, "ensure_ray", refuse)
 
 
 # --- the leak check: nothing the run started outlives it -------------------------------------

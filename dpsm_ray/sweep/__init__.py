@@ -10,7 +10,7 @@ before torch and Ray are imported (seconds on a busy machine).
 
 from dpsm_ray.lazy import handed_on
 
-HANDED_ON = {"SweepOutOfSpace": "protocol", "run_sweep": "protocol", "SweepError": "spec", "SweepInterrupted": "spec", "SweepSpec": "spec"}
+HANDED_ON = {"SweepOutOfSpace": "driver", "run_sweep": "driver", "SweepError": "spec", "SweepInterrupted": "spec", "SweepSpec": "spec"}
 
 
 __getattr__ = handed_on(__name__, HANDED_ON)

@@ -351,7 +351,7 @@ def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, de
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     from dpsm_ray.sweep.progress import Progress
-    from dpsm_ray.sweep.protocol import run_sweep
+    from dpsm_ray.sweep.driver import run_sweep
     from dpsm_ray.sweep.spec import SweepFinished
     from dpsm_ray.train.ray_session import leaving_ray_as_it_was
 

@@ -1,7 +1,7 @@
 """The fidelity study: does a method, trained as the paper trained it, make smaller sets than CE?
 
 A study runs fixed *arms* -- a method and its settings, no search -- each with every seed.  It is
-a sweep (``study_spec``: ``SweepSpec.arms``), run by the one driver (``dpsm_ray.sweep.protocol``):
+a sweep (``study_spec``: ``SweepSpec.arms``), run by the one driver (``dpsm_ray.sweep.driver``):
 one stage per arm in one Tune experiment (the first arm, then the others beside each other), the
 ledger, the lock, ``sweep.json`` as its marker, resume, the cluster path.
 Every arm that fine-tunes starts, for seed s, from seed s's CE base model (trained once, in the
@@ -57,10 +57,10 @@ def study_spec(study: Study) -> SweepSpec:
 
 def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = False, log=print) -> dict:
     """Run (or, with ``resume``, continue -- adding arms, or running a subset) every arm of
-    ``study`` into ``results_dir`` through the sweep driver (``dpsm_ray.sweep.protocol``: a study is
+    ``study`` into ``results_dir`` through the sweep driver (``dpsm_ray.sweep.driver``: a study is
     a sweep whose stages are its arms x seeds); returns the analysis.  A finished study asked again
     without ``resume`` raises ``SweepFinished``, as a sweep does."""
-    from dpsm_ray.sweep.protocol import run_sweep
+    from dpsm_ray.sweep.driver import run_sweep
 
     results = Path(results_dir).resolve()
     run_sweep(study_spec(study), results, resume=resume, log=log)
@@ -72,7 +72,7 @@ def report_study(study: Study, results_dir: str | os.PathLike, log=print) -> dic
     ``fidelity.md`` written from its ledger -- with nothing trained and no Ray started: a study
     stopped part way is reported as far as it got (each arm's model count says how far).
     SweepError if there is no such study there, or a driver holds it."""
-    from dpsm_ray.sweep.protocol import holding
+    from dpsm_ray.sweep.driver import holding
     from dpsm_ray.sweep.spec import SweepError, settings_differences
 
     results = Path(results_dir).resolve()

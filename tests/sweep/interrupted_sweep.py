@@ -30,7 +30,7 @@ import signal
 import sys
 from pathlib import Path
 
-from dpsm_ray.sweep import protocol, search, stage
+from dpsm_ray.sweep import driver, search, stage
 from dpsm_ray.train.lines import EpochLine
 from dpsm_ray.train.ray_train import FINISHED
 
@@ -64,13 +64,13 @@ def interrupt_at(point: str) -> None:
 
         stage.LedgerCallback.on_trial_result = hooked
     elif point == "between:final":
-        final_stage = protocol.final_stage
+        final_stage = driver.final_stage
 
         def hooked_final_stage(*args, **kwargs):
             ctrl_c()
             return final_stage(*args, **kwargs)
 
-        protocol.final_stage = hooked_final_stage
+        driver.final_stage = hooked_final_stage
     elif kind in ("kill-write", "trace-writes"):
         replace, count = os.replace, [0]
 
@@ -116,7 +116,7 @@ def interrupt_at(point: str) -> None:
 
         search.MethodStudy.sampler_for = hooked_sampler
     elif point == "kill-base-model":
-        with_base_models = protocol.with_base_models
+        with_base_models = driver.with_base_models
 
         def hooked_base_models(spec, seeds, results, log):
             def killing(line):
@@ -126,7 +126,7 @@ def interrupt_at(point: str) -> None:
 
             return with_base_models(spec, seeds, results, killing)
 
-        protocol.with_base_models = hooked_base_models
+        driver.with_base_models = hooked_base_models
     elif kind != "none":
         raise SystemExit(f"unknown interruption point {point!r}")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpsm_ray.config import TrainConfig
-from dpsm_ray.sweep.protocol import SweepSpec, with_base_models
+from dpsm_ray.sweep.driver import SweepSpec, with_base_models
 from dpsm_ray.train.base_model import cache_entry
 from dpsm_ray.train.lines import EpochLine
 

@@ -8,7 +8,7 @@ import pytest
 
 MODULES = ("dpsm_ray.cards", "dpsm_ray.cards.methods", "dpsm_ray.cards.datasets", "dpsm_ray.cards.scores", "dpsm_ray.conformal.levels",
            "dpsm_ray.sweep.space", "dpsm_ray.sweep.spec", "dpsm_ray.sweep.pick", "dpsm_ray.sweep.collect",
-           "dpsm_ray.sweep.stage", "dpsm_ray.sweep.protocol", "dpsm_ray.results.report")
+           "dpsm_ray.sweep.stage", "dpsm_ray.sweep.driver", "dpsm_ray.results.report")
 
 
 @pytest.mark.parametrize("module", MODULES)

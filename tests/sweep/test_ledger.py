@@ -238,7 +238,7 @@ def test_the_default_results_directory_follows_the_dataset_and_the_methods():
 
 def test_trials_per_knob_gives_each_method_a_budget_that_follows_its_knobs(tmp_path):
     from dpsm_ray.sweep.cli import build_parser, spec_from_args
-    from dpsm_ray.sweep.protocol import search_size
+    from dpsm_ray.sweep.driver import search_size
     from dpsm_ray.sweep.space import method_knobs
 
     fair = spec(methods=("ce", "cut", "conftr", "dpsm"), trials_per_knob=3)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 from dpsm_ray.cli import build_parser
 from dpsm_ray.sweep.cli import build_parser as sweep_parser
-from dpsm_ray.sweep.protocol import run_sweep
+from dpsm_ray.sweep.driver import run_sweep
 from dpsm_ray.sweep.cli import spec_from_args
 
 out = Path(sys.argv[1])

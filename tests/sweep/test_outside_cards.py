@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dpsm_ray.cards import DatasetCard, ModelCard, ScoreCard, register_dataset, register_model, register_score, unregister
-from dpsm_ray.sweep.protocol import run_sweep
+from dpsm_ray.sweep.driver import run_sweep
 from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.config import TrainConfig
 

@@ -10,7 +10,7 @@ import torch
 
 from dpsm_ray.cards import MethodCard, register_method, unregister_method
 from dpsm_ray.objectives.base import Objective
-from dpsm_ray.sweep.protocol import run_sweep
+from dpsm_ray.sweep.driver import run_sweep
 from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.config import TrainConfig
 

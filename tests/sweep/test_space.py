@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpsm_ray.sweep.cli import build_parser, main, spec_from_args
-from dpsm_ray.sweep.protocol import SweepSpec
+from dpsm_ray.sweep.driver import SweepSpec
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, Range, grid_size, paper_grid, parse_range, search_space
 from dpsm_ray.config import ConfigError, TrainConfig
 
@@ -116,7 +116,7 @@ def test_a_method_whose_every_search_trial_failed_is_left_out_of_the_final_stage
 
     from dpsm_ray.results.schema import TRIALS
     from dpsm_ray.results.store import write_parquet
-    from dpsm_ray.sweep.protocol import best_overrides
+    from dpsm_ray.sweep.driver import best_overrides
 
     spec = SweepSpec(name="t", base=base(), methods=("ce", "dpsm"))
     config = spec.base.replace(method="ce", lr=0.02).to_dict()
@@ -132,7 +132,7 @@ def test_a_method_whose_every_search_trial_failed_is_left_out_of_the_final_stage
 
 
 def test_a_missing_dataset_stops_the_sweep_before_it_claims_the_results_dir(tmp_path):
-    from dpsm_ray.sweep.protocol import run_sweep
+    from dpsm_ray.sweep.driver import run_sweep
 
     spec = SweepSpec(name="t", base=base(dataset="cifar100", data_root=str(tmp_path / "data")), methods=("ce",))
     with pytest.raises(FileNotFoundError, match="cifar-100-python.*--download"):
@@ -215,7 +215,7 @@ def test_trials_per_gpu_must_be_auto_or_a_positive_integer(capsys, tmp_path):
 
 
 def test_a_grid_budget_is_a_seeded_random_subset_in_grid_order():
-    from dpsm_ray.sweep.protocol import grid_points
+    from dpsm_ray.sweep.driver import grid_points
 
     axes = {"lr": (0.01, 0.1), "conformal_weight": (0.1, 0.5, 1.0)}
     every = grid_points(axes, None, seed=0)
@@ -229,7 +229,7 @@ def test_a_grid_budget_is_a_seeded_random_subset_in_grid_order():
 def test_a_new_sweep_refuses_an_optuna_storage_that_already_holds_its_studies(tmp_path):
     import optuna
 
-    from dpsm_ray.sweep.protocol import SweepError, check_results_dir
+    from dpsm_ray.sweep.driver import SweepError, check_results_dir
 
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     spec = SweepSpec(name="t", base=base(), methods=("ce", "dpsm"), optuna_storage=storage)

@@ -111,7 +111,7 @@ def test_dpsm_ray_train_with_more_workers_than_cpus_fails_at_once_naming_the_opt
 
 @pytest.mark.ray
 def test_a_sweep_whose_trials_cannot_fit_stops_before_claiming_its_results_directory(ray_session, tmp_path):
-    from dpsm_ray.sweep.protocol import SweepSpec, run_sweep
+    from dpsm_ray.sweep.driver import SweepSpec, run_sweep
     from dpsm_ray.config import TrainConfig
 
     spec = SweepSpec(name="big", base=TrainConfig(dataset="digits", workers=4), methods=("ce",), trials=1, final_seeds=1, trial_resources=(("cpu", 0.1),))

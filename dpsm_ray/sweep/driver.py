@@ -1,4 +1,4 @@
-"""The sweep protocol (the paper's experimental protocol, its appendix D):
+"""The sweep driver, which runs the sweep protocol (the paper's experimental protocol, its appendix D):
 
 1. the CE base model, once per (dataset, model, seed), from the content-addressed cache;
 2. per method, a search (Optuna TPE with the coverage constraint, or the paper's grid) that is
