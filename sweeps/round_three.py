@@ -343,11 +343,44 @@ COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "results" / "round_th
 
 def report(folders: list[str]) -> int:
     """The arms' tables and verdicts from the two studies' compact results, read as one study of
-    10 seeds (``read_study_folders`` joins each arm's seeds): nothing is trained."""
+    10 seeds (``read_study_folders`` joins each arm's seeds), then round three's row of the verdict
+    table per regime (docs/fidelity.md): nothing is trained."""
     from dpsm_ray.sweep.study import cli
 
     definitions = arm_studies(COMMITTED, False, trained=False)
-    return cli("sweeps/round_three.py", "round three's arms", definitions, ["--dataset", "backbone-0", "--report-from", *folders])
+    status = cli("sweeps/round_three.py", "round three's arms", definitions, ["--dataset", "backbone-0", "--report-from", *folders])
+    if status == 0:
+        say(verdict_row(folders))
+    return status
+
+
+def verdict_row(folders: list[str]) -> str:
+    """Round three's row of docs/fidelity.md's verdict table per regime, from the compact results."""
+    import dataclasses
+
+    from dpsm_ray.cards import method_card
+    from dpsm_ray.results.studies import analyse_tables, interval_text, read_study_folders
+    from dpsm_ray.sweep.study import study_from_args, study_parser
+
+    definitions = arm_studies(COMMITTED, False, trained=False)
+    parser = study_parser("sweeps/round_three.py", "round three's arms", definitions)
+    study = study_from_args(parser.parse_args(["--dataset", "backbone-0"]), definitions["backbone-0"], parser)
+    evals, runs, arms, failed, _ = read_study_folders(folders)
+    analysis = analyse_tables(dataclasses.replace(study, arms=arms), evals, runs, failed)
+    claim = analysis["verdicts"].get("claim")
+    base = next((row["hps"]["set_size"] for row in analysis["table"] if row["arm"] == "base"), None)
+    shots = read_record(COMMITTED / "regime.json")["chosen_shots"]
+    backbones = sum(1 for seeds in study.seed_groups if set(seeds) & set(evals.seed))
+    cells = ["small data, classes the backbone never saw (round three)",
+             f"`fonts_transfer`, 79 unseen classes, {shots} shots, {backbones} backbone{'s' * (backbones != 1)}",
+             "n/a" if base is None else f"{base:.2f}", "50.0% (Caltech-101)"]
+    if claim is None:
+        cells += ["not judged: no searched DPSM and baseline in these results"] + ["n/a"] * 3
+    else:
+        names = {arm: method_card(arm.removeprefix("searched_")).title for arm in (claim["hps"]["against"], claim["aps"]["against"])}
+        cells += [claim["verdict"], f"**{claim['verdict']}**", f"{names[claim['hps']['against']]} / {names[claim['aps']['against']]}",
+                  f"{interval_text(claim['hps'])} / {interval_text(claim['aps'])}"]
+    return "Round three's row of the verdict table per regime:\n\n| " + " | ".join(cells) + " |"
 
 
 def main(argv=None) -> int:

@@ -130,7 +130,11 @@ def test_the_report_joins_the_two_backbones_seeds_and_prints_the_verdict(tmp_pat
     assert printed.returncode == 0, printed.stderr[-2000:]
     assert "10 training seeds" in printed.stdout and "**supported**" in printed.stdout
     assert "within each backbone -10.0% and -10.0%" in printed.stdout
+    # and round three's row of docs/fidelity.md's verdict table per regime (these results have no base model)
+    assert ("| small data, classes the backbone never saw (round three) | `fonts_transfer`, 79 unseen classes, 10 shots, 2 backbones | n/a "
+            "| 50.0% (Caltech-101) | supported | **supported** | CUT / CUT | -10.0%") in printed.stdout
     alone = subprocess.run([sys.executable, str(ROOT / "sweeps" / "round_three.py"), "--report-from", folders[0]],
                            capture_output=True, text=True, timeout=300)
     # one backbone's seeds alone: backbone 1's mean change is missing, so the claim is not supported
     assert alone.returncode == 0 and "5 training seeds" in alone.stdout and "**supported**" not in alone.stdout
+    assert "10 shots, 1 backbone |" in alone.stdout
