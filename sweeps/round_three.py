@@ -13,9 +13,9 @@ that the backbone never saw, few shots of each, two backbones.
 
 The stages run in the criterion's order, each on what the one before it wrote.  Every stage resumes:
 run it again and what is done is read, not trained, and a run stopped part way continues from its
-checkpoint.  One torch thread and no data
-workers, as a study's trials have (``round_two.EVALUATION``): the thread count decides the sums'
-order, and with it the weights (docs/fidelity.md, "2.79 against 2.97, measured").
+checkpoint.  One torch thread and no data workers, as a study's trials have
+(``round_two.EVALUATION``): the thread count decides the sums' order, and with it the weights
+(docs/fidelity.md, "2.79 against 2.97, measured").
 
 - *backbones*: each backbone is the service's own command (docs/datasets.md), run in this process:
 

@@ -138,3 +138,11 @@ def test_the_report_joins_the_two_backbones_seeds_and_prints_the_verdict(tmp_pat
     # one backbone's seeds alone: backbone 1's mean change is missing, so the claim is not supported
     assert alone.returncode == 0 and "5 training seeds" in alone.stdout and "**supported**" not in alone.stdout
     assert "10 shots, 1 backbone |" in alone.stdout
+
+
+def test_the_verdict_table_per_regime_quotes_round_three_s_row_as_its_report_prints_it():
+    """docs/fidelity.md's verdict table holds round three's row as the generated block of its section
+    has it (test_decisive checks that block against `--report-from` on the committed results)."""
+    doc = (ROOT / "docs" / "fidelity.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| small data, classes the backbone never saw (round three) |")]
+    assert len(rows) == 2 and rows[0] == rows[1]
