@@ -44,6 +44,10 @@ CONFTR_SPLITS = ("halves", "batch")
 CUT_SCORES = ("hps", "aps")
 Q_INITS = ("dataset", "zero", "random")
 SPLITS = ("halves", "batch")  # DPSM's D1 / D2 split of a batch
+# DPSM's default gamma per epoch: in an epoch q moves at most this times alpha down (times 1 - alpha
+# up), whatever the number of steps.  Chosen by |q - Q_n| from scratch and fine-tuning
+# (docs/method.md): from scratch Q_n falls from ~0.9 to ~0.01 within five epochs.
+QUANTILE_LR_PER_EPOCH = 2.0
 
 # -- datasets --------------------------------------------------------------------------------
 DIGITS_SIZES = {"train": 1000, "val": 300, "cal": 200, "test": 297}  # all 1797 digits

@@ -16,7 +16,6 @@ and errors name the option as it was typed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from dpsm_ray.cards import model_choices, score_names
 from dpsm_ray.cards import BASE_MODEL, METHODS
 from dpsm_ray.sweep.options import version_line
 from dpsm_ray.timing import skip_final_collection
-from dpsm_ray.config import ConfigError, TrainConfig, add_config_options, calibration_warnings, check_pretrained
+from dpsm_ray.config import ConfigError, TrainConfig, add_config_options, calibration_warnings, check_pretrained, config_specs
 from dpsm_ray.train.presets import PRESET_NAMES, preset_values
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
@@ -45,7 +44,7 @@ def positive_seconds(text: str) -> float:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The options given, over the preset's settings for the method (``--preset``), over the defaults."""
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    names = set(config_specs())
     values = {k: v for k, v in vars(args).items() if k in names}
     if args.preset:
         values = {**preset_values(args.preset, values.get("method", TrainConfig.method)), **values}
@@ -53,7 +52,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def flag_for(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-") if field_name in TrainConfig.__dataclass_fields__ else field_name
+    return "--" + field_name.replace("_", "-") if field_name in config_specs() else field_name
 
 
 def fail(parser: argparse.ArgumentParser, error: ConfigError) -> None:

@@ -1,8 +1,10 @@
 """The one frozen, validated configuration of a training run.
 
-Every field carries its help text and allowed range; the CLI builds its options from these, the
-sweep builds configs from dicts, and ``validate()`` gives one error naming the field, the value and
-what is allowed -- before any data is loaded or any Ray work starts.
+Every field carries its help text and allowed range -- a setting every method shares here, one that
+only some methods read on the cards (``MethodOption``, dpsm_ray/cards/methods.py), held in
+``options`` and read as an attribute alike; the CLI builds its options from these, the sweep builds
+configs from dicts, and ``validate()`` gives one error naming the field, the value and what is
+allowed -- before any data is loaded or any Ray work starts.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import os
 from dataclasses import dataclass, field
 
 from dpsm_ray import cards
-from dpsm_ray.catalog import CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, Q_INITS, SPLITS
+from dpsm_ray.catalog import QUANTILE_LR_PER_EPOCH
 from dpsm_ray.conformal import CALIBRATIONS
 from dpsm_ray.conformal.levels import min_calibration_size
 from dpsm_ray.own_data import split_path_spec
 from dpsm_ray.cards import check_model, default_model, paper_score_names, pretrainable_models, score_names, split_sizes
-from dpsm_ray.cards import BASE_MODEL, METHODS, headline_method, method_names, reads
+from dpsm_ray.cards import BASE_MODEL, METHODS, headline_method, method_names, method_options, reads
 
 
 class ConfigError(ValueError):
@@ -67,8 +69,8 @@ def option(
 
 
 def field_help(name: str) -> str:
-    """The help text of config field ``name``."""
-    text = TrainConfig.__dataclass_fields__[name].metadata["help"]
+    """The help text of config field or method option ``name``."""
+    text = config_specs()[name].metadata["help"]
     return text() if callable(text) else text
 
 
@@ -92,10 +94,6 @@ def models_help() -> str:
 
 PRECISIONS = ("fp32", "bf16")
 LR_SCHEDULES = ("step", "exp")
-# The default gamma per epoch: in an epoch q moves at most this times alpha down (times 1 - alpha
-# up), whatever the number of steps.  Chosen by |q - Q_n| from scratch and fine-tuning
-# (docs/method.md): from scratch Q_n falls from ~0.9 to ~0.01 within five epochs.
-QUANTILE_LR_PER_EPOCH = 2.0
 STEPS = ("eager", "graph")
 # ``auto`` (step and precision): the fastest path measured on the run's device, resolved by
 # ``dpsm_ray.train.step.resolve_step`` / ``resolve_precision`` where the run trains.
@@ -164,90 +162,8 @@ class TrainConfig:
         column=True,
         label="λ (conformal_weight)",
     )
-    sigmoid_temperature: float = option(
-        1.0,
-        "the paper's T (tau_Sigmoid): temperature of the soft set size, > 0 (the official code's 1: docs/method.md)",
-        renamed_from="--temperature",
-        column=True,
-        label="T (sigmoid_temperature)",
-    )
-    sort_temperature: float = option(
-        0.01,
-        "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)",
-        sweep=True,
-        column=True,
-        label="soft-sort temperature",
-    )
-    quantile_lr: float | None = option(
-        None,
-        f"the paper's gamma: DPSM's learning rate for q, per step, > 0; default: {QUANTILE_LR_PER_EPOCH:g} / (steps per epoch), so that q"
-        " moves as far per epoch on any dataset size (docs/method.md)",
-        type=float,
-        column=True,
-        label="γ (quantile_lr, per step)",
-    )
-    q_init: str = option(
-        "dataset",
-        "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random"
-        " start)",
-        sweep=True,
-        column=True,
-        label="q_0 (q_init)",
-    )
-    conftr_split: str = option(
-        "batch",
-        "ConfTr's calibration/prediction split: batch (each batch of the whole training set split at random, CE on all of it: Stutz et al."
-        " and the official code) or halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1: Algorithm 1's halves)",
-        sweep=True,
-        column=True,
-        label="ConfTr's split (conftr_split)",
-    )
-    ce_batch: str = option(
-        "full",
-        "DPSM's and CUT's cross-entropy: full (the whole batch, B1 and B2: the official code) or half (B1 only: the tex's Algorithm 1,"
-        " where D2 gets no CE gradient)",
-        sweep=True,
-        column=True,
-        label="CE on (ce_batch)",
-    )
-    dpsm_split: str = option(
-        "halves",
-        "DPSM's B1 (quantile) and B2 (size loss): halves (from the fixed halves D1 and D2: Algorithm 1) or batch (the two random halves of"
-        " each batch of the whole training set: the official code splits each batch in place)",
-        sweep=True,
-        column=True,
-        label="DPSM's B1/B2 (dpsm_split)",
-    )
-    size_target: float = option(
-        0.0, "ConfTr (published)'s kappa: the size loss is max(soft size - kappa, 0), >= 0", label="κ (size_target)"
-    )
-    ce_weight: float = option(
-        0.0,
-        "ConfTr (published)'s weight of its optional classification loss (CE), >= 0 (its THR configuration: 0)",
-        label="CE weight (ce_weight)",
-    )
-    cut_score: str = option(
-        "hps",
-        "CUT's training score: hps (1 - p_y), or aps (randomised APS conformity scores, uniform for a calibrated model: Einbinder et al.)",
-        sweep=True,
-        column=True,
-        label="CUT's score (cut_score)",
-    )
-    vr_neighbours: int = option(
-        4,
-        "VR-ConfTr's m: the calibration scores nearest the batch quantile whose mean gradient stands for the quantile's, >= 1 (the"
-        " authors' Fashion-MNIST setting: 4)",
-        sweep=True,
-        column=True,
-        label="VR-ConfTr's m (vr_neighbours)",
-    )
-    rank_exponent: float = option(
-        1.0,
-        "RWCE's gamma: each example's cross-entropy is weighted by the rank of its true label to this power, >= 0 (0: plain CE; the"
-        " public RWCE code's default: 1)",
-        sweep=True,
-        column=True,
-        label="RWCE's γ (rank_exponent)",
+    options: tuple[tuple[str, object], ...] = option(
+        (), "the method options given (``MethodOption``: the cards'), as (name, value) pairs; read as attributes", cli=False
     )
     # --- optimisation -----------------------------------------------------------------------
     lr: float = option(0.05, "eta: SGD learning rate of the model, > 0", column=True, label="η (lr)")
@@ -346,15 +262,34 @@ class TrainConfig:
     def __post_init__(self) -> None:
         validate(self)
 
+    def __getattr__(self, name: str):
+        """A method option (``dpsm_ray.cards.MethodOption``): its value given, or its default."""
+        if name.startswith("__") or name == "options":  # not an option (and ``options`` itself while unpickling)
+            raise AttributeError(name)
+        given = dict(self.options)
+        if name in given:
+            return given[name]
+        known = method_options()
+        if name in known:
+            return known[name].default
+        raise AttributeError(f"{type(self).__name__} has no field or method option {name!r}")
+
     def to_dict(self) -> dict:
-        """Every field's value, but those marked ``recorded_at_default=False`` while at their default
-        (``from_dict`` gives them their default again)."""
-        values = dataclasses.asdict(self)
-        return {k: v for k, v in values.items() if k in RECORDED_AT_DEFAULT or v != TrainConfig.__dataclass_fields__[k].default}
+        """Every field's value and every method option's (``options`` spelled out; an outside
+        method's option only for that method or when given), but the fields marked
+        ``recorded_at_default=False`` while at their default (``from_dict`` gives them their
+        default again)."""
+        values = {spec.name: getattr(self, spec.name) for spec in dataclasses.fields(self) if spec.name != "options"}
+        values = {k: v for k, v in values.items() if k in RECORDED_AT_DEFAULT or v != TrainConfig.__dataclass_fields__[k].default}
+        given = dict(self.options)
+        for name, spec in method_options().items():
+            if name in given or built_in_option(name) or reads(self.method, name):
+                values[name] = given.get(name, spec.default)
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = set(config_specs()) - {"options"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(unknown[0], values[unknown[0]], f"not a training option (known: {', '.join(sorted(known))})")
@@ -409,15 +344,55 @@ class TrainConfig:
         return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
+def _init_with_options(init):
+    """``TrainConfig(..., sigmoid_temperature=0.5)``: the keywords that are not fields are method
+    options, kept in ``options`` when they differ from the option's default, sorted (so that equal
+    configs compare and hash equal)."""
+    names = frozenset(spec.name for spec in dataclasses.fields(TrainConfig))
+
+    def __init__(self, **values):
+        given = dict(values.pop("options", ()))
+        given.update({name: values.pop(name) for name in [name for name in values if name not in names]})
+        known = method_options()
+        kept = {name: value for name, value in given.items() if name not in known or value != known[name].default}
+        init(self, options=tuple(sorted(kept.items())), **values)
+
+    return __init__
+
+
+TrainConfig.__init__ = _init_with_options(TrainConfig.__init__)
+
+
+def built_in_option(name: str) -> bool:
+    from dpsm_ray.cards.methods import BUILT_IN_OPTIONS
+
+    return name in BUILT_IN_OPTIONS
+
+
 # -- what the fields' metadata declares (``option``), for the rest of the package ---------------------
+def config_specs() -> dict:
+    """Every field (a ``dataclasses.Field``) and every method option (a ``MethodOption``, after
+    ``conformal_weight``: the trials' columns keep their order), by name: what the command line,
+    config files, the trials' columns and the report's labels are generated from."""
+    specs = {}
+    for spec in dataclasses.fields(TrainConfig):
+        specs[spec.name] = spec
+        if spec.name == "conformal_weight":
+            specs.update(method_options())
+    return specs
+
+
 def fields_marked(mark: str) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get(mark))
+    return tuple(name for name, spec in config_specs().items() if spec.metadata.get(mark))
 
 
 def field_type(name: str) -> str:
-    """A field's value type: ``float``, ``int``, ``str``, ``bool``, ``list[int]`` or ``list[str]``
-    (a ``None`` default aside)."""
-    annotation = TrainConfig.__dataclass_fields__[name].type.replace(" | None", "")
+    """A field's or option's value type: ``float``, ``int``, ``str``, ``bool``, ``list[int]`` or
+    ``list[str]`` (a ``None`` default aside)."""
+    spec = config_specs()[name]
+    if not isinstance(spec, dataclasses.Field):
+        return spec.kind
+    annotation = spec.type.replace(" | None", "")
     return {"tuple[int, ...]": "list[int]", "tuple[str, ...]": "list[str]"}.get(annotation, annotation)
 
 
@@ -425,9 +400,8 @@ def field_type(name: str) -> str:
 OPERATIONAL_FIELDS = frozenset(fields_marked("operational"))
 RECORDED_AT_DEFAULT = frozenset(fields_marked("recorded_at_default"))
 PATH_FIELDS = fields_marked("path")
-SWEEP_OPTIONS = fields_marked("sweep")
 TRIAL_COLUMNS = fields_marked("column")
-SETTING_LABELS = {f.name: f.metadata["label"] for f in dataclasses.fields(TrainConfig) if "label" in f.metadata}
+SETTING_LABELS = {name: spec.metadata["label"] for name, spec in config_specs().items() if "label" in spec.metadata}
 
 
 # -- the command line: one generator of options for every front end -------------------------------
@@ -458,7 +432,7 @@ def add_config_options(parser, names: tuple[str, ...] | None = None, defaults: d
     help); every option's own default is "not given"."""
     import argparse
 
-    for spec in dataclasses.fields(TrainConfig):
+    for spec in config_specs().values():
         if not spec.metadata.get("cli", True) if names is None else spec.name not in names:
             continue
         flag, default, help_text = _flag(spec), spec.default, field_help(spec.name)
@@ -580,22 +554,16 @@ def _check_model_and_start(config: TrainConfig, checks: _Checks) -> None:
 
 
 def _check_objective(config: TrainConfig, checks: _Checks) -> None:
-    """The objectives' options (each read by the methods whose card lists it)."""
-    need, number, integer = checks.need, checks.number, checks.integer
+    """The objectives' options (each read by the methods whose card lists it), each by its card's check."""
+    need, number = checks.need, checks.number
     need(0 < number("alpha") < 1, "alpha", "must be in the open interval (0, 1)")
     need(number("conformal_weight") >= 0, "conformal_weight", "must be >= 0 (the paper's lambda)")
-    need(number("sigmoid_temperature") > 0, "sigmoid_temperature", "must be > 0")
-    need(number("sort_temperature") >= 0, "sort_temperature", "must be >= 0")
-    need(config.quantile_lr is None or number("quantile_lr") > 0, "quantile_lr", "gamma must be > 0")
-    need(config.q_init in Q_INITS, "q_init", f"must be one of {', '.join(Q_INITS)}")
-    need(config.conftr_split in CONFTR_SPLITS, "conftr_split", f"must be one of {', '.join(CONFTR_SPLITS)}")
-    need(config.cut_score in CUT_SCORES, "cut_score", f"must be one of {', '.join(CUT_SCORES)}")
-    need(config.ce_batch in CE_BATCHES, "ce_batch", f"must be one of {', '.join(CE_BATCHES)}")
-    need(config.dpsm_split in SPLITS, "dpsm_split", f"must be one of {', '.join(SPLITS)}")
-    need(number("size_target") >= 0, "size_target", "kappa must be >= 0")
-    need(number("ce_weight") >= 0, "ce_weight", "must be >= 0")
-    need(integer("vr_neighbours") >= 1, "vr_neighbours", "must be an integer >= 1 (VR-ConfTr's m)")
-    need(number("rank_exponent") >= 0, "rank_exponent", "must be >= 0 (RWCE's gamma)")
+    known = method_options()
+    for name, value in config.options:
+        need(name in known, name, f"not a training option (the method options: {', '.join(known)})")
+    for name, spec in known.items():
+        problem = spec.problem(getattr(config, name))
+        need(problem is None, name, problem)
 
 
 def _check_schedule(config: TrainConfig, checks: _Checks, train_size: int) -> None:

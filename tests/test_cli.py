@@ -1,4 +1,3 @@
-import dataclasses
 import re
 
 import pandas as pd
@@ -6,7 +5,7 @@ import pytest
 
 from dpsm_ray.cli import build_parser, main
 from dpsm_ray.results.schema import EPOCHS, EVALS
-from dpsm_ray.config import TrainConfig
+from dpsm_ray.config import TrainConfig, config_specs
 
 
 def test_train_prints_a_table_and_writes_the_documented_files(tmp_path, capsys):
@@ -59,11 +58,12 @@ def test_invalid_values_exit_with_one_line_naming_the_option(argv, message, caps
 def test_help_documents_every_option():
     subparsers = build_parser()._subparsers._group_actions[0].choices
     text = subparsers["train"].format_help()
-    hidden = {field.name for field in dataclasses.fields(TrainConfig) if not field.metadata.get("cli", True)}
-    assert hidden == {"init_checkpoint", "evaluate_test"}  # set by the base-model cache and the sweep, not by hand
-    for field in dataclasses.fields(TrainConfig):
-        if field.name not in hidden:
-            assert field.metadata.get("flag", "--" + field.name.replace("_", "-")) in text
+    specs = config_specs()  # the fields and the method options
+    hidden = {name for name, spec in specs.items() if not spec.metadata.get("cli", True)}
+    assert hidden == {"init_checkpoint", "evaluate_test", "options"}  # set by the base-model cache and the sweep; the options by name
+    assert {"sigmoid_temperature", "rank_exponent"} <= set(specs)
+    for name in set(specs) - hidden:
+        assert "--" + name.replace("_", "-") in text
     assert "--out" in text
 
 

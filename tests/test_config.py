@@ -173,14 +173,16 @@ def test_an_alpha_the_calibration_splits_cannot_resolve_is_warned_about():
 
 
 def test_every_place_that_lists_settings_reads_the_fields_metadata():
-    """A training option is declared once, on its TrainConfig field (``option``): dpsm-ray train's
+    """A training option is declared once, on its TrainConfig field (``option``) or its card's ``MethodOption``: dpsm-ray train's
     options, the sweep scripts' options, trials.parquet's configuration columns and the report's
     settings table are all derived from the fields' marks."""
     import argparse
-    import dataclasses
 
     from dpsm_ray.cli import build_parser
-    from dpsm_ray.config import SETTING_LABELS, fields_marked
+    import dataclasses
+
+    from dpsm_ray.cards.methods import CONFIG_FIELDS
+    from dpsm_ray.config import SETTING_LABELS, config_specs, fields_marked
     from dpsm_ray.results.provenance import PARAMETERS
     from dpsm_ray.results.schema import TRIALS
     from dpsm_ray.sweep.cli import build_parser as sweep_parser
@@ -189,14 +191,16 @@ def test_every_place_that_lists_settings_reads_the_fields_metadata():
         return {a.dest for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS}
 
     train = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
-    on_cli = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("cli", True)}
+    specs = config_specs()  # the fields, and the cards' method options after conformal_weight
+    assert CONFIG_FIELDS == {spec.name for spec in dataclasses.fields(TrainConfig)}  # the cards' copy, which an option may not be named as
+    on_cli = {name for name, spec in specs.items() if spec.metadata.get("cli", True)}
     assert on_cli <= flags(train)
     sweep = flags(sweep_parser("digits", "a sweep", {"trials": 2, "final_seeds": 1, "config": {"dataset": "digits"}}))
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = set(specs)
     assert sweep & fields == set(fields_marked("sweep")) | {"seed", "download"}  # --seed and --download: the sweep's own options
     columns = list(TRIALS)
     assert columns[columns.index("wall_seconds") + 1 : columns.index("config_json")] == list(fields_marked("column"))
-    assert PARAMETERS == SETTING_LABELS and list(SETTING_LABELS) == [f.name for f in dataclasses.fields(TrainConfig) if "label" in f.metadata]
+    assert PARAMETERS == SETTING_LABELS and list(SETTING_LABELS) == [name for name, spec in specs.items() if "label" in spec.metadata]
     # the marks themselves: a path is absolute for the trials; an operational field leaves the hash alone
     assert TrainConfig(data_root="data").with_absolute_paths().data_root.startswith("/")
     assert TrainConfig(data_workers=1).config_hash() == TrainConfig(data_workers=2).config_hash()

@@ -247,12 +247,12 @@ def test_a_sweep_that_differs_from_the_study_is_refused_naming_the_setting(tmp_p
 def test_each_search_config_searches_at_the_study_s_settings(dataset):
     """sweeps/decisive-DATASET-search.yaml, read as the sweep reads it: its base shares every
     setting the searched arms need with the study (searched_arms would refuse it otherwise)."""
-    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, GENERIC_DEFAULTS, build_parser, spec_from_args
+    from dpsm_ray.sweep.cli import config_options, GENERIC_DEFAULTS, build_parser, spec_from_args
     from dpsm_ray.sweep.options import GENERIC, parse_with_config
     from dpsm_ray.sweep.study import SHARED_WITH_THE_SWEEP
 
     def read(name, defaults):  # as `dpsm-ray sweep --config FILE` (or a sweep script's --config) reads it
-        args = parse_with_config(build_parser(name, "", defaults), name, CONFIG_OPTIONS, ["--config", str(ROOT / "sweeps" / f"decisive-{dataset}-search.yaml")])
+        args = parse_with_config(build_parser(name, "", defaults), name, config_options(), ["--config", str(ROOT / "sweeps" / f"decisive-{dataset}-search.yaml")])
         return spec_from_args(name, args, defaults)
 
     spec = read(GENERIC, GENERIC_DEFAULTS)

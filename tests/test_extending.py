@@ -5,6 +5,7 @@ score, runs in the copy.  A change that makes an addition need another file fail
 page says so."""
 
 import filecmp
+import json
 import os
 import re
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = {"Two": 2, "Three": 3, "Four": 4, "Five": 5}
 
-OBJECTIVE = '''"""Half CE: cross-entropy on both halves of the batch, halved (a stand-in for a new method)."""
+OBJECTIVE = '''"""Half CE: cross-entropy on both halves of the batch, scaled by an option of its own (a stand-in for a new method)."""
 
 import torch
 
@@ -23,8 +24,12 @@ from dpsm_ray.objectives.base import Objective, ObjectiveOutput, cross_entropy
 
 
 class HalfCE(Objective):
+    def __init__(self, *, ce_share: float = 0.5, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.ce_share = ce_share
+
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
-        ce = 0.5 * cross_entropy(torch.cat([logits1, logits2]), torch.cat([labels1, labels2]))
+        ce = self.ce_share * cross_entropy(torch.cat([logits1, logits2]), torch.cat([labels1, labels2]))
         return self._output(ce, torch.zeros((), device=ce.device))
 '''
 METHOD_CARD = '''def _half_ce():
@@ -34,7 +39,9 @@ METHOD_CARD = '''def _half_ce():
 
 
 _BUILT_IN_CARDS = (
-    MethodCard("half_ce", "Half CE", _half_ce),'''
+    MethodCard("half_ce", "Half CE", _half_ce, options=(
+        MethodOption("ce_share", 0.5, "Half CE's share of the cross-entropy, in (0, 1]", "must be in (0, 1]", lambda v: 0 < v <= 1),
+    )),'''
 SCORE = '''
 
 def top_gap_matrix(probs: torch.Tensor) -> torch.Tensor:
@@ -144,7 +151,8 @@ def test_a_method_a_score_and_a_dataset_take_the_files_docs_extending_md_counts(
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--noconftest", str(copy / "tests")],
                            cwd=copy, env=env, capture_output=True, text=True, timeout=300)
     assert tests.returncode == 0 and "3 passed" in tests.stdout, tests.stdout + tests.stderr
-    run = subprocess.run([sys.executable, "-m", "dpsm_ray.cli", "train", "--dataset", "blobs", "--method", "half_ce", "--epochs", "2",
-                          "--eval-scores", "hps", "top_gap", "--eval-splits", "2"], cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-m", "dpsm_ray.cli", "train", "--dataset", "blobs", "--method", "half_ce", "--ce-share", "0.25", "--epochs", "2",
+                          "--eval-scores", "hps", "top_gap", "--eval-splits", "2", "--out", str(tmp_path / "run")], cwd=copy, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["ce_share"] == 0.25  # its own option, from the command line
     assert "half_ce on blobs" in run.stdout and re.search(r"^top_gap ", run.stdout, re.M), run.stdout

@@ -56,12 +56,12 @@ def test_the_transfer_study_fine_tunes_from_base_models_on_the_backbone():
 
 
 def test_the_transfer_search_config_searches_at_the_study_s_settings_with_the_fair_budget():
-    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, GENERIC_DEFAULTS, build_parser, spec_from_args
+    from dpsm_ray.sweep.cli import config_options, GENERIC_DEFAULTS, build_parser, spec_from_args
     from dpsm_ray.sweep.options import GENERIC, parse_with_config
     from dpsm_ray.sweep.study import SHARED_WITH_THE_SWEEP
 
     config = ROOT / "sweeps" / "round_two-fonts_transfer-search.yaml"
-    args = parse_with_config(build_parser(GENERIC, "", GENERIC_DEFAULTS), GENERIC, CONFIG_OPTIONS, ["--config", str(config)])
+    args = parse_with_config(build_parser(GENERIC, "", GENERIC_DEFAULTS), GENERIC, config_options(), ["--config", str(config)])
     spec = spec_from_args(GENERIC, args, GENERIC_DEFAULTS)
     study = TrainConfig.from_dict(round_two.DATASETS["fonts_transfer"]["common"]).with_absolute_paths()  # as the study compares them
     assert "pretrained_path" in SHARED_WITH_THE_SWEEP  # a search on another backbone is not this study's
@@ -73,12 +73,12 @@ def test_the_transfer_search_config_searches_at_the_study_s_settings_with_the_fa
 def test_the_fonts_arms_fine_tune_from_the_fonts_league_s_base_models():
     """Read as one study with the league (``--report-from`` both folders), the two share each seed's
     base model: one cache entry, though the league scores its diagnostics on a sample."""
-    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, GENERIC_DEFAULTS, build_parser, spec_from_args
+    from dpsm_ray.sweep.cli import config_options, GENERIC_DEFAULTS, build_parser, spec_from_args
     from dpsm_ray.sweep.options import GENERIC, parse_with_config
     from dpsm_ray.train.base_model import cache_entry
 
     config = ROOT / "sweeps" / "league-fonts.yaml"
-    args = parse_with_config(build_parser(GENERIC, "", GENERIC_DEFAULTS), GENERIC, CONFIG_OPTIONS, ["--config", str(config)])
+    args = parse_with_config(build_parser(GENERIC, "", GENERIC_DEFAULTS), GENERIC, config_options(), ["--config", str(config)])
     league = spec_from_args(GENERIC, args, GENERIC_DEFAULTS).base
     arms = configs("fonts")
     assert league.diagnostic_examples != arms["ce"].diagnostic_examples  # the reason the key must leave it out

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from dpsm_ray.catalog import CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, Q_INITS, QUANTILE_LR_PER_EPOCH, SPLITS
 from dpsm_ray.cards.knobs import DEFAULT_RANGES, PAPER_GRID, SHARED_GRID_AXES, knob_name, paper_grid as grid_of
 from dpsm_ray.cards.registry import built_in, register, registry, seal, sealed, unregister
 
@@ -35,6 +37,57 @@ REFERENCE_METHOD = "ce"
 
 
 @dataclass(frozen=True)
+class MethodOption:
+    """A training option some methods read and the others do not: declared once (the built-in ones
+    below, an outside method's on its card), it is a ``TrainConfig`` value like a field --
+    ``config.<name>``, ``--<name>`` on the command line, a key of config files and sweeps, checked
+    by ``validate``, in the config hash of the methods whose card lists it only.
+
+    ``default``: its value when not given (``None``, with ``type``: the method decides);
+    ``type``: ``float``, ``int`` or ``str`` (the default's when empty); ``choices``: a ``str``
+    option's allowed values; ``check``: whether a value of its type is allowed, and ``allowed``
+    what the error then says; ``sweep``, ``column``, ``label``, ``renamed_from``: as a field's
+    (``dpsm_ray.config.option``)."""
+
+    name: str
+    default: Any
+    help: str
+    allowed: str = ""
+    check: Callable[[Any], bool] | None = None
+    choices: tuple[str, ...] | None = None
+    type: str = ""
+    sweep: bool = False
+    column: bool = False
+    label: str | None = None
+    renamed_from: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.type or type(self.default).__name__
+
+    @property
+    def metadata(self) -> dict:
+        """What ``dpsm_ray.config.option`` records of a field, for the code that reads fields and options alike."""
+        marks = {"label": self.label, "renamed_from": self.renamed_from, "type": {"float": float, "int": int, "str": str}[self.kind]}
+        return {"help": self.help, "sweep": self.sweep, "column": self.column, "recorded_at_default": True,
+                **{key: value for key, value in marks.items() if value is not None}}
+
+    def problem(self, value) -> str | None:
+        """Why ``value`` is not allowed (the error's words), or None."""
+        if value is None:
+            return None if self.default is None else f"must be {'a number' if self.kind != 'str' else 'given'}"
+        if self.kind == "float" and not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+            return "must be a finite number"
+        if self.kind == "int" and not (isinstance(value, int) and not isinstance(value, bool)):
+            return "must be an integer"
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(self.choices)}"
+        if self.kind == "str" and not isinstance(value, str):
+            return "must be a string"
+        return None if self.check is None or self.check(value) else self.allowed
+
+
+@dataclass(frozen=True)
 class MethodCard:
     """A training method.
 
@@ -47,6 +100,8 @@ class MethodCard:
     ``colour`` / ``marker``: its matplotlib style in every figure (None: one drawn from its name).
     ``headline``: the method the report's headline compares with the best of the others (the paper's).
     ``presets``: the settings each named preset gives it (``--preset``, dpsm_ray/train/presets.py).
+    ``options``: options of its own (``MethodOption``), which it reads besides ``fields``: how a
+    method registered outside the package brings one.
     """
 
     name: str
@@ -62,12 +117,13 @@ class MethodCard:
     marker: str | None = None
     headline: bool = False
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    options: tuple[MethodOption, ...] = ()
 
     def objective_class(self):
         return self.objective if inspect.isclass(self.objective) else self.objective()
 
     def reads(self, field_name: str) -> bool:
-        return field_name in self.fields
+        return field_name in self.fields or any(option.name == field_name for option in self.options)
 
     def build(self, values: Mapping[str, Any], *, seed: int = 0, collective=None):
         """The objective for a run whose config fields are ``values`` (``alpha``,
@@ -76,15 +132,15 @@ class MethodCard:
         cls = self.objective_class()
         kwargs = {"alpha": values["alpha"], "conformal_weight": values["conformal_weight"], "collective": collective}
         # a field left out of ``values`` takes the constructor's default
-        kwargs.update(
-            {self.arguments.get(name, name): values[name] for name in self.fields if name not in COMMON_ARGUMENTS and name in values}
-        )
+        read = (*self.fields, *(option.name for option in self.options))
+        kwargs.update({self.arguments.get(name, name): values[name] for name in read if name not in COMMON_ARGUMENTS and name in values})
         if "seed" in inspect.signature(cls).parameters:
             kwargs["seed"] = seed
         return cls(**kwargs)
 
 
 _CARDS = registry("method")  # in the report's order
+_OPTIONS: dict[str, MethodOption] = {}  # every method option, the built-in ones first (validate's order)
 
 
 def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
@@ -96,12 +152,18 @@ def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
     if not card.name.isidentifier() or card.name == BASE_MODEL:
         raise ValueError(f"method name must be an identifier other than {BASE_MODEL!r}; got {card.name!r}")
     outside = "method" in sealed()
-    shared = sorted(set(card.fields) - method_fields()) if outside else []
+    own = {option.name: option for option in card.options}
+    shared = sorted(set(card.fields) - method_fields() - set(own)) if outside else []
     if not built_in("method", card.name) and shared:
         # a field every method reads would leave every other method's config hash
         raise ValueError(
-            f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}); got {', '.join(shared)}"
+            f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}) or its own options;"
+            f" got {', '.join(shared)}"
         )
+    clash = [name for name, option in own.items() if name in _OPTIONS and _OPTIONS[name] != option or name in CONFIG_FIELDS]
+    if clash or any(not name.isidentifier() for name in own):
+        raise ValueError(f"method {card.name}: its options must be new identifiers, not options or config fields that exist; got"
+                         f" {', '.join(clash or own)}")
     renamed = {"knobs": tuple(knob_name(k, f"method {card.name}'s knobs") for k in card.knobs),
                "grid_axes": tuple(knob_name(a, f"method {card.name}'s grid_axes") for a in card.grid_axes)}
     if renamed != {"knobs": card.knobs, "grid_axes": card.grid_axes}:
@@ -112,11 +174,16 @@ def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
             f"method {card.name}: knobs must be among {', '.join(DEFAULT_RANGES)} and grid axes among {', '.join(PAPER_GRID)}; got"
             f" {', '.join(unknown)}"
         )
-    return register("method", card, replace)
+    card = register("method", card, replace)
+    _OPTIONS.update(own)
+    return card
 
 
 def unregister_method(name: str) -> None:
     unregister("method", name)
+    kept = {option.name for card in _CARDS.values() for option in card.options}
+    for option in [name for name in _OPTIONS if name not in kept and name not in BUILT_IN_OPTIONS]:
+        del _OPTIONS[option]
 
 
 def method_card(name: str) -> MethodCard:
@@ -157,8 +224,93 @@ def preset_settings(preset: str, method: str) -> dict:
 
 
 def method_fields() -> frozenset[str]:
-    """The config fields some method reads and another does not."""
-    return frozenset(name for card in _CARDS.values() for name in card.fields)
+    """The config fields and options some method reads and another does not."""
+    return frozenset(name for card in _CARDS.values() for name in card.fields) | frozenset(_OPTIONS)
+
+
+def method_options() -> dict[str, MethodOption]:
+    """Every method option (the built-in ones, then those of methods registered outside), by name."""
+    return dict(_OPTIONS)
+
+
+# -- the built-in options: each read by the methods whose card lists it in ``fields`` ------------------
+# ``TrainConfig``'s own fields, which a method's option must not be named as (kept here: the cards import no config)
+CONFIG_FIELDS = frozenset({
+    "dataset", "data_root", "download", "model", "pretrained_path", "method", "init", "init_checkpoint", "base_epochs", "base_lr",
+    "base_batch_size", "base_milestones", "cache_dir", "alpha", "conformal_weight", "lr", "batch_size", "epochs", "milestones",
+    "lr_decay", "lr_schedule", "momentum", "nesterov", "weight_decay", "seed", "split_seed", "train_subset", "val_splits",
+    "diagnostic_examples", "eval_splits", "eval_scores", "eval_calibrations", "evaluate_test", "workers", "gpus_per_worker",
+    "cpus_per_worker", "device", "data_workers", "precision", "channels_last", "step", "checkpoint_every", "max_failures",
+    "debug_sync_checks", "options",
+})
+_BUILT_IN_OPTIONS = (
+    MethodOption(
+        "sigmoid_temperature", 1.0,
+        "the paper's T (tau_Sigmoid): temperature of the soft set size, > 0 (the official code's 1: docs/method.md)",
+        "must be > 0", lambda value: value > 0, renamed_from="--temperature", column=True, label="T (sigmoid_temperature)",
+    ),
+    MethodOption(
+        "sort_temperature", 0.01, "soft-sort temperature for ConfTr's quantile and CUT, >= 0 (0 = exact sort)",
+        "must be >= 0", lambda value: value >= 0, sweep=True, column=True, label="soft-sort temperature",
+    ),
+    MethodOption(
+        "quantile_lr", None,
+        f"the paper's gamma: DPSM's learning rate for q, per step, > 0; default: {QUANTILE_LR_PER_EPOCH:g} / (steps per epoch), so that q"
+        " moves as far per epoch on any dataset size (docs/method.md)",
+        "gamma must be > 0", lambda value: value > 0, type="float", column=True, label="γ (quantile_lr, per step)",
+    ),
+    MethodOption(
+        "q_init", "dataset",
+        "DPSM's q_0: dataset (Q_n of the starting model's D1 scores), zero, or random (Unif(0, 1) from the run seed: Algorithm 1's random"
+        " start)",
+        choices=Q_INITS, sweep=True, column=True, label="q_0 (q_init)",
+    ),
+    MethodOption(
+        "conftr_split", "batch",
+        "ConfTr's calibration/prediction split: batch (each batch of the whole training set split at random, CE on all of it: Stutz et al."
+        " and the official code) or halves (B1 from D1 calibrates, B2 from D2 predicts, CE on B1: Algorithm 1's halves)",
+        choices=CONFTR_SPLITS, sweep=True, column=True, label="ConfTr's split (conftr_split)",
+    ),
+    MethodOption(
+        "ce_batch", "full",
+        "DPSM's and CUT's cross-entropy: full (the whole batch, B1 and B2: the official code) or half (B1 only: the tex's Algorithm 1,"
+        " where D2 gets no CE gradient)",
+        choices=CE_BATCHES, sweep=True, column=True, label="CE on (ce_batch)",
+    ),
+    MethodOption(
+        "dpsm_split", "halves",
+        "DPSM's B1 (quantile) and B2 (size loss): halves (from the fixed halves D1 and D2: Algorithm 1) or batch (the two random halves of"
+        " each batch of the whole training set: the official code splits each batch in place)",
+        choices=SPLITS, sweep=True, column=True, label="DPSM's B1/B2 (dpsm_split)",
+    ),
+    MethodOption(
+        "size_target", 0.0, "ConfTr (published)'s kappa: the size loss is max(soft size - kappa, 0), >= 0",
+        "kappa must be >= 0", lambda value: value >= 0, label="κ (size_target)",
+    ),
+    MethodOption(
+        "ce_weight", 0.0, "ConfTr (published)'s weight of its optional classification loss (CE), >= 0 (its THR configuration: 0)",
+        "must be >= 0", lambda value: value >= 0, label="CE weight (ce_weight)",
+    ),
+    MethodOption(
+        "cut_score", "hps",
+        "CUT's training score: hps (1 - p_y), or aps (randomised APS conformity scores, uniform for a calibrated model: Einbinder et al.)",
+        choices=CUT_SCORES, sweep=True, column=True, label="CUT's score (cut_score)",
+    ),
+    MethodOption(
+        "vr_neighbours", 4,
+        "VR-ConfTr's m: the calibration scores nearest the batch quantile whose mean gradient stands for the quantile's, >= 1 (the"
+        " authors' Fashion-MNIST setting: 4)",
+        "must be an integer >= 1 (VR-ConfTr's m)", lambda value: value >= 1, sweep=True, column=True, label="VR-ConfTr's m (vr_neighbours)",
+    ),
+    MethodOption(
+        "rank_exponent", 1.0,
+        "RWCE's gamma: each example's cross-entropy is weighted by the rank of its true label to this power, >= 0 (0: plain CE; the"
+        " public RWCE code's default: 1)",
+        "must be >= 0 (RWCE's gamma)", lambda value: value >= 0, sweep=True, column=True, label="RWCE's γ (rank_exponent)",
+    ),
+)
+BUILT_IN_OPTIONS = {option.name: option for option in _BUILT_IN_OPTIONS}
+_OPTIONS.update(BUILT_IN_OPTIONS)
 
 
 # -- the built-in methods, in the report's order ---------------------------------------------------

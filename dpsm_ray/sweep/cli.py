@@ -18,14 +18,14 @@ from dpsm_ray.sweep.options import GENERIC, check_storage, parse_tracking, parse
 from dpsm_ray.sweep.space import DEFAULT_RANGES, PAPER_GRID, knob_name, parse_range
 from dpsm_ray.sweep.spec import OPTUNA_STORAGE_ENV, SAMPLERS, SCHEDULERS
 from dpsm_ray.timing import skip_final_collection
-from dpsm_ray.config import SWEEP_OPTIONS, ConfigError, TrainConfig, add_config_options, field_type
+from dpsm_ray.config import ConfigError, TrainConfig, add_config_options, field_type, fields_marked
 from dpsm_ray.train.presets import PRESET_NAMES
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
-# TrainConfig fields a sweep script lets you change (the rest are the script's choice).
-# the training options a sweep script offers: the fields marked ``sweep`` (dpsm_ray/config.py), with
-# argparse's type for each
-CONFIG_OPTIONS = {name: {"float": float, "int": int, "str": str, "bool": bool}[field_type(name)] for name in SWEEP_OPTIONS}
+def config_options() -> dict:
+    """The training options a sweep script offers (the rest are the script's choice): the fields
+    and method options marked ``sweep`` (dpsm_ray/config.py, the cards'), with argparse's type for each."""
+    return {name: {"float": float, "int": int, "str": str, "bool": bool}[field_type(name)] for name in fields_marked("sweep")}
 
 
 def trials_per_gpu(model: str) -> int:
@@ -89,7 +89,7 @@ def build_parser(name: str, description: str, defaults: dict) -> argparse.Argume
     add_sweep_options(parser, name, defaults)
     add_search_options(parser, defaults)
     add_running_options(parser, defaults)
-    add_config_options(parser, SWEEP_OPTIONS, defaults["config"])
+    add_config_options(parser, fields_marked("sweep"), defaults["config"])
     return parser
 
 
@@ -277,7 +277,7 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
     from dpsm_ray.sweep.spec import SweepSpec
 
     # base_fields: training settings a --config file sets beyond the options (a sweep.json's base)
-    values = {**defaults["config"], **getattr(args, "base_fields", {}), **{k: v for k, v in vars(args).items() if k in CONFIG_OPTIONS}}
+    values = {**defaults["config"], **getattr(args, "base_fields", {}), **{k: v for k, v in vars(args).items() if k in config_options()}}
     values.update(seed=args.seed, download=args.download)
     values["gpus_per_worker"] = packed_gpus_per_worker(values, "gpus_per_worker" in vars(args), args.trials_per_gpu)
     base = TrainConfig.from_dict(values)
@@ -335,7 +335,7 @@ def main(name: str, description: str, defaults: dict, argv: list[str] | None = N
     from dpsm_ray.sweep.exits import exit_codes
 
     parser = build_parser(name, description, defaults)
-    args = parse_with_config(parser, name, CONFIG_OPTIONS, argv)
+    args = parse_with_config(parser, name, config_options(), argv)
     skip_final_collection()
     with exit_codes(parser, where=lambda: Path(args.results_dir).resolve() if args.results_dir else None):
         return run(name, parser, args, defaults)

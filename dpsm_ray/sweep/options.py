@@ -166,7 +166,7 @@ def parse_with_config(parser: argparse.ArgumentParser, name: str, config_options
 
 def config_defaults(parser: argparse.ArgumentParser, name: str, config_options, data: dict, path) -> dict:
     """The parser defaults (``dest -> value``) that a config file's mapping ``data`` sets."""
-    from dpsm_ray.config import TrainConfig
+    from dpsm_ray.config import config_specs
 
     actions = {action.dest: action for action in parser._actions if action.dest not in ("help", "config")}
     spec_keys = ("name", "base", "ranges", "grid_fixed", "grid_subsets", "arms")
@@ -188,7 +188,7 @@ def config_defaults(parser: argparse.ArgumentParser, name: str, config_options, 
         elif key == "base":
             if not isinstance(value, dict):
                 raise ValueError(f"{where}: base must be a mapping of training options")
-            fields = TrainConfig.__dataclass_fields__
+            fields = set(config_specs()) - {"options"}
             base_fields = {}
             for field, setting in value.items():
                 if field not in fields:

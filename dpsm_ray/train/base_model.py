@@ -18,7 +18,7 @@ from pathlib import Path
 from dpsm_ray.files import cache_home, sha256_file
 from dpsm_ray.cards import REFERENCE_METHOD, method_fields
 from dpsm_ray.cards import dataset_card
-from dpsm_ray.config import TrainConfig
+from dpsm_ray.config import TrainConfig, config_specs
 from dpsm_ray.results.layout import BASE_MODELS, CHECKPOINT_FILE, EPOCHS_FILE, MODEL_FILE, RESULT_FILE
 from dpsm_ray.train.ray_train import RAY_TRAIN_DIR
 
@@ -47,10 +47,13 @@ SMALL_RECIPE = {"batch_size": 64, "epochs": 30, "lr": 0.05, "milestones": ()}
 # Knobs that only matter when fine-tuning: reset so that, e.g., every alpha shares one base model.
 # Every method's options (the cards' fields) are among them: a CE run reads none of them, so they
 # leave its cache key as they are, but a reset base config cannot differ by one left over.
-FINE_TUNING_DEFAULTS = {
-    name: TrainConfig.__dataclass_fields__[name].default
-    for name in ("alpha", *sorted(method_fields()), "val_splits", "eval_splits", "eval_scores", "eval_calibrations")
-}
+def fine_tuning_defaults() -> dict:
+    specs = config_specs()
+    return {name: specs[name].default
+            for name in ("alpha", *sorted(method_fields()), "val_splits", "eval_splits", "eval_scores", "eval_calibrations")}
+
+
+
 # What only a run's per-epoch diagnostics read: their sample comes from a generator of its own, so
 # the base model's weights are the same whatever it is, and studies that score their diagnostics
 # differently (a league's 10000 examples, round two's whole split) share one base model per seed.
@@ -79,7 +82,7 @@ def base_config(config: TrainConfig) -> TrainConfig:
         base_lr=None,
         base_milestones=None,
         **recipe,
-        **FINE_TUNING_DEFAULTS,
+        **fine_tuning_defaults(),
         **DIAGNOSTICS_DEFAULTS,
     )
 

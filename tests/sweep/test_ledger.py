@@ -255,10 +255,10 @@ def test_trials_per_knob_gives_each_method_a_budget_that_follows_its_knobs(tmp_p
     made = spec_from_args("digits", parser.parse_args(["--trials-per-knob", "2", "--methods", "ce,dpsm"]), defaults)
     assert (made.trials_per_knob, made.search_trials("ce"), made.search_trials("dpsm")) == (2, 2, 8)
     (tmp_path / "sweep.json").write_text(json.dumps(sweep_file(made, tmp_path)))
-    from dpsm_ray.sweep.cli import CONFIG_OPTIONS
+    from dpsm_ray.sweep.cli import config_options
     from dpsm_ray.sweep.options import parse_with_config
 
-    again = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", CONFIG_OPTIONS,
+    again = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", config_options(),
                                                        ["--config", str(tmp_path / "sweep.json")]), defaults)
     assert again.describe() == made.describe()
 
@@ -266,7 +266,7 @@ def test_trials_per_knob_gives_each_method_a_budget_that_follows_its_knobs(tmp_p
 def test_min_trials_is_a_floor_on_every_method_s_budget_from_options_and_config_files(tmp_path):
     """--min-trials N: no method searches fewer than N trials (CE's 1 knob no longer leaves it 2), from the command line
     and back from the sweep.json it writes; with --sampler sobol every method's trial n draws the same lr."""
-    from dpsm_ray.sweep.cli import CONFIG_OPTIONS, build_parser, spec_from_args
+    from dpsm_ray.sweep.cli import config_options, build_parser, spec_from_args
     from dpsm_ray.sweep.options import parse_with_config
 
     floored = spec(methods=("ce", "cut", "conftr", "dpsm"), trials_per_knob=2, min_trials=6)
@@ -279,10 +279,10 @@ def test_min_trials_is_a_floor_on_every_method_s_budget_from_options_and_config_
     made = spec_from_args("digits", build_parser("digits", "d", defaults).parse_args(argv), defaults)
     assert (made.min_trials, made.sampler, made.search_trials("ce"), made.search_trials("dpsm")) == (6, "sobol", 6, 8)
     (tmp_path / "sweep.json").write_text(json.dumps(sweep_file(made, tmp_path)))
-    again = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", CONFIG_OPTIONS,
+    again = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", config_options(),
                                                        ["--config", str(tmp_path / "sweep.json")]), defaults)
     assert again.describe() == made.describe()
     (tmp_path / "sweep.yaml").write_text("dataset: digits\nmethods: ce,dpsm\nmin_trials: 7\nsampler: sobol\n")
-    from_yaml = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", CONFIG_OPTIONS,
+    from_yaml = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", config_options(),
                                                            ["--config", str(tmp_path / "sweep.yaml")]), defaults)
     assert (from_yaml.search_trials("ce"), from_yaml.search_trials("dpsm"), from_yaml.sampler) == (7, 7, "sobol")

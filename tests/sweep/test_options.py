@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsm_ray.sweep.cli import CONFIG_OPTIONS, build_parser, main, spec_from_args
+from dpsm_ray.sweep.cli import config_options, build_parser, main, spec_from_args
 from dpsm_ray.sweep.options import parse_with_config, storage_problem
 from dpsm_ray.sweep.spec import sweep_file
 
@@ -82,7 +82,7 @@ DIGITS = runpy.run_path(str(ROOT / "sweeps" / "digits.py"))["DEFAULTS"]
 
 def parsed_spec(argv: list[str]):
     parser = build_parser("digits", "", DIGITS)
-    return spec_from_args("digits", parse_with_config(parser, "digits", CONFIG_OPTIONS, argv), DIGITS)
+    return spec_from_args("digits", parse_with_config(parser, "digits", config_options(), argv), DIGITS)
 
 
 @pytest.mark.parametrize("argv", [
