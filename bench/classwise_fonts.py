@@ -73,7 +73,7 @@ def complete(out: Path) -> bool:
     """A finished ``train --out`` run: its Parquet files and its predictor, which the CLI writes last."""
     from dpsm_ray.cli import PREDICTOR_DIR
     from dpsm_ray.predict.predictor import INFO_FILE
-    from dpsm_ray.results.layout import PARQUET
+    from dpsm_ray.storage.layout import PARQUET
 
     return all((out / name).is_file() for name in (PARQUET["evals"], PARQUET["classes"], "config.json", f"{PREDICTOR_DIR}/{INFO_FILE}"))
 
@@ -103,7 +103,7 @@ def write_inputs(out: Path, results: Path) -> None:
     import pandas as pd
 
     from dpsm_ray.files import write_text
-    from dpsm_ray.results.layout import PARQUET
+    from dpsm_ray.storage.layout import PARQUET
 
     evals = pd.read_parquet(out / PARQUET["evals"])[list(EVAL_COLUMNS)].sort_values(["score", "calibration", "split"])
     classes = pd.read_parquet(out / PARQUET["classes"])

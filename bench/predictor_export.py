@@ -32,7 +32,7 @@ import torch
 
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.files import read_checked_json
-from dpsm_ray.results.layout import INDEX_FILE, PREDICTORS, Ledger
+from dpsm_ray.storage.layout import INDEX_FILE, PREDICTORS, Ledger
 from record import emit, machine, print_speed_table  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
 

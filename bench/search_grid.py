@@ -95,7 +95,7 @@ def cell_table(results: Path):
     """One row per cell of the grid study in ``results`` (``COLUMNS``), from its Parquet files."""
     import pandas as pd
 
-    from dpsm_ray.results.layout import Results
+    from dpsm_ray.storage.layout import Results
     from dpsm_ray.results.tables import calibration_rows
 
     reader = Results(results)

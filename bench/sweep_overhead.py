@@ -114,7 +114,7 @@ def floor(results: Path, analysed: dict, out: Path) -> dict:
 
 
 def records(results: Path) -> list[dict]:
-    from dpsm_ray.results.layout import RUNS, Ledger
+    from dpsm_ray.storage.layout import RUNS, Ledger
 
     ledger = Ledger(results)
     return [record for stage in sorted(p.name for p in (results / RUNS).iterdir()) for record in ledger.records(stage).values()]

@@ -67,7 +67,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import pandas as pd
 
     from dpsm_ray.cards import check_data_present, is_factory
-    from dpsm_ray.results import write_run
+    from dpsm_ray.storage import write_run
     from dpsm_ray.results.tables import format_summary, summarise
     from dpsm_ray.sweep.exits import exit_codes
     from dpsm_ray.train import run_training
@@ -89,7 +89,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             from dpsm_ray.predict.export import chance_line, predictor_for_run
 
             write_run(out, result)
-            from dpsm_ray.results.layout import read_run_settings
+            from dpsm_ray.storage.layout import read_run_settings
 
             predictor = predictor_for_run(config, result.model_state, provenance={"source": "dpsm-ray train --out", "out": str(out),
                                                                                   "data": read_run_settings(out)["data"]})
@@ -120,7 +120,7 @@ def claim_run_dir(out: Path, config: TrainConfig, parser: argparse.ArgumentParse
     import json
 
     from dpsm_ray.cards import data_change, data_record
-    from dpsm_ray.results.layout import read_run_settings, write_run_settings
+    from dpsm_ray.storage.layout import read_run_settings, write_run_settings
 
     mine = json.loads(json.dumps(config.to_dict(), default=list))
     try:
@@ -153,7 +153,7 @@ def input_example(dataset: str) -> str:
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.predict.predictor import INFO_FILE
-    from dpsm_ray.results.layout import SWEEP_FILE
+    from dpsm_ray.storage.layout import SWEEP_FILE
 
     source = Path(args.source)
     sweep, predictor = (source / SWEEP_FILE).is_file(), (source / INFO_FILE).is_file()

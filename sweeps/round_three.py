@@ -107,7 +107,7 @@ def scores_summary(run: Path) -> dict:
     set size and coverage, and the test accuracy."""
     import pandas as pd
 
-    from dpsm_ray.results.layout import PARQUET
+    from dpsm_ray.storage.layout import PARQUET
     from dpsm_ray.results.tables import calibration_rows, summarise
 
     evals = calibration_rows(pd.read_parquet(run / PARQUET["evals"]))
@@ -118,7 +118,7 @@ def scores_summary(run: Path) -> dict:
 
 
 def finished(run: Path) -> bool:
-    from dpsm_ray.results.layout import PARQUET
+    from dpsm_ray.storage.layout import PARQUET
 
     return (run / PARQUET["classes"]).is_file()  # write_run's last file
 
@@ -211,7 +211,7 @@ def base_model_run(out: Path, shots: int, backbone: Path, quick: bool) -> dict:
     evaluates it (``Study.arm_config``; the base model cached under OUT/regime/base_models), in this
     process; its test metrics and whether it is in the regime."""
     from dpsm_ray.config import TrainConfig, check_pretrained
-    from dpsm_ray.results import write_run
+    from dpsm_ray.storage import write_run
     from dpsm_ray.results.studies import Study
     from dpsm_ray.train import run_training
 

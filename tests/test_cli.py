@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from dpsm_ray.cli import build_parser, main
-from dpsm_ray.results.schema import EPOCHS, EVALS
+from dpsm_ray.storage.schema import EPOCHS, EVALS
 from dpsm_ray.config import TrainConfig, config_specs
 
 

@@ -184,7 +184,7 @@ def test_every_place_that_lists_settings_reads_the_fields_metadata():
     from dpsm_ray.cards.methods import CONFIG_FIELDS
     from dpsm_ray.config import SETTING_LABELS, config_specs, fields_marked
     from dpsm_ray.results.provenance import PARAMETERS
-    from dpsm_ray.results.schema import TRIALS
+    from dpsm_ray.storage.schema import TRIALS
     from dpsm_ray.sweep.cli import build_parser as sweep_parser
 
     def flags(parser):

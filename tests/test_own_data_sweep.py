@@ -20,7 +20,7 @@ from dpsm_ray.own_data import folder_files, parse_folder, readings_record
 from dpsm_ray.cli import main as dpsm_ray
 from dpsm_ray.data.folder import cache_path
 from dpsm_ray.files import sha256_file
-from dpsm_ray.results.layout import read_sweep_settings
+from dpsm_ray.storage.layout import read_sweep_settings
 from dpsm_ray.sweep.cli import main as sweep_script
 
 pytestmark = pytest.mark.ray

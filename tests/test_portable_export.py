@@ -26,7 +26,7 @@ from dpsm_ray.predict import portable
 from dpsm_ray.predict.export import CHOICE_RULE
 from dpsm_ray.predict.portable import LOAD_FILE, LOADERS, MODEL_FILES, THRESHOLDS_FILE, export_portable
 from dpsm_ray.predict.predictor import Predictor, PredictorError
-from dpsm_ray.results.layout import INDEX_FILE, PREDICTORS, SWEEP_FILE
+from dpsm_ray.storage.layout import INDEX_FILE, PREDICTORS, SWEEP_FILE
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")  # the TorchScript loader's
 FORMATS = tuple(MODEL_FILES)

@@ -486,7 +486,7 @@ def test_each_method_s_predictor_is_chosen_on_validation_data_alone():
         entry("dpsm", 2, 1.2, 0.95, 0.5),  # a tie with seed 0 on validation: the lower seed, whatever the test says
         entry("ce", 0, 2.0, 0.80, 1.0), entry("ce", 1, 1.0, 0.85, 1.0),  # none reaches the floor: the highest coverage
     ]
-    from dpsm_ray.results.layout import CoverageFloor
+    from dpsm_ray.storage.layout import CoverageFloor
 
     assert choose(entries, CoverageFloor(0.1, 0.02)) == {"dpsm": "dpsm-seed0", "ce": "ce-seed1"}
 

@@ -32,7 +32,7 @@ from dpsm_ray.cli import main
 from dpsm_ray.conformal import resplit
 from dpsm_ray.cards import load_splits
 from dpsm_ray.predict.export import CHOICE_RULE
-from dpsm_ray.results.layout import INDEX_FILE, PREDICTORS
+from dpsm_ray.storage.layout import INDEX_FILE, PREDICTORS
 from dpsm_ray.files import read_checked_json, sha256_file
 from dpsm_ray.predict.predictor import Predictor
 from dpsm_ray.sweep import run_sweep

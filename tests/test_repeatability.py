@@ -12,7 +12,7 @@ import torch
 
 from dpsm_ray import __version__
 from dpsm_ray.cli import main
-from dpsm_ray.results.layout import PARQUET
+from dpsm_ray.storage.layout import PARQUET
 
 TIMES = ("epoch_seconds", "train_seconds", "diagnostics_seconds", "validation_seconds")  # wall time: the one thing allowed to differ
 ARM = ["train", "--dataset", "glyphs:classes=8,train=24", "--model", "lenet", "--method", "dpsm", "--epochs", "3", "--batch-size", "32",

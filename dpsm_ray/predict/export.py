@@ -23,7 +23,7 @@ import torch
 
 from dpsm_ray.files import CorruptFileError, read_checked_json, sha256_file, write_checked_json
 from dpsm_ray.predict.predictor import INFO_FILE, Predictor, PredictorError, pick_device, table_columns
-from dpsm_ray.results.layout import (
+from dpsm_ray.storage.layout import (
     CHECKPOINT_FILE,
     INDEX_FILE,
     CoverageFloor,

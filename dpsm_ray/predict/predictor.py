@@ -221,7 +221,7 @@ class Predictor:
         if not directory.is_dir():
             raise PredictorError(f"{directory} is not a predictor directory: no such directory")
         if not info_path.is_file():
-            from dpsm_ray.results.layout import SWEEP_FILE
+            from dpsm_ray.storage.layout import SWEEP_FILE
 
             if (directory / SWEEP_FILE).is_file():
                 raise PredictorError(f"{directory} is a sweep's results directory, not a predictor: its final models are predictors under "

@@ -33,7 +33,7 @@ from dpsm_ray.files import atomic_write
 from dpsm_ray.cards import BUILT_IN_METHODS, method_card, method_names
 from dpsm_ray.cards import score_names
 from dpsm_ray.conformal import CALIBRATION_TITLES, CALIBRATIONS
-from dpsm_ray.results.layout import OPTUNA_DB, CoverageFloor
+from dpsm_ray.storage.layout import OPTUNA_DB, CoverageFloor
 from dpsm_ray.results.tables import calibration_rows, figure_name, method_order, ordered
 
 FORMATS = ("png", "pdf")

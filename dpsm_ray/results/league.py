@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from dpsm_ray.cards import BASE_MODEL, REFERENCE_METHOD
-from dpsm_ray.results.layout import Results
+from dpsm_ray.storage.layout import Results
 from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.runs import model_rows
 from dpsm_ray.results.tables import calibration_rows, method_name

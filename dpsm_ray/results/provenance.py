@@ -12,7 +12,7 @@ import pandas as pd
 from dpsm_ray.catalog import SAMPLER_TITLES
 from dpsm_ray.config import SETTING_LABELS
 from dpsm_ray.cards import DEFAULT_RANGES, method_card, method_names, paper_grid, reads
-from dpsm_ray.results.layout import package_versions
+from dpsm_ray.storage.layout import package_versions
 from dpsm_ray.results.tables import method_name, method_order, ordered
 
 # The configuration fields the chosen-configuration table shows, with the paper's symbols; a

@@ -26,7 +26,7 @@ from dpsm_ray.conformal import CALIBRATION_TITLES, CALIBRATIONS
 from dpsm_ray.files import write_text
 from dpsm_ray.cards import reads
 from dpsm_ray.results.figures import Context, Figure, draw_figures, save, search_figures
-from dpsm_ray.results.layout import MANIFEST, Results, read_index
+from dpsm_ray.storage.layout import MANIFEST, Results, read_index
 from dpsm_ray.results.league import league_section
 from dpsm_ray.results.provenance import chosen_configurations, search_outcomes, sweep_settings, versions_table
 from dpsm_ray.results.stats import T_LEVEL, paired_change
@@ -344,7 +344,7 @@ def data_warning(results: Path, sweep: dict | None) -> str | None:
     """Why the results in ``results`` no longer describe the data they name (the data's record in
     ``sweep.json``, or a run's ``settings.json``, against the data there now), else None."""
     from dpsm_ray.cards import data_change
-    from dpsm_ray.results.layout import read_run_settings
+    from dpsm_ray.storage.layout import read_run_settings
 
     if sweep is not None:
         record, dataset = sweep.get("data"), sweep.get("base", {}).get("dataset")

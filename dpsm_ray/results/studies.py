@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dpsm_ray.cards import BASE_MODEL, REFERENCE_METHOD, score_names
 from dpsm_ray.config import TrainConfig
-from dpsm_ray.results.layout import BASE_MODELS, Results
+from dpsm_ray.storage.layout import BASE_MODELS, Results
 from dpsm_ray.results.runs import COMPACT_RUNS, GRADIENTS, LIKE_FOR_LIKE, LIKE_FOR_LIKE_D1, model_rows
 from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
 

@@ -388,7 +388,7 @@ def default_results_dir(name: str, dataset: str, methods: tuple[str, ...], defau
 def show_finished(results: Path, why: str, prog: str) -> int:
     """A finished sweep's headline tables, as its end printed them (from its Parquet files, nothing
     drawn or written), and how to run another."""
-    from dpsm_ray.results.layout import FINISHED_FILE
+    from dpsm_ray.storage.layout import FINISHED_FILE
     from dpsm_ray.results.report import headline
 
     finished = json.loads((results / FINISHED_FILE).read_text())

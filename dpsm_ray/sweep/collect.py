@@ -1,4 +1,4 @@
-"""Rebuild a sweep's Parquet files from its ledger (``dpsm_ray.results.layout``).
+"""Rebuild a sweep's Parquet files from its ledger (``dpsm_ray.storage.layout``).
 
 The files are a pure function of the run records on disk (one row per trial, per trial and epoch,
 per final model, score and re-split, and per final model, score, re-split and class), rewritten
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from dpsm_ray.config import TRIAL_COLUMNS, TrainConfig
 from dpsm_ray.cards import reads
-from dpsm_ray.results.layout import PARQUET, CoverageFloor, Ledger
-from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
-from dpsm_ray.results.store import run_key, write_parquet
+from dpsm_ray.storage.layout import PARQUET, CoverageFloor, Ledger
+from dpsm_ray.storage.schema import CLASSES, EPOCHS, EVALS, TRIALS
+from dpsm_ray.storage.writers import run_key, write_parquet
 from dpsm_ray.train.loop import EPOCH_COLUMNS
 
 # The files a sweep writes (docs/results.md) and the TrainConfig fields each trials.parquet row spells

@@ -13,7 +13,7 @@ A study is a sweep with given arms (``SweepSpec.arms``): no search, no pick -- e
 with every seed, its Parquet files written as a sweep's, the one driver, marker and resume.
 
 The driver holds an exclusive lock on the results directory while it runs.  Every trial's outcome
-is in the ledger (``dpsm_ray.results.layout``) the moment it ends, so ``resume=True`` after any
+is in the ledger (``dpsm_ray.storage.layout``) the moment it ends, so ``resume=True`` after any
 interruption -- Ctrl-C, a kill, a full disk, a move of the whole directory -- runs exactly the
 trials that had not ended, each from its last checkpoint, and ends with the rows of an
 uninterrupted sweep.
@@ -30,7 +30,7 @@ from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
 from dpsm_ray import cards
 from dpsm_ray.cards import BASE_MODEL
 from dpsm_ray.catalog import SAMPLER_TITLES
-from dpsm_ray.results.layout import BASE_MODELS, PARQUET, TUNE
+from dpsm_ray.storage.layout import BASE_MODELS, PARQUET, TUNE
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.space import DEFAULT_RANGES, grid_size, method_knobs
@@ -82,7 +82,7 @@ def holding(results: Path, config: TrainConfig, log):
     (SweepError naming the holder when another driver has it)."""
     from dpsm_ray.cards import check_data_present
     from dpsm_ray.config import check_pretrained
-    from dpsm_ray.results.layout import ResultsInUse, ResultsLock, describe_holder
+    from dpsm_ray.storage.layout import ResultsInUse, ResultsLock, describe_holder
 
     check_data_present(config.dataset, config.data_root, config.download)
     check_pretrained(config)
@@ -165,8 +165,8 @@ def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, sea
 def rebuild_if_changed(results: Path, log) -> None:
     """A resumed sweep's Parquet files that changed after they were written are rebuilt from the
     run records (their manifest removed, rewritten with them)."""
-    from dpsm_ray.results.layout import MANIFEST
-    from dpsm_ray.results.layout import verify_manifest
+    from dpsm_ray.storage.layout import MANIFEST
+    from dpsm_ray.storage.layout import verify_manifest
 
     try:
         verify_manifest(results, list(PARQUET.values()))
@@ -180,7 +180,7 @@ def drive_arms(spec: SweepSpec, results: Path, settings: dict, resume: bool, log
     alone, its trials training each seed's base model (into the cache), then the others beside each
     other, from those models.  Its Parquet files are written as a sweep's; its analysis is the
     caller's (``dpsm_ray.sweep.study``)."""
-    from dpsm_ray.results.layout import read_sweep_settings
+    from dpsm_ray.storage.layout import read_sweep_settings
     from dpsm_ray.sweep.collect import write_results
     from dpsm_ray.sweep.stage import Stage
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpsm_ray.results.layout import TUNE, Results
+from dpsm_ray.storage.layout import TUNE, Results
 
 
 def best_overrides(results: Path, method: str, searched, log) -> dict | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dpsm_ray.cards import PAPER_METHODS, knob_name, method_names, paper_grid
 from dpsm_ray.catalog import SAMPLER_TITLES
-from dpsm_ray.results.layout import (
+from dpsm_ray.storage.layout import (
     BASE_MODELS, FINISHED_FILE, OPTUNA_DB, SWEEP_FILE, CoverageFloor, UnreadableResults, package_versions, read_sweep_settings,
 )
 from dpsm_ray.results.studies import Arm
@@ -246,7 +246,7 @@ def search_budget(trials: int, trials_per_knob: int | None, method: str, min_tri
 
 # --- the results directory ------------------------------------------------------------------
 
-# sweep.json's "ledger" key: the sweep keeps run records under runs/ (dpsm_ray.results.layout); a
+# sweep.json's "ledger" key: the sweep keeps run records under runs/ (dpsm_ray.storage.layout); a
 # sweep without it was written by an earlier version, whose state lived in Tune's pickles
 LEDGER_FORMAT = 1
 # Settings a resumed sweep may change: they do not change what any trial computes.

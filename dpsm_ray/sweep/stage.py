@@ -3,7 +3,7 @@ stages given together share one Tune experiment, its processes and its concurren
 
 Tune schedules the trials, holds their resources, retries a trial whose node died, and stops the
 ones ASHA stops; everything a trial computes lands in its run directory and, when it ends, in the
-sweep's ledger (``dpsm_ray.results.layout``).  A stage is never restored from Tune's saved state: run
+sweep's ledger (``dpsm_ray.storage.layout``).  A stage is never restored from Tune's saved state: run
 again, it starts a fresh Tune experiment for the trials the ledger does not hold yet, each of which
 continues from its own checkpoint.
 
@@ -41,7 +41,7 @@ from ray.tune.search import Searcher
 
 from dpsm_ray.files import DiskFullError, is_disk_full
 from dpsm_ray import cards
-from dpsm_ray.results.layout import TUNE, Ledger
+from dpsm_ray.storage.layout import TUNE, Ledger
 from dpsm_ray.sweep.progress import Progress
 from dpsm_ray.timing import duration_text
 from dpsm_ray.sweep.search import CONSTRAINED, OBJECTIVE, AshaStopper, MethodStudy, StageStoppers

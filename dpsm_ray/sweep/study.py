@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpsm_ray.config import TrainConfig
-from dpsm_ray.results.layout import SWEEP_FILE, CoverageFloor, Results
+from dpsm_ray.storage.layout import SWEEP_FILE, CoverageFloor, Results
 if TYPE_CHECKING:
     from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.results.studies import (
@@ -125,7 +125,7 @@ def searched_arms(sweep_dir: Path, common: TrainConfig, log=print, *, differing:
     from dpsm_ray.cards import method_cards
     from dpsm_ray.sweep.pick import best_overrides
     from dpsm_ray.sweep.space import method_knobs
-    from dpsm_ray.results.layout import SWEEP_FILE
+    from dpsm_ray.storage.layout import SWEEP_FILE
     from dpsm_ray.sweep.spec import SweepError, read_sweep_file, search_budget
 
     sweep_dir = Path(sweep_dir)

@@ -28,8 +28,8 @@ from mlflow.entities import Metric, Param, RunTag
 from ray.tune.logger import LoggerCallback
 
 from dpsm_ray.files import read_checked_json
-from dpsm_ray.results.schema import EPOCHS
-from dpsm_ray.results.layout import RESULT_FILE, Ledger
+from dpsm_ray.storage.schema import EPOCHS
+from dpsm_ray.storage.layout import RESULT_FILE, Ledger
 from dpsm_ray.sweep.options import parse_tracking
 from dpsm_ray.sweep.stage import trial_config
 from dpsm_ray.train.ray_train import FINISHED, RESUMED

@@ -28,7 +28,7 @@ def run_training(config: TrainConfig, out_dir: str | os.PathLike | None = None, 
     (``ray_options``: ``train_distributed``'s keywords).  With ``out_dir`` the run checkpoints
     there and resumes from an existing checkpoint.  With ``init="base"`` the CE base model comes
     from the cache (trained first on a miss)."""
-    from dpsm_ray.results.layout import CHECKPOINT_FILE
+    from dpsm_ray.storage.layout import CHECKPOINT_FILE
     from dpsm_ray.train.env import LocalEnv, pick_device
     from dpsm_ray.train.loop import train
 
@@ -44,7 +44,7 @@ def run_training(config: TrainConfig, out_dir: str | os.PathLike | None = None, 
 def resolve_base_model(config: TrainConfig, log=None, **ray_options) -> TrainConfig:
     """``config`` with ``init_checkpoint`` pointing at its CE base model when ``init="base"``
     (trained and cached on first use, with the same workers as ``config``)."""
-    from dpsm_ray.results import write_run
+    from dpsm_ray.storage import write_run
     from dpsm_ray.train.base_model import ensure_base_model
 
     def train_and_write(base: TrainConfig, base_dir) -> None:

@@ -19,7 +19,7 @@ from dpsm_ray.files import cache_home, sha256_file
 from dpsm_ray.cards import REFERENCE_METHOD, method_fields
 from dpsm_ray.cards import dataset_card
 from dpsm_ray.config import TrainConfig, config_specs
-from dpsm_ray.results.layout import BASE_MODELS, CHECKPOINT_FILE, EPOCHS_FILE, MODEL_FILE, RESULT_FILE
+from dpsm_ray.storage.layout import BASE_MODELS, CHECKPOINT_FILE, EPOCHS_FILE, MODEL_FILE, RESULT_FILE
 from dpsm_ray.train.ray_train import RAY_TRAIN_DIR
 
 # CE training recipes (the official code's CIFAR recipes; the 224-pixel models use

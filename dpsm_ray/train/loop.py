@@ -45,7 +45,7 @@ from dpsm_ray.cards import method_fields
 from dpsm_ray.models.weights import load_weights
 from dpsm_ray.cards import build_objective
 from dpsm_ray.objectives import STAT_COLUMNS, Objective, hps_scores
-from dpsm_ray.results.schema import EPOCHS, RUN_KEY
+from dpsm_ray.storage.schema import EPOCHS, RUN_KEY
 from dpsm_ray.seeding import derive_seed, generator
 from dpsm_ray.config import WEIGHTS, ConfigError, TrainConfig
 from dpsm_ray.train.lines import EpochLine

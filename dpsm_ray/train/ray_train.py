@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from dpsm_ray.files import read_checked_json, write_checked_json
-from dpsm_ray.results.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
+from dpsm_ray.storage.layout import CHECKPOINT_FILE, EPOCHS_FILE, RESULT_FILE
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.train.env import LocalEnv, ProcessGroupEnv, load_checkpoint, pick_device, save_checkpoint
 from dpsm_ray.train.loop import RunResult, train

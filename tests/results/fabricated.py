@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS
-from dpsm_ray.results.store import run_key, write_parquet
+from dpsm_ray.storage.schema import CLASSES, EPOCHS, EVALS, TRIALS
+from dpsm_ray.storage.writers import run_key, write_parquet
 from dpsm_ray.sweep.collect import config_columns
 from dpsm_ray.config import TrainConfig
 

@@ -84,7 +84,7 @@ def test_the_compact_copy_regenerates_the_same_table(tmp_path):
     from fabricated import fabricate
 
     from dpsm_ray.results.league import write_league_compact
-    from dpsm_ray.results.layout import Results
+    from dpsm_ray.storage.layout import Results
 
     results = fabricate(tmp_path / "r")  # CE, CUT and DPSM re-trained with 3 seeds, and the base model
     folder = write_league_compact(results)
@@ -123,7 +123,7 @@ def test_the_league_ranks_marginal_sets_when_the_sweep_also_calibrated_by_class(
     from fabricated import fabricate
 
     from dpsm_ray.results.league import write_league_compact
-    from dpsm_ray.results.layout import Results
+    from dpsm_ray.storage.layout import Results
 
     plain, both = fabricate(tmp_path / "plain"), fabricate(tmp_path / "both", class_conditional=True)
     assert (Results(both).final("evals").calibration == "class").any()
@@ -134,7 +134,7 @@ def test_the_league_ranks_marginal_sets_when_the_sweep_also_calibrated_by_class(
 def test_a_study_with_searched_arms_keeps_its_search_s_record_beside_its_compact_results(tmp_path):
     from fabricated import fabricate
 
-    from dpsm_ray.results.layout import Results
+    from dpsm_ray.storage.layout import Results
     from dpsm_ray.results.provenance import COMPACT_SEARCH
     from dpsm_ray.sweep.study import keep_search_record
 

@@ -435,7 +435,7 @@ def test_a_report_of_older_files_leaves_out_the_figures_they_lack_columns_for(tm
 def test_a_single_runs_report_has_the_figures(tmp_path):
     import torch
 
-    from dpsm_ray.results import write_run
+    from dpsm_ray.storage import write_run
     from dpsm_ray.train import LocalEnv, TrainConfig, train
 
     config = TrainConfig(dataset="digits", method="dpsm", epochs=2, eval_splits=2, val_splits=2)
@@ -454,8 +454,8 @@ def test_the_searches_table_counts_each_method_s_trials_by_outcome_and_names_its
     failed = trials[search & (trials.method == "cut") & (trials.trial_index == 1)].assign(
         trial_index=2, trial_id="s-cut-2", status="failed", error="diverged", feasible=None, val_coverage=None, val_set_size=None)
     stopped = failed.assign(trial_index=3, trial_id="s-cut-3", status="stopped", error=None)
-    from dpsm_ray.results.schema import TRIALS
-    from dpsm_ray.results.store import write_parquet
+    from dpsm_ray.storage.schema import TRIALS
+    from dpsm_ray.storage.writers import write_parquet
 
     rows = pd.concat([trials, failed, stopped], ignore_index=True).astype(object).where(lambda f: f.notna(), None).to_dict("records")
     write_parquet(results / "trials.parquet", rows, TRIALS)

@@ -1,10 +1,10 @@
 """trials.parquet's rows from hand-written run records (no Ray): a knob a method does not read is null."""
 
-from dpsm_ray.results.layout import CoverageFloor
+from dpsm_ray.storage.layout import CoverageFloor
 
 from dpsm_ray.config import TRIAL_COLUMNS
 from dpsm_ray.sweep.collect import collect
-from dpsm_ray.results.layout import Ledger
+from dpsm_ray.storage.layout import Ledger
 from dpsm_ray.config import TrainConfig
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from dpsm_ray.config import ConfigError, TrainConfig
-from dpsm_ray.results.layout import Ledger
+from dpsm_ray.storage.layout import Ledger
 from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.sweep.stage import Stage, StageSearcher
 from same_rows import repeatable_rows, sweep_env

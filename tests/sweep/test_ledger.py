@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsm_ray.results.layout import Ledger, ResultsInUse, ResultsLock
+from dpsm_ray.storage.layout import Ledger, ResultsInUse, ResultsLock
 from dpsm_ray.sweep.spec import SweepError, SweepSpec, check_results_dir, masked, sweep_file
 from dpsm_ray.config import ConfigError, TrainConfig
 
@@ -38,7 +38,7 @@ def test_records_keep_paths_inside_the_results_directory_relative_so_it_can_move
 HOLD = """
 import sys, time
 from pathlib import Path
-from dpsm_ray.results.layout import ResultsLock
+from dpsm_ray.storage.layout import ResultsLock
 lock = ResultsLock(Path(sys.argv[1]))
 lock.acquire()
 print("held", flush=True)
@@ -108,7 +108,7 @@ def test_a_resumed_sweep_needs_the_storage_it_was_started_with(tmp_path):
 
 
 def test_a_sweep_json_of_an_earlier_release_resumes_and_reports_with_its_knobs_renamed(tmp_path):
-    from dpsm_ray.results.layout import read_sweep
+    from dpsm_ray.storage.layout import read_sweep
     from dpsm_ray.results.provenance import searched_fields
     from dpsm_ray.sweep.space import Range
 
@@ -173,14 +173,14 @@ def test_bad_input_is_one_line_before_ray_starts(argv, prepare, code, needle, tm
 
 
 def test_the_results_directory_s_file_names_are_spelled_in_one_module():
-    """dpsm_ray/results/layout.py owns the results directory: no other module of the package spells
+    """dpsm_ray/storage/layout.py owns the results directory: no other module of the package spells
     one of its file names as a string of its own (docstrings and messages may name them)."""
     import io
     import tokenize
     from pathlib import Path
 
     import dpsm_ray
-    from dpsm_ray.results import layout
+    from dpsm_ray.storage import layout
 
     names = {layout.SWEEP_FILE, layout.STUDY_FILE, layout.FINISHED_FILE, layout.RECORD_FILE, layout.CHECKPOINT_FILE, layout.EPOCHS_FILE,
              layout.RESULT_FILE, layout.INDEX_FILE, layout.LOCK_FILE, layout.MANIFEST, layout.OPTUNA_DB, layout.BASE_MODELS, layout.TUNE,

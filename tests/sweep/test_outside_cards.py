@@ -70,7 +70,7 @@ def test_a_dataset_model_and_score_registered_outside_the_package_run_a_sweep_en
     assert "top_gap" in report.lower(), report
 
     # the exported predictor calibrated the outside score (with its parameter) and predicts with it
-    from dpsm_ray.results.layout import read_index
+    from dpsm_ray.storage.layout import read_index
 
     predictor = Predictor.load(tmp_path / "predictors" / read_index(tmp_path)["chosen"]["ce"])
     assert predictor.info["scores"]["top_gap"]["scale"] == 1.0 and predictor.info["class_names"] == ["north", "east", "south", "west"]

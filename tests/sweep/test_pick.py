@@ -3,8 +3,8 @@
 import json
 
 
-from dpsm_ray.results.schema import EPOCHS, TRIALS
-from dpsm_ray.results.store import write_parquet
+from dpsm_ray.storage.schema import EPOCHS, TRIALS
+from dpsm_ray.storage.writers import write_parquet
 from dpsm_ray.sweep.pick import best_overrides
 from dpsm_ray.sweep.spec import SweepSpec
 from dpsm_ray.config import TrainConfig

@@ -107,7 +107,7 @@ def test_the_sweep_s_callback_takes_a_trial_s_share_from_the_epoch_it_resumed_af
     from types import SimpleNamespace
 
     from dpsm_ray.config import TrainConfig
-    from dpsm_ray.results.layout import Ledger
+    from dpsm_ray.storage.layout import Ledger
     from dpsm_ray.sweep.stage import RESUMED, LedgerCallback
 
     def trial(index: int) -> SimpleNamespace:

@@ -94,7 +94,7 @@ def test_each_trial_records_where_its_time_went_and_an_experiment_s_trials_share
     """Issue 26: the trial's own timestamps and seconds per part in its record, the driver's in
     finished.json; the in-process trials of the sweep's one Tune experiment -- every method's
     search, then the final stage -- run one after another in one process."""
-    from dpsm_ray.results.layout import Ledger
+    from dpsm_ray.storage.layout import Ledger
 
     ledger = Ledger(uninterrupted_sweep)
     stages = {stage: ledger.records(stage) for stage in ("search-ce", "search-dpsm", "final")}

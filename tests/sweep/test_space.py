@@ -114,8 +114,8 @@ def test_sweep_spec_fixes_the_data_split_and_makes_paths_absolute(monkeypatch, t
 def test_a_method_whose_every_search_trial_failed_is_left_out_of_the_final_stage(tmp_path):
     import pandas as pd
 
-    from dpsm_ray.results.schema import TRIALS
-    from dpsm_ray.results.store import write_parquet
+    from dpsm_ray.storage.schema import TRIALS
+    from dpsm_ray.storage.writers import write_parquet
     from dpsm_ray.sweep.driver import best_overrides
 
     spec = SweepSpec(name="t", base=base(), methods=("ce", "dpsm"))

@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, TRIALS, arrow_schema
+from dpsm_ray.storage.schema import CLASSES, EPOCHS, EVALS, TRIALS, arrow_schema
 from dpsm_ray.sweep.driver import SweepError, SweepSpec, run_sweep
 from dpsm_ray.sweep.spec import SweepFinished
 from dpsm_ray.config import TrainConfig

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dpsm_ray.files import CorruptFileError
-from dpsm_ray.results.schema import CLASSES, EPOCHS
+from dpsm_ray.storage.schema import CLASSES, EPOCHS
 from dpsm_ray.train import DivergedError, LocalEnv, TrainConfig, train
 from dpsm_ray.train.loop import EPOCH_COLUMNS, EPOCH_TIMINGS, halves, split_batches, step_batches
 

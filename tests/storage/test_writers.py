@@ -7,11 +7,11 @@ import sys
 import pytest
 
 from dpsm_ray.files import CorruptFileError
-from dpsm_ray.results import store
-from dpsm_ray.results.schema import EVALS
-from dpsm_ray.results.layout import MANIFEST
-from dpsm_ray.results.layout import read_manifest, verify_manifest
-from dpsm_ray.results.store import write_parquet
+from dpsm_ray.storage import writers as store
+from dpsm_ray.storage.schema import EVALS
+from dpsm_ray.storage.layout import MANIFEST
+from dpsm_ray.storage.layout import read_manifest, verify_manifest
+from dpsm_ray.storage.writers import write_parquet
 
 ROW = {"sweep": "s", "stage": "final", "trial_id": "t", "run_id": "r", "dataset": "digits", "model": "mlp", "method": "dpsm", "seed": 0,
        "score": "hps", "split": 0, "alpha": 0.1, "n_cal": 200, "n_test": 297, "q": 0.9, "coverage": 0.9, "set_size": 1.1,
@@ -81,7 +81,7 @@ def test_the_report_names_a_results_file_it_cannot_read(tmp_path):
 # --- Results: the one reader of a results directory, and the coverage floor -----------------------------------------------------
 
 def test_the_coverage_floor_is_one_rule_for_sweeps_and_studies():
-    from dpsm_ray.results.layout import CoverageFloor
+    from dpsm_ray.storage.layout import CoverageFloor
 
     floor = CoverageFloor(0.1, 0.02)
     assert math.isclose(floor.value, 0.88) and f"{floor:g}" == "0.88"
@@ -95,7 +95,7 @@ def test_results_reads_every_file_of_a_sweep_once_and_names_a_corrupt_one(tmp_pa
     from fabricated import fabricate
 
     from dpsm_ray.files import CorruptFileError
-    from dpsm_ray.results.layout import CoverageFloor, Results
+    from dpsm_ray.storage.layout import CoverageFloor, Results
 
     reader = Results(fabricate(tmp_path / "r"))
     assert reader.sweep["name"] == "hand" and reader.floor == CoverageFloor(0.1, 0.02) and reader.unrecorded() == []

@@ -55,7 +55,7 @@ from dpsm_ray.files import CorruptFileError, read_checked_json, sha256_file, wri
 SWEEP_FILE = "sweep.json"
 STUDY_FILE = "study.json"
 PARQUET = {name: f"{name}.parquet" for name in ("trials", "epochs", "evals", "classes")}
-MANIFEST = "manifest.json"  # the Parquet files' sha256 (dpsm_ray.results.store)
+MANIFEST = "manifest.json"  # the Parquet files' sha256 (dpsm_ray.storage.writers)
 OPTUNA_DB = "optuna.db"
 BASE_MODELS = "base_models"
 TUNE = "tune"

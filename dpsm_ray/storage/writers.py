@@ -1,7 +1,7 @@
 """Writing results: every file is written atomically (``dpsm_ray.files``), so a reader never sees
 half a file and an interrupted write leaves the previous version intact, and every Parquet file's
 sha256 is recorded in ``manifest.json`` beside it, so a changed byte is named when the results are
-read back (``dpsm_ray.results.layout.verify_manifest``)."""
+read back (``dpsm_ray.storage.layout.verify_manifest``)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from dpsm_ray.files import (
     write_checked_json,
     write_json,
 )
-from dpsm_ray.results.layout import MANIFEST, MODEL_FILE, PARQUET, read_manifest
-from dpsm_ray.results.schema import CLASSES, EPOCHS, EVALS, arrow_schema
+from dpsm_ray.storage.layout import MANIFEST, MODEL_FILE, PARQUET, read_manifest
+from dpsm_ray.storage.schema import CLASSES, EPOCHS, EVALS, arrow_schema
 
 
 
