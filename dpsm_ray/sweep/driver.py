@@ -223,7 +223,10 @@ def drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, l
     planned_final = len(spec.methods) * spec.final_seeds + (spec.final_seeds if spec.base.init == "base" else 0)
     log.plan(sum(search_size(spec, method) for method in spec.methods) + (0 if search_only else planned_final))
     with clock("base_model"):
-        base = with_base_models(spec, [spec.base.seed], results, log)[spec.base.seed]
+        # every final seed's base model before the Tune experiment starts: trained from inside it (the
+        # final stage's), their Ray tasks would wait for CPUs its idle reused trial processes hold
+        seeds = [spec.base.seed + offset for offset in range(1 if search_only else spec.final_seeds)]
+        base = with_base_models(spec, seeds, results, log)[spec.base.seed]
     if not spec.grid:
         floor = f", at least {spec.min_trials} each" if spec.min_trials else ""
         each = ", ".join(f"{method} {spec.search_trials(method)}" for method in spec.methods)

@@ -55,6 +55,18 @@ def finished_sweep(ray_session, tmp_path_factory):
     return spec, results, lines
 
 
+def test_every_final_seeds_base_model_trains_before_the_search(finished_sweep):
+    """From inside the Tune experiment (the final stage), their Ray tasks would wait for the CPUs its
+    idle, reused trial processes hold: on 2 CPUs with 2 trials at once, for ever (the league on
+    Fashion-MNIST, 2026-11-29)."""
+    _, _, lines = finished_sweep
+    said = [re.sub(r"^\[[\d:]+\] ", "", str(line)) for line in lines]  # without the clock
+    first_search = next(i for i, line in enumerate(said) if line.startswith("search"))
+    assert any(line.startswith("base models: training 2 (seeds 0, 1)") for line in said[:first_search]), said[:first_search]
+    later = [line for line in said[first_search:] if line.startswith("base model")]
+    assert later and all("cache hit" in line for line in later), later  # the final stage finds them all cached
+
+
 def test_trials_parquet(finished_sweep):
     spec, results, _ = finished_sweep
     trials = assert_schema(results / "trials.parquet", TRIALS)
