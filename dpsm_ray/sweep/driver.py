@@ -377,8 +377,7 @@ def each_ended(pending: dict, poll=None):
 
     try:
         while pending:
-            # a second at most in Ray's C wait: a Ctrl-C lands at once, not when a task next ends
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=None if poll is None else 1.0)
             if poll is not None:
                 poll()
             for ref in ready:
