@@ -40,8 +40,9 @@ def main(argv: list[str]) -> int:
     front = argparse.ArgumentParser(prog="sweeps/league.py", description=__doc__.splitlines()[0], add_help=False, allow_abbrev=False)
     front.add_argument("--dataset")
     front.add_argument("--report-from", metavar="FOLDER")
-    front.add_argument("--ce-from", metavar="STUDY_FOLDER", help="with --report-from: also each method against this study's searched CE, "
-                       "paired on the seeds whose base models both share")
+    front.add_argument("--ce-from", metavar="FOLDER", help="with --report-from: also each method against a study's searched CE, or the "
+                       "league again with CE's rows from another league's compact folder (CE searched again), paired on the seeds "
+                       "whose base models both share")
     front.add_argument("--results-dir")
     known, rest = front.parse_known_args(argv)
     if known.ce_from and not known.report_from:
@@ -52,7 +53,13 @@ def main(argv: list[str]) -> int:
         try:
             compact = read_league_compact(known.report_from)
             print(league_markdown(analyse_league(*compact)), end="")
-            if known.ce_from:
+            if known.ce_from and (Path(known.ce_from) / "league.json").is_file():  # a league that searched CE again
+                from dpsm_ray.results.league import seeds_text, with_other_ce
+
+                merged, shared = with_other_ce(compact, read_league_compact(known.ce_from))
+                print(f"\nWith CE's search, pick and models from `{known.ce_from}`, on the {len(shared)} seeds whose CE base models the "
+                      f"two share (seeds {seeds_text(shared)}):\n\n" + league_markdown(analyse_league(*merged)), end="")
+            elif known.ce_from:
                 from dpsm_ray.results.league import against_other_ce, against_other_ce_markdown
                 from dpsm_ray.results.studies import read_compact
 

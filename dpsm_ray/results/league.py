@@ -181,6 +181,39 @@ def against_other_ce(evals, study_evals, alpha: float, arm: str = "searched_ce")
     return {"arm": arm, "seeds": shared, "rows": found}
 
 
+def with_other_ce(compact: tuple, other: tuple) -> tuple[tuple, list[int]]:
+    """A league's compact rows (``read_league_compact``'s) with CE's -- its final models, failures
+    and search -- taken from ``other``, another league's that searched CE again (docs/league.md), on
+    the seeds whose CE base models the two share (equal base rows, so every pair fine-tunes one
+    model): the rows ``analyse_league`` ranks, and those seeds.  ValueError when the two are
+    different leagues (dataset, alpha) or share no base model."""
+    import pandas as pd
+
+    evals, failed, alpha, dataset, search = compact
+    their_evals, their_failed, their_alpha, their_dataset, their_search = other
+    if (their_dataset, their_alpha) != (dataset, alpha):
+        raise ValueError(f"the other league ran {their_dataset} at alpha {their_alpha:g}, this one {dataset} at alpha {alpha:g}")
+
+    def base_rows(frame):
+        part = frame[frame.method == BASE_MODEL]
+        return {seed: part[part.seed == seed].sort_values(["score", "split"]).set_size.tolist() for seed in sorted(part.seed.unique())}
+
+    mine, theirs = base_rows(evals), base_rows(their_evals)
+    shared = [seed for seed in mine if theirs.get(seed) == mine[seed]]
+    if not shared or not (their_evals.method == REFERENCE).any():
+        raise ValueError(f"the other league shares no CE base model with this one (equal base rows), or has no {REFERENCE} rows")
+
+    def swapped(frame, their_frame):
+        joined = pd.concat([frame[frame.method != REFERENCE], their_frame[their_frame.method == REFERENCE]])
+        return joined[joined.seed.isin(shared)] if "seed" in joined else joined
+
+    merged_search = None
+    if search is not None and their_search is not None:
+        (record, picks), (their_record, their_picks) = search, their_search
+        merged_search = (swapped(record, their_record), {**picks, REFERENCE: their_picks[REFERENCE]})
+    return (swapped(evals, their_evals), swapped(failed, their_failed), alpha, dataset, merged_search), shared
+
+
 def against_other_ce_markdown(comparison: dict, source: str) -> str:
     """``against_other_ce``'s table, as docs/league.md quotes it."""
     seeds = comparison["seeds"]
