@@ -30,7 +30,7 @@ class HalfCE(Objective):
 
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
         ce = self.ce_share * cross_entropy(torch.cat([logits1, logits2]), torch.cat([labels1, labels2]))
-        return self._output(ce, torch.zeros((), device=ce.device))
+        return self.output(ce, torch.zeros((), device=ce.device))
 '''
 METHOD_CARD = '''def _half_ce():
     from dpsm_ray.objectives.half_ce import HalfCE

@@ -108,7 +108,7 @@ class HalfWeight(Objective):
     def __call__(self, logits1, labels1, logits2, labels2):
         logits = torch.cat([logits1, logits2])
         ce = torch.nn.functional.cross_entropy(logits, torch.cat([labels1, labels2]))
-        return self._output(ce, logits.softmax(dim=1).amax(dim=1).mean())
+        return self.output(ce, logits.softmax(dim=1).amax(dim=1).mean())
 
 
 @pytest.fixture

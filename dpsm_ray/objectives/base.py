@@ -104,7 +104,7 @@ class Objective:
     def load_state_dict(self, state: dict) -> None:
         """Stateless objectives have nothing to restore."""
 
-    def _output(self, ce, conformal, pinball=None, quantile=None) -> ObjectiveOutput:
+    def output(self, ce, conformal, pinball=None, quantile=None) -> ObjectiveOutput:
         nan = torch.full((), torch.nan, device=ce.device)
         size = self.conformal_weight * conformal
         loss = ce + size

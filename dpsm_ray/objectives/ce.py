@@ -12,4 +12,4 @@ class CrossEntropy(Objective):
 
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
         ce = cross_entropy(torch.cat([logits1, logits2]), torch.cat([labels1, labels2]))
-        return self._output(ce, torch.zeros((), device=ce.device))
+        return self.output(ce, torch.zeros((), device=ce.device))

@@ -74,7 +74,7 @@ class ConfTr(Objective):
         calibration_scores = self.collective.gather(label_scores(hps_scores(logits1), labels1))
         tau = self.batch_quantile(calibration_scores)
         size = soft_set_size(hps_scores(logits2), tau, self.sigmoid_temperature)
-        return self._output(ce, size, pinball_loss(tau, calibration_scores, self.alpha), tau)
+        return self.output(ce, size, pinball_loss(tau, calibration_scores, self.alpha), tau)
 
 
 class ConfTrPublished(Objective):

@@ -64,7 +64,7 @@ class CUT(Objective):
             local_scores = label_scores(aps_matrix(logits2.softmax(dim=1), u), labels2)
             self.steps.add_(1)
         scores = self.collective.gather(local_scores)
-        return self._output(ce, ks_to_uniform(scores, self.sort_temperature))
+        return self.output(ce, ks_to_uniform(scores, self.sort_temperature))
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [self.steps] if self.score == "aps" else []

@@ -78,7 +78,7 @@ class DPSM(Objective):
         grad_q = self.collective.mean(pinball_grad(q, lower_scores, self.alpha))
         pinball = self.collective.mean(pinball_loss(q, lower_scores, self.alpha))
         self.q.sub_(self.quantile_lr * grad_q)
-        return self._output(ce, size, pinball, q)
+        return self.output(ce, size, pinball, q)
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [] if self.q is None else [self.q]

@@ -54,4 +54,4 @@ class VRConfTr(ConfTr):
         calibration_scores = self.collective.gather(label_scores(hps_scores(logits1), labels1))
         tau = variance_reduced_quantile(calibration_scores, self.alpha, self.neighbours)
         size = soft_set_size(hps_scores(logits2), tau, self.sigmoid_temperature)
-        return self._output(ce, size, pinball_loss(tau, calibration_scores, self.alpha), tau)
+        return self.output(ce, size, pinball_loss(tau, calibration_scores, self.alpha), tau)

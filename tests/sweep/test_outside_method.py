@@ -31,7 +31,7 @@ class ConfidentCE(Objective):
 
     def __call__(self, logits1, labels1, logits2, labels2):
         ce = torch.nn.functional.cross_entropy(torch.cat([logits1, logits2]), torch.cat([labels1, labels2]))
-        return self._output(ce, (logits2.softmax(dim=1).amax(dim=1) ** self.power).mean())
+        return self.output(ce, (logits2.softmax(dim=1).amax(dim=1) ** self.power).mean())
 
 
 POWER = MethodOption("confidence_power", 1.0, "Confident CE's power of the top-class probability, > 0", "must be > 0",
