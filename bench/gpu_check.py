@@ -163,7 +163,7 @@ def epoch_rates(run_dir: Path, train_images: int) -> dict:
 
 def trained_images(sizes: dict) -> int:
     """Training images per epoch: the subset, else CIFAR-100's training split (45000 of the 60000)."""
-    from dpsm_ray.catalog import PAPER_SIZES
+    from dpsm_ray.facts import PAPER_SIZES
     from dpsm_ray.data import fitted_sizes
 
     return sizes["train_subset"] or fitted_sizes(list(PAPER_SIZES["cifar100"].values()), sizes["train_images"] + sizes["test_images"])[0]

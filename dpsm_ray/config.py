@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 from dpsm_ray import cards
-from dpsm_ray.catalog import QUANTILE_LR_PER_EPOCH
+from dpsm_ray.facts import QUANTILE_LR_PER_EPOCH
 from dpsm_ray.conformal import CALIBRATIONS
 from dpsm_ray.conformal.levels import min_calibration_size
 from dpsm_ray.own_data import split_path_spec

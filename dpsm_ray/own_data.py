@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from dpsm_ray.catalog import parse_options
+from dpsm_ray.facts import parse_options
 from dpsm_ray.files import cache_home, write_json
 
 # the splits' fractions when the data does not come split (train: the rest)

@@ -61,7 +61,7 @@ LOADER = '''"""Four Gaussian blobs in six dimensions (a stand-in for a new datas
 
 import torch
 
-from dpsm_ray.catalog import BLOBS_SIZES
+from dpsm_ray.facts import BLOBS_SIZES
 from dpsm_ray.data.tabular import from_tensors
 
 
@@ -78,7 +78,7 @@ DATASET_CARD = '''def _load_blobs(spec, *, seed, **_):
 
 
 for _card in (
-    DatasetCard("blobs", "four Gaussian blobs", lambda spec: dict(catalog.BLOBS_SIZES), _load_blobs, "mlp"),
+    DatasetCard("blobs", "four Gaussian blobs", lambda spec: dict(facts.BLOBS_SIZES), _load_blobs, "mlp"),
     DatasetCard('''
 TEST = '''def test_{name}():
     from dpsm_ray.cards import {reader}
@@ -136,8 +136,8 @@ def test_a_method_a_score_and_a_dataset_take_the_files_docs_extending_md_counts(
 
     before |= steps["score"]
     (package / "data" / "blobs.py").write_text(LOADER)
-    with (package / "catalog.py").open("a") as catalog:
-        catalog.write('\nBLOBS_SIZES = {"train": 600, "val": 200, "cal": 200, "test": 200}\n')
+    with (package / "facts.py").open("a") as facts:
+        facts.write('\nBLOBS_SIZES = {"train": 600, "val": 200, "cal": 200, "test": 200}\n')
     insert_before(package / "cards" / "datasets.py", "for _card in (\n    DatasetCard(", DATASET_CARD)
     (copy / "tests" / "data" / "test_blobs.py").write_text(TEST.format(name="blobs", reader="dataset_names"))
     steps["dataset"] = changed_files(ROOT, copy) - before

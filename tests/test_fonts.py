@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dpsm_ray.cards import split_sizes
-from dpsm_ray.catalog import FONT_CLASSES, FONT_DESIGNS, font_faces
+from dpsm_ray.facts import FONT_CLASSES, FONT_DESIGNS, font_faces
 from dpsm_ray.cards import check_data_present, load_splits
 from dpsm_ray.data import fonts
 from dpsm_ray.data.preprocessing import pixel_statistics
@@ -153,7 +153,7 @@ def test_a_backbone_pretrained_on_other_fonts_data_is_refused_before_any_ray_wor
     """fonts_transfer cuts the renders, and takes the pixel statistics, of its backbone's data: a
     run's model.pt trained on other data (another class count, other renders, another dataset) is
     named with what differs, from the config.json beside it; a bare file cannot be checked."""
-    from dpsm_ray.catalog import fonts_backbone_problem
+    from dpsm_ray.facts import fonts_backbone_problem
     from dpsm_ray.config import ConfigError, TrainConfig, check_pretrained
 
     assert fonts_backbone_problem(TRANSFER, BACKBONE) is None
@@ -231,7 +231,7 @@ def test_a_target_the_backbone_never_saw_is_cut_from_a_cache_that_has_it_and_sca
 
 
 def test_a_target_partly_inside_the_backbones_classes_or_past_the_last_is_refused_naming_the_values():
-    from dpsm_ray.catalog import fonts_backbone_options, fonts_target_options, parse_fonts, parse_fonts_transfer
+    from dpsm_ray.facts import fonts_backbone_options, fonts_target_options, parse_fonts, parse_fonts_transfer
 
     assert split_sizes(ROUND_THREE) == {"train": 79 * 40, "val": 79 * 24, "cal": 79 * 48, "test": 79 * 48}  # 160 held-out renders a class
     options = parse_fonts_transfer(ROUND_THREE)
@@ -255,7 +255,7 @@ def test_a_disjoint_targets_backbone_is_the_one_pretrained_on_the_other_classes(
     """Round three's target, the Greek and Cyrillic classes, takes weights pretrained on the digits
     and Latin letters (fonts:classes=62,eval=5,noise=20) and refuses any other backbone in one line,
     round two's (every class, the target's among them) included."""
-    from dpsm_ray.catalog import fonts_backbone_problem
+    from dpsm_ray.facts import fonts_backbone_problem
     from dpsm_ray.config import ConfigError, TrainConfig, check_pretrained
 
     assert fonts_backbone_problem(ROUND_THREE, "fonts:classes=62,noise=20,eval=5") is None
@@ -330,7 +330,7 @@ def test_missing_fonts_are_named_with_the_packages_that_install_them(tmp_path):
 def test_the_readme_and_ci_install_exactly_the_font_packages():
     from pathlib import Path
 
-    from dpsm_ray.catalog import FONT_PACKAGES
+    from dpsm_ray.facts import FONT_PACKAGES
 
     root = Path(__file__).resolve().parents[1]
     readme = " ".join((root / "README.md").read_text().split())

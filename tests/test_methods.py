@@ -79,7 +79,7 @@ def test_the_new_methods_options_change_only_their_own_method_s_hash():
 
 
 def test_the_cards_load_without_torch_or_ray():
-    code = "import sys, dpsm_ray.cards, dpsm_ray.catalog, dpsm_ray.conformal.levels; assert not {'torch', 'ray'} & set(sys.modules), sorted(sys.modules)"
+    code = "import sys, dpsm_ray.cards, dpsm_ray.facts, dpsm_ray.conformal.levels; assert not {'torch', 'ray'} & set(sys.modules), sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from dpsm_ray import catalog, own_data
+from dpsm_ray import facts, own_data
 from dpsm_ray.cards.models import model_names, registry as _registry
 from dpsm_ray.cards.registry import register, seal
 
@@ -190,7 +190,7 @@ def _fonts_transfer_backbone(spec, path):
         pretrained_on = json.loads(config.read_text()).get("dataset")
     except (OSError, ValueError, AttributeError):
         return None
-    return catalog.fonts_backbone_problem(spec, pretrained_on) if isinstance(pretrained_on, str) else None
+    return facts.fonts_backbone_problem(spec, pretrained_on) if isinstance(pretrained_on, str) else None
 
 
 def _fonts_present(spec, data_root, download):
@@ -230,64 +230,64 @@ def _load_table(spec, *, seed, **_):
 
 
 def _paper_sizes(spec):
-    return dict(catalog.PAPER_SIZES[spec])
+    return dict(facts.PAPER_SIZES[spec])
 
 
 def _synthetic_sizes(spec):
-    size = catalog.parse_synthetic(spec)["size"]
-    return {split: int(size * fraction) for split, fraction in catalog.SYNTHETIC_FRACTIONS.items()}
+    size = facts.parse_synthetic(spec)["size"]
+    return {split: int(size * fraction) for split, fraction in facts.SYNTHETIC_FRACTIONS.items()}
 
 
 for _card in (
-    DatasetCard("digits", "scikit-learn's 8x8 digits", lambda spec: dict(catalog.DIGITS_SIZES), _load_digits, "mlp"),
-    DatasetCard("synthetic", "Gaussian classes (generated)", _synthetic_sizes, _load_synthetic, "mlp", options=catalog.SYNTHETIC_DEFAULTS),
+    DatasetCard("digits", "scikit-learn's 8x8 digits", lambda spec: dict(facts.DIGITS_SIZES), _load_digits, "mlp"),
+    DatasetCard("synthetic", "Gaussian classes (generated)", _synthetic_sizes, _load_synthetic, "mlp", options=facts.SYNTHETIC_DEFAULTS),
     DatasetCard(
         "glyphs",
         "procedural stroke glyphs (generated)",
-        lambda spec: catalog.glyph_sizes(catalog.parse_glyphs(spec)),
+        lambda spec: facts.glyph_sizes(facts.parse_glyphs(spec)),
         _load_glyphs,
         "lenet",
-        options=catalog.GLYPHS_DEFAULTS,
+        options=facts.GLYPHS_DEFAULTS,
     ),
     DatasetCard(
         "fonts",
         "characters rendered from real typefaces",
-        lambda spec: catalog.font_sizes(catalog.parse_fonts(spec)),
+        lambda spec: facts.font_sizes(facts.parse_fonts(spec)),
         _load_fonts,
         "lenet",
         check_files=_fonts_present,
-        options=catalog.FONTS_DEFAULTS,
+        options=facts.FONTS_DEFAULTS,
     ),
     DatasetCard(
         "fonts_transfer",
         "few images of held-out typefaces, for a network pretrained on fonts (--pretrained-path)",
-        lambda spec: catalog.font_transfer_sizes(catalog.parse_fonts_transfer(spec)),
+        lambda spec: facts.font_transfer_sizes(facts.parse_fonts_transfer(spec)),
         _load_fonts_transfer,
         "lenet",
         check_files=_fonts_present,
-        options=catalog.FONTS_TRANSFER_DEFAULTS,
+        options=facts.FONTS_TRANSFER_DEFAULTS,
         pretrained_problem=_fonts_transfer_backbone,
     ),
     DatasetCard(
         "fashion_mnist",
-        catalog.IMAGE_TITLES["fashion_mnist"],
+        facts.IMAGE_TITLES["fashion_mnist"],
         _paper_sizes,
         _load_image_dataset,
         "mlp_bn",
         check_files=_image_files_present,
     ),
     DatasetCard(
-        "cifar100", catalog.IMAGE_TITLES["cifar100"], _paper_sizes, _load_image_dataset, "resnet110", check_files=_image_files_present
+        "cifar100", facts.IMAGE_TITLES["cifar100"], _paper_sizes, _load_image_dataset, "resnet110", check_files=_image_files_present
     ),
     DatasetCard(
-        "caltech101", catalog.IMAGE_TITLES["caltech101"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
+        "caltech101", facts.IMAGE_TITLES["caltech101"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
     ),
     DatasetCard(
-        "inaturalist", catalog.IMAGE_TITLES["inaturalist"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
+        "inaturalist", facts.IMAGE_TITLES["inaturalist"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
     ),
     DatasetCard(
         "inaturalist2018",
-        catalog.IMAGE_TITLES["inaturalist2018"],
+        facts.IMAGE_TITLES["inaturalist2018"],
         _paper_sizes,
         _load_image_dataset,
         "resnet50",

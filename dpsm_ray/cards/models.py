@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dpsm_ray import catalog
+from dpsm_ray import facts
 from dpsm_ray.cards.registry import built_in, register, registry, seal
 
 
@@ -274,12 +274,12 @@ for _card in (
     ModelCard("cnn", "small CNN", _cnn, inputs="image"),
     *(
         ModelCard(f"resnet{depth}", f"ResNet-{depth} (CIFAR)", _cifar_resnet(depth), inputs="image")
-        for depth in catalog.CIFAR_RESNET_DEPTHS
+        for depth in facts.CIFAR_RESNET_DEPTHS
     ),
     ModelCard("densenet100", "DenseNet-BC-100, growth rate 12 (CIFAR)", _densenet100, inputs="image"),
     *(
         ModelCard(name, f"torchvision {name} (ImageNet architecture)", _imagenet(name), inputs="rgb", pretrainable=True, trials_per_gpu=1)
-        for name in catalog.IMAGENET_HEADS
+        for name in facts.IMAGENET_HEADS
     ),
     ModelCard("lenet", "LeNet-5", _lenet, inputs="image", pretrainable=True),
     ModelCard(

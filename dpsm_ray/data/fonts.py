@@ -1,7 +1,7 @@
 """Fonts: a many-class benchmark of real typefaces, made offline.  Each class is a character --
 the digits, the Latin letters, and the Greek and Cyrillic letters that do not look exactly like an
-earlier class (``catalog.FONT_CLASSES``) -- and an image is the character rendered by Pillow in one
-face of an open typeface that Debian packages (``catalog.FONT_PACKAGES``), at 32x32 greyscale
+earlier class (``facts.FONT_CLASSES``) -- and an image is the character rendered by Pillow in one
+face of an open typeface that Debian packages (``facts.FONT_PACKAGES``), at 32x32 greyscale
 (white on black), with seeded jitter of its size, position, rotation and stroke width, then dimmed
 and overlaid with noise (``CONTRAST``, ``NOISE``).
 
@@ -16,7 +16,7 @@ and overlaid with noise (``CONTRAST``, ``NOISE``).
                                         the Greek and Cyrillic classes, for a network pretrained
                                         on the digits and Latin letters only
 
-**Split by design, not by image.**  The typefaces are grouped by design (``catalog.FONT_DESIGNS``:
+**Split by design, not by image.**  The typefaces are grouped by design (``facts.FONT_DESIGNS``:
 metric clones such as Arimo, Liberation Sans, Nimbus Sans and FreeSans are one design, and so are
 a superfamily's siblings), and each design goes whole to training (96 faces) or to the held-out
 pool (32 faces: Cousine and Liberation Mono, Noto, C059, URW Gothic).  Every held-out render of a
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsm_ray.catalog import (
+from dpsm_ray.facts import (
     FONT_CLASSES,
     FONT_DESIGNS,
     FONT_PACKAGES,
@@ -102,7 +102,7 @@ def face_name(path: Path) -> tuple[str, str] | None:
 
 
 def find_faces(root: str | os.PathLike | None = None) -> dict[tuple[str, str], Path]:
-    """Every face of ``catalog.FONT_DESIGNS`` -> its file under ``root`` (default /usr/share/fonts);
+    """Every face of ``facts.FONT_DESIGNS`` -> its file under ``root`` (default /usr/share/fonts);
     ``FileNotFoundError`` naming the missing faces and the apt line that installs them.  The folder
     is read once per process (a few seconds): the data check before a run and the load both ask."""
     return dict(faces_under(Path(root) if root is not None else FONT_ROOT))
@@ -261,13 +261,13 @@ def load_fonts_transfer(spec: str, data_root: str | os.PathLike | None, seed: in
     ``classes`` classes from FONT_CLASSES[``first``] on (labelled 0, 1, ... in that order), and the
     rest of its renders cut into validation, calibration and test, at random by ``seed``.  The
     inputs are standardised by the training faces of the backbone's data,
-    ``fonts:classes=B,eval=E,noise=S`` (``catalog.fonts_backbone_options``), so a network pretrained
+    ``fonts:classes=B,eval=E,noise=S`` (``facts.fonts_backbone_options``), so a network pretrained
     there (``--pretrained-path``: its model.pt; every layer but the head) sees the pixel scale it
     learned on.
 
     Where the classes are the backbone's (``first + classes <= B``) they are cut from that same
     cache.  Where the backbone never saw them (``first >= B``) they are cut from the renders of
-    ``fonts:classes=first+classes`` at the same ``eval`` and ``noise`` (``catalog.fonts_target_options``),
+    ``fonts:classes=first+classes`` at the same ``eval`` and ``noise`` (``facts.fonts_target_options``),
     and the statistics still come from the backbone's own cache: one seeded generator draws every
     render, face by face and class by class, so a class's renders depend on how many classes the
     cache holds (only the first face's agree), and the backbone's statistics are exact only from
@@ -310,7 +310,7 @@ def font_splits(spec: str, arrays: dict, parts: list[np.ndarray], classes: int, 
 def identical_glyphs(faces: dict[tuple[str, str], Path], candidates: str) -> dict[tuple[str, str], int]:
     """For each pair (earlier, later) of ``candidates`` whose glyphs are pixel-identical in some
     face (drawn at the middle size, unjittered, before averaging down), the number of such faces: how the look-alike
-    rule of the module docstring chose ``catalog.FONT_CLASSES``."""
+    rule of the module docstring chose ``facts.FONT_CLASSES``."""
     counts: dict[tuple[str, str], int] = {}
     point_size = POINT_SIZES[len(POINT_SIZES) // 2]
     for path in faces.values():

@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from dpsm_ray.catalog import (
+from dpsm_ray.facts import (
     GLYPHS_PER_CLASS_EVAL, GLYPHS_POOL, GLYPHS_STROKES, glyph_sizes, glyphs_max_classes, parse_glyphs,
 )
 from dpsm_ray.data.augment import random_crop

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpsm_ray.catalog import DIGITS_SIZES, SYNTHETIC_FRACTIONS, parse_synthetic
+from dpsm_ray.facts import DIGITS_SIZES, SYNTHETIC_FRACTIONS, parse_synthetic
 from dpsm_ray.data.preprocessing import ImageSpec, spec_transform, standardising_spec
 from dpsm_ray.data.splits import DataSplits, Split, TensorSource, stratified_partition
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from dpsm_ray.catalog import IMAGE_TITLES, PAPER_SIZES
+from dpsm_ray.facts import IMAGE_TITLES, PAPER_SIZES
 from dpsm_ray.data.augment import random_crop_flip
 from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
 from dpsm_ray.data.splits import DataSplits, FileSource, Split, TensorSource, stratified_partition

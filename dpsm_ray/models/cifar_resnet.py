@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dpsm_ray.catalog import CIFAR_RESNET_DEPTHS
+from dpsm_ray.facts import CIFAR_RESNET_DEPTHS
 
 
 class BasicBlock(nn.Module):

@@ -14,7 +14,7 @@ from torch import nn
 from dpsm_ray.models.weights import load_backbone as load_pretrained
 
 # the classifier layer of each architecture, replaced for the dataset's classes
-from dpsm_ray.catalog import IMAGENET_HEADS as HEADS
+from dpsm_ray.facts import IMAGENET_HEADS as HEADS
 # torchvision's DenseNet checkpoints predate its module names: "denselayer1.norm.1.weight" is now
 # "denselayer1.norm1.weight" (the same rename as torchvision.models.densenet._load_state_dict)
 OLD_DENSENET_KEY = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$")

@@ -2,7 +2,7 @@
 on a batch B1 and B2, returning the loss and its diagnostics.  A method's card
 (``dpsm_ray.cards.methods``) names its objective; ``dpsm_ray.cards.build_objective`` builds it."""
 
-from dpsm_ray.catalog import CE_BATCHES
+from dpsm_ray.facts import CE_BATCHES
 from dpsm_ray.objectives.base import STAT_COLUMNS, Objective, ObjectiveOutput, hps_scores
 from dpsm_ray.objectives.ce import CrossEntropy
 from dpsm_ray.objectives.conftr import CONFTR_SPLITS, ConfTr, ConfTrPublished

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from dpsm_ray.catalog import CONFTR_SPLITS
+from dpsm_ray.facts import CONFTR_SPLITS
 from dpsm_ray.conformal import hard_batch_quantile, label_scores, pinball_loss, smooth_quantile, soft_set_size
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, check_choice, cross_entropy, hps_scores, step_cross_entropy
 

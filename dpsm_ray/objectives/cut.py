@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from dpsm_ray.catalog import CE_BATCHES, CUT_SCORES
+from dpsm_ray.facts import CE_BATCHES, CUT_SCORES
 from dpsm_ray.conformal import aps_matrix, label_scores, soft_sort
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, check_choice, hps_scores, step_cross_entropy
 from dpsm_ray.seeding import counter_uniforms, derive_seed

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from dpsm_ray.catalog import CE_BATCHES, Q_INITS, SPLITS
+from dpsm_ray.facts import CE_BATCHES, Q_INITS, SPLITS
 from dpsm_ray.conformal import empirical_quantile, label_scores, pinball_grad, pinball_loss, soft_set_size
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, check_choice, hps_scores, step_cross_entropy
 from dpsm_ray.seeding import generator

@@ -9,7 +9,7 @@ import math
 
 import pandas as pd
 
-from dpsm_ray.catalog import SAMPLER_TITLES
+from dpsm_ray.facts import SAMPLER_TITLES
 from dpsm_ray.config import SETTING_LABELS
 from dpsm_ray.cards import DEFAULT_RANGES, method_card, method_names, paper_grid, reads
 from dpsm_ray.storage.layout import package_versions

@@ -29,7 +29,7 @@ from pathlib import Path
 from dpsm_ray.files import CorruptFileError, remove_temporaries, write_json
 from dpsm_ray import cards
 from dpsm_ray.cards import BASE_MODEL
-from dpsm_ray.catalog import SAMPLER_TITLES
+from dpsm_ray.facts import SAMPLER_TITLES
 from dpsm_ray.storage.layout import BASE_MODELS, PARQUET, TUNE
 from dpsm_ray.seeding import derive_seed
 from dpsm_ray.sweep.pick import best_overrides

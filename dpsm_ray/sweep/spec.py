@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsm_ray.cards import PAPER_METHODS, knob_name, method_names, paper_grid
-from dpsm_ray.catalog import SAMPLER_TITLES
+from dpsm_ray.facts import SAMPLER_TITLES
 from dpsm_ray.storage.layout import (
     BASE_MODELS, FINISHED_FILE, OPTUNA_DB, SWEEP_FILE, CoverageFloor, UnreadableResults, package_versions, read_sweep_settings,
 )
