@@ -68,7 +68,7 @@ class MethodOption:
     @property
     def metadata(self) -> dict:
         """What ``dpsm_ray.config.option`` records of a field, for the code that reads fields and options alike."""
-        marks = {"label": self.label, "renamed_from": self.renamed_from, "type": {"float": float, "int": int, "str": str}[self.kind]}
+        marks = {"label": self.label, "renamed_from": self.renamed_from, "type": {"float": float, "int": int, "str": str, "bool": bool}[self.kind]}
         return {"help": self.help, "sweep": self.sweep, "column": self.column, "recorded_at_default": True,
                 **{key: value for key, value in marks.items() if value is not None}}
 
@@ -80,6 +80,8 @@ class MethodOption:
             return "must be a finite number"
         if self.kind == "int" and not (isinstance(value, int) and not isinstance(value, bool)):
             return "must be an integer"
+        if self.kind == "bool" and not isinstance(value, bool):
+            return "must be true or false"
         if self.choices is not None and value not in self.choices:
             return f"must be one of {', '.join(self.choices)}"
         if self.kind == "str" and not isinstance(value, str):
@@ -160,7 +162,9 @@ def register_method(card: MethodCard, *, replace: bool = False) -> MethodCard:
             f"method {card.name}: fields must be method-specific options ({', '.join(sorted(method_fields()))}) or its own options;"
             f" got {', '.join(shared)}"
         )
-    clash = [name for name, option in own.items() if name in _OPTIONS and _OPTIONS[name] != option or name in CONFIG_FIELDS]
+    # a name of a field, a built-in option or another card's option (the same card again, unpickled in a trial's process, may)
+    owners = {option.name: other.name for other in _CARDS.values() for option in other.options}
+    clash = [name for name in own if name in CONFIG_FIELDS or name in BUILT_IN_OPTIONS or owners.get(name, card.name) != card.name]
     if clash or any(not name.isidentifier() for name in own):
         raise ValueError(f"method {card.name}: its options must be new identifiers, not options or config fields that exist; got"
                          f" {', '.join(clash or own)}")

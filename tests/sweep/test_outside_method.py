@@ -4,6 +4,7 @@ sweep's config file, the sweep's Ray trials and its predictors, and it runs a on
 digits end to end -- its search and final rows in the Parquet files and its row in the report
 (docs/extending.md walks through the same steps)."""
 
+import dataclasses
 import json
 import sys
 
@@ -64,6 +65,11 @@ def test_an_outside_option_is_a_config_value_checked_and_hashed_for_its_method_o
         TrainConfig(method="confident_ce", confidence_power=-1.0)
     with pytest.raises(ValueError, match="new identifiers"):  # an option may not take a field's or a built-in option's name
         register_method(MethodCard("other", "Other", ConfidentCE, options=(MethodOption("sigmoid_temperature", 2.0, "T"),)))
+    with pytest.raises(ValueError, match="new identifiers"):  # nor another card's
+        register_method(MethodCard("other", "Other", ConfidentCE, options=(MethodOption("confidence_power", 2.0, "P"),)))
+    # the same card again -- as a trial's process registers it, unpickled, its check a new function -- replaces itself
+    again = dataclasses.replace(confident_ce, options=(dataclasses.replace(POWER, check=lambda value: value > 0),))
+    assert register_method(again, replace=True) is again and TrainConfig(method="confident_ce", confidence_power=3.0).confidence_power == 3.0
 
 
 def test_an_outside_option_reaches_the_train_command_line(confident_ce, tmp_path, capsys):
