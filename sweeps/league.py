@@ -7,6 +7,8 @@
     python sweeps/league.py --report-from docs/results/league-fashion_mnist   # the table, from committed results
     python sweeps/league.py --report-from docs/results/league-fashion_mnist --ce-from docs/results/decisive-fashion_mnist
                                                              # and each method against that study's 8-trial CE
+    python sweeps/league.py --report-from docs/results/league-fashion_mnist --ce-from docs/results/league-fashion_mnist-ce8
+                                                             # and against CE searched again with --min-trials 8
 
 A sweep (the service's own driver, every option of `dpsm-ray sweep`): the CE base model of each seed,
 each method's Optuna search with 2 trials per knob, its pick re-trained with 10 seeds; then the league
@@ -33,6 +35,27 @@ def results_dir(dataset: str) -> str:
     return "results/league-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset.replace(":", "-").split("/")[-1])
 
 
+def other_ce_text(compact: tuple, folder: str) -> str:
+    """The league ``compact`` against the CE of ``folder``: a study's searched CE (paired on the seeds
+    whose base models both share), or another league's CE -- the league again with its CE where the
+    base models are shared, else each method against it by the means over seeds."""
+    from dpsm_ray.results.league import (against_other_ce, against_other_ce_markdown, against_unpaired_ce, against_unpaired_ce_markdown,
+                                         analyse_league, league_markdown, read_league_compact, seeds_text, with_other_ce)
+    from dpsm_ray.results.studies import read_compact
+
+    if not (Path(folder) / "league.json").is_file():
+        return against_other_ce_markdown(against_other_ce(compact[0], read_compact(Path(folder))[0], compact[2]), f"`{folder}`")
+    other = read_league_compact(folder)
+    try:
+        merged, shared = with_other_ce(compact, other)
+    except ValueError as error:
+        if "shares no CE base model" not in str(error):
+            raise
+        return against_unpaired_ce_markdown(against_unpaired_ce(compact[0], other[0], compact[2]), f"`{folder}`")
+    return (f"With CE's search, pick and models from `{folder}`, on the {len(shared)} seeds whose CE base models the two share (seeds "
+            f"{seeds_text(shared)}):\n\n" + league_markdown(analyse_league(*merged)))
+
+
 def main(argv: list[str]) -> int:
     from dpsm_ray.files import write_text
     from dpsm_ray.results.league import analyse_league, league_markdown, read_league_compact, write_league_compact
@@ -40,9 +63,9 @@ def main(argv: list[str]) -> int:
     front = argparse.ArgumentParser(prog="sweeps/league.py", description=__doc__.splitlines()[0], add_help=False, allow_abbrev=False)
     front.add_argument("--dataset")
     front.add_argument("--report-from", metavar="FOLDER")
-    front.add_argument("--ce-from", metavar="FOLDER", help="with --report-from: also each method against a study's searched CE, or the "
-                       "league again with CE's rows from another league's compact folder (CE searched again), paired on the seeds "
-                       "whose base models both share")
+    front.add_argument("--ce-from", metavar="FOLDER", action="append", help="with --report-from, once or more: also each method against "
+                       "a study's searched CE, or against CE of another league's compact folder (CE searched again): paired on the seeds "
+                       "whose base models both share, else by the means over seeds")
     front.add_argument("--results-dir")
     known, rest = front.parse_known_args(argv)
     if known.ce_from and not known.report_from:
@@ -53,18 +76,8 @@ def main(argv: list[str]) -> int:
         try:
             compact = read_league_compact(known.report_from)
             print(league_markdown(analyse_league(*compact)), end="")
-            if known.ce_from and (Path(known.ce_from) / "league.json").is_file():  # a league that searched CE again
-                from dpsm_ray.results.league import seeds_text, with_other_ce
-
-                merged, shared = with_other_ce(compact, read_league_compact(known.ce_from))
-                print(f"\nWith CE's search, pick and models from `{known.ce_from}`, on the {len(shared)} seeds whose CE base models the "
-                      f"two share (seeds {seeds_text(shared)}):\n\n" + league_markdown(analyse_league(*merged)), end="")
-            elif known.ce_from:
-                from dpsm_ray.results.league import against_other_ce, against_other_ce_markdown
-                from dpsm_ray.results.studies import read_compact
-
-                comparison = against_other_ce(compact[0], read_compact(Path(known.ce_from))[0], compact[2])
-                print("\n" + against_other_ce_markdown(comparison, f"`{known.ce_from}`"), end="")
+            for other in known.ce_from or []:
+                print("\n" + other_ce_text(compact, other), end="")
         except (FileNotFoundError, ValueError) as error:
             front.exit(2, f"{front.prog}: error: {error}\n")
         return 0

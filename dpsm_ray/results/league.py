@@ -214,6 +214,45 @@ def with_other_ce(compact: tuple, other: tuple) -> tuple[tuple, list[int]]:
     return (swapped(evals, their_evals), swapped(failed, their_failed), alpha, dataset, merged_search), shared
 
 
+def against_unpaired_ce(evals, other_evals, alpha: float) -> dict:
+    """Each league method against another league's CE where the two share no CE base model (so
+    nothing pairs a seed with a seed): per method and score, its per-seed mean set sizes against
+    that CE's, ``stats.unpaired_change``, with the criterion's words on those intervals."""
+    from dpsm_ray.results.stats import unpaired_change
+
+    def per_seed(frame, method: str, score: str) -> list[float]:
+        part = frame[(frame.method == method) & (frame.score == score)]
+        return part.groupby("seed").set_size.mean().tolist()
+
+    found = []
+    for method in sorted(set(evals.method) - {BASE_MODEL}):
+        changes = {score: unpaired_change(per_seed(evals, method, score), per_seed(other_evals, REFERENCE, score)) for score in DECIDING}
+        coverage = float(evals[(evals.method == method) & (evals.score == "hps")].coverage.mean())
+        found.append({"method": method, "changes": changes, "verdict": verdict(changes, coverage, alpha),
+                      "size": {score: float(evals[(evals.method == method) & (evals.score == score)].set_size.mean()) for score in DECIDING}})
+    reference = {score: float(other_evals[(other_evals.method == REFERENCE) & (other_evals.score == score)].set_size.mean())
+                 for score in DECIDING}
+    return {"rows": sorted(found, key=lambda row: row["size"]["hps"]), "reference": reference,
+            "seeds": (int(evals.seed.nunique()), int(other_evals[other_evals.method == REFERENCE].seed.nunique()))}
+
+
+def against_unpaired_ce_markdown(comparison: dict, source: str) -> str:
+    """``against_unpaired_ce``'s table."""
+    mine, theirs = comparison["seeds"]
+    reference = comparison["reference"]
+    header = ["method", *(f"{score.upper()}" for score in DECIDING), *(f"{score.upper()} vs that CE" for score in DECIDING),
+              "the criterion's words"]
+    lines = [f"Each method against CE of {source} (HPS {reference['hps']:.3f}, APS {reference['aps']:.3f}), whose {theirs} seeds were "
+             f"fine-tuned from other CE base models than these {mine}: nothing pairs a seed, so each change is of the means over seeds, "
+             f"mean [{T_LEVEL:.0%} interval, unpaired: the log ratio's delta-method variance, Welch's degrees of freedom].", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in comparison["rows"]:
+        name = method_name(row["method"]) + (" (this league's)" if row["method"] == REFERENCE else "")
+        lines.append("| " + " | ".join([name, *(f"{row['size'][s]:.3f}" for s in DECIDING), *(change_text(row["changes"][s]) for s in DECIDING),
+                                         row["verdict"]]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def against_other_ce_markdown(comparison: dict, source: str) -> str:
     """``against_other_ce``'s table, as docs/league.md quotes it."""
     seeds = comparison["seeds"]

@@ -78,3 +78,22 @@ def paired_change(evals, arm: str, against: str, score: str, metric: str = "set_
     (fewer than two seeds)."""
     change = per_seed_change(evals, arm, against, score, metric, by)
     return {"score": score, "arm": arm, "against": against, "per_seed": [round(v, 2) for v in change], **summary(change.tolist())}
+
+
+def unpaired_change(values: list[float], reference: list[float], level: float = T_LEVEL) -> dict:
+    """The percent change of mean(``values``) against mean(``reference``) where the two share no
+    replicate (seeds fine-tuned from different base models): on the log of the ratio of the means,
+    the delta method's variance s1^2 / (n1 m1^2) + s2^2 / (n2 m2^2), a Student t interval with
+    Welch-Satterthwaite's degrees of freedom, both ends mapped back to percent.  NaN ends for fewer
+    than two of either."""
+    from scipy.special import stdtrit
+
+    (m1, s1), (m2, s2), n1, n2 = mean_sd(values), mean_sd(reference), len(values), len(reference)
+    mean = 100 * (m1 / m2 - 1)
+    if n1 < 2 or n2 < 2:
+        return {"mean": mean, "low": math.nan, "high": math.nan}
+    v1, v2 = s1**2 / (n1 * m1**2), s2**2 / (n2 * m2**2)
+    df = (v1 + v2) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1)) if v1 + v2 > 0 else math.inf
+    half = stdtrit(df, (1 + level) / 2) * math.sqrt(v1 + v2) if math.isfinite(df) else 0.0
+    ratio = math.log(m1 / m2)
+    return {"mean": mean, "low": 100 * (math.exp(ratio - half) - 1), "high": 100 * (math.exp(ratio + half) - 1)}
