@@ -13,6 +13,7 @@ import torch
 from dpsm_ray import __version__
 from dpsm_ray.cli import main
 from dpsm_ray.storage.layout import PARQUET
+from dpsm_ray.storage.writers import cpu_model
 
 TIMES = ("epoch_seconds", "train_seconds", "diagnostics_seconds", "validation_seconds")  # wall time: the one thing allowed to differ
 ARM = ["train", "--dataset", "glyphs:classes=8,train=24", "--model", "lenet", "--method", "dpsm", "--epochs", "3", "--batch-size", "32",
@@ -42,6 +43,6 @@ def test_one_arm_trained_twice_under_the_pinned_settings_gives_identical_rows(tm
     assert epochs.q.notna().all() and epochs.q.nunique() > 1  # DPSM's learned quantile moved, and moved the same way twice
     records = [json.loads((out / "config.json").read_text())["runtime"] for out in runs]
     assert records[0] == records[1] == {
-        "device": "cpu", "torch_threads": 1, "python": platform.python_version(), "torch": torch.__version__,
+        "device": "cpu", "cpu": cpu_model(), "torch_threads": 1, "python": platform.python_version(), "torch": torch.__version__,
         "numpy": numpy.__version__, "dpsm_ray": __version__,
     }

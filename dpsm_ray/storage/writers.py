@@ -60,10 +60,11 @@ def run_key(config) -> dict:
 
 def runtime(result) -> dict:
     """What fixes a run's numbers besides its configuration (docs/fidelity.md, "Repeatability"):
-    the device, torch's thread count in the process that trained it, and the versions of Python and
-    of the libraries that compute it.  On one device with one thread and these versions, a
-    configuration gives the same rows bit for bit (tests/test_repeatability.py); another thread
-    count sums in another order, and the rows drift apart over the epochs."""
+    the device and the processor's model, torch's thread count in the process that trained it, and
+    the versions of Python and of the libraries that compute it.  On one device with one thread and
+    these versions, a configuration gives the same rows bit for bit (tests/test_repeatability.py);
+    another thread count sums in another order, and the rows drift apart over the epochs; another
+    processor may take other vector paths (the Fashion-MNIST league's base models, docs/league.md)."""
     import platform
 
     import numpy
@@ -73,12 +74,24 @@ def runtime(result) -> dict:
 
     return {
         "device": result.device,
+        "cpu": cpu_model(),
         "torch_threads": result.torch_threads if result.torch_threads is not None else torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "dpsm_ray": __version__,
     }
+
+
+def cpu_model() -> str:
+    """The processor's model name (/proc/cpuinfo's on Linux), else what ``platform`` knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor() or platform.machine()
 
 
 def write_run(out_dir: str | os.PathLike, result) -> None:
