@@ -22,6 +22,7 @@ from dpsm_ray.config import ConfigError, TrainConfig, add_config_options, field_
 from dpsm_ray.train.presets import PRESET_NAMES
 from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 
+
 def config_options() -> dict:
     """The training options a sweep script offers (the rest are the script's choice): the fields
     and method options marked ``sweep`` (dpsm_ray/config.py, the cards'), with argparse's type for each."""
@@ -277,7 +278,8 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
     from dpsm_ray.sweep.spec import SweepSpec
 
     # base_fields: training settings a --config file sets beyond the options (a sweep.json's base)
-    values = {**defaults["config"], **getattr(args, "base_fields", {}), **{k: v for k, v in vars(args).items() if k in config_options()}}
+    offered = config_options()
+    values = {**defaults["config"], **getattr(args, "base_fields", {}), **{k: v for k, v in vars(args).items() if k in offered}}
     values.update(seed=args.seed, download=args.download)
     values["gpus_per_worker"] = packed_gpus_per_worker(values, "gpus_per_worker" in vars(args), args.trials_per_gpu)
     base = TrainConfig.from_dict(values)
