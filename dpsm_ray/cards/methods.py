@@ -68,7 +68,8 @@ class MethodOption:
     @property
     def metadata(self) -> dict:
         """What ``dpsm_ray.config.option`` records of a field, for the code that reads fields and options alike."""
-        marks = {"label": self.label, "renamed_from": self.renamed_from, "type": {"float": float, "int": int, "str": str, "bool": bool}[self.kind]}
+        kinds = {"float": float, "int": int, "str": str, "bool": bool}
+        marks = {"label": self.label, "renamed_from": self.renamed_from, "type": kinds[self.kind]}
         return {"help": self.help, "sweep": self.sweep, "column": self.column, "recorded_at_default": True,
                 **{key: value for key, value in marks.items() if value is not None}}
 

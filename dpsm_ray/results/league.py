@@ -226,10 +226,11 @@ def against_unpaired_ce(evals, other_evals, alpha: float) -> dict:
 
     found = []
     for method in sorted(set(evals.method) - {BASE_MODEL}):
+        mine = evals[evals.method == method]
         changes = {score: unpaired_change(per_seed(evals, method, score), per_seed(other_evals, REFERENCE, score)) for score in DECIDING}
-        coverage = float(evals[(evals.method == method) & (evals.score == "hps")].coverage.mean())
-        found.append({"method": method, "changes": changes, "verdict": verdict(changes, coverage, alpha),
-                      "size": {score: float(evals[(evals.method == method) & (evals.score == score)].set_size.mean()) for score in DECIDING}})
+        coverage = float(mine[mine.score == "hps"].coverage.mean())
+        size = {score: float(mine[mine.score == score].set_size.mean()) for score in DECIDING}
+        found.append({"method": method, "changes": changes, "verdict": verdict(changes, coverage, alpha), "size": size})
     reference = {score: float(other_evals[(other_evals.method == REFERENCE) & (other_evals.score == score)].set_size.mean())
                  for score in DECIDING}
     return {"rows": sorted(found, key=lambda row: row["size"]["hps"]), "reference": reference,
@@ -248,8 +249,8 @@ def against_unpaired_ce_markdown(comparison: dict, source: str) -> str:
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in comparison["rows"]:
         name = method_name(row["method"]) + (" (this league's)" if row["method"] == REFERENCE else "")
-        lines.append("| " + " | ".join([name, *(f"{row['size'][s]:.3f}" for s in DECIDING), *(change_text(row["changes"][s]) for s in DECIDING),
-                                         row["verdict"]]) + " |")
+        cells = [name, *(f"{row['size'][s]:.3f}" for s in DECIDING), *(change_text(row["changes"][s]) for s in DECIDING), row["verdict"]]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -51,6 +51,12 @@ class Progress:
         self.first_start: float | None = None  # when this run's first trial started
         self._last_epoch_line = -float("inf")
 
+    def __getstate__(self) -> dict:
+        """Without where it writes: Tune pickles its callbacks (tuner.pkl), which hold this log, and
+        nothing is restored from that pickle; ``print`` itself does not pickle where a library
+        (Ray Train's, Ray Serve's print redirection) has put another function in its place."""
+        return {**self.__dict__, "emit": None, "clock": None}
+
     def __call__(self, line: str) -> None:
         if isinstance(line, EpochLine):
             self.epoch(line)

@@ -3,6 +3,7 @@ card, the registration and a one-trial sweep on digits), and each of the dataset
 blocks on its own -- so an example that lacks an import, or calls what the package no longer has,
 fails here."""
 
+import builtins
 import re
 import sys
 from pathlib import Path
@@ -59,6 +60,9 @@ def test_the_dataset_model_and_score_examples_each_run_alone():
 def test_the_method_example_registers_its_card_and_runs_its_one_trial_sweep(ray_session, tmp_path, monkeypatch):
     page = blocks()
     monkeypatch.chdir(tmp_path)
+    # print replaced, as Ray Train's and Serve's redirection leave it in a process that ran them (the sweep logs with print)
+    original = builtins.print
+    monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: original(*args, **kwargs))
     # a module not in sys.modules: Ray's workers get the example's class by value, as from a script's __main__
     namespace = {"__name__": "docs_extending_example"}
     assert "docs_extending_example" not in sys.modules

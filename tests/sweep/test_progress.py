@@ -119,3 +119,14 @@ def test_the_sweep_s_callback_takes_a_trial_s_share_from_the_epoch_it_resumed_af
     callback.on_trial_result(0, [], resumed, {"epoch": 8, RESUMED: True})
     assert callback.share_now(resumed, resumed.config["point"]) == 0.2
     assert callback.share_now(fresh, fresh.config["point"]) == 1.0
+
+
+def test_a_progress_log_pickles_without_where_it_writes():
+    """Tune pickles its callbacks, which hold the sweep's log; where the log writes may not pickle
+    (a lambda, or print where Ray Train's or Serve's redirection replaced builtins.print)."""
+    import pickle
+
+    progress = Progress(lambda line: None)
+    progress.plan(3)
+    again = pickle.loads(pickle.dumps(progress))
+    assert again.total == 3 and again.emit is None and progress.emit is not None
