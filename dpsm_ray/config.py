@@ -23,6 +23,7 @@ from dpsm_ray.conformal.levels import min_calibration_size
 from dpsm_ray.own_data import split_path_spec
 from dpsm_ray.cards import check_model, default_model, paper_score_names, pretrainable_models, score_names, split_sizes
 from dpsm_ray.cards import BASE_MODEL, METHODS, headline_method, method_names, method_options, reads
+from dpsm_ray.cards.methods import BUILT_IN_OPTIONS
 
 
 class ConfigError(ValueError):
@@ -283,7 +284,7 @@ class TrainConfig:
         values = {k: v for k, v in values.items() if k in RECORDED_AT_DEFAULT or v != TrainConfig.__dataclass_fields__[k].default}
         given = dict(self.options)
         for name, spec in method_options().items():
-            if name in given or built_in_option(name) or reads(self.method, name):
+            if name in given or name in BUILT_IN_OPTIONS or reads(self.method, name):
                 values[name] = given.get(name, spec.default)
         return values
 
@@ -361,12 +362,6 @@ def _init_with_options(init):
 
 
 TrainConfig.__init__ = _init_with_options(TrainConfig.__init__)
-
-
-def built_in_option(name: str) -> bool:
-    from dpsm_ray.cards.methods import BUILT_IN_OPTIONS
-
-    return name in BUILT_IN_OPTIONS
 
 
 # -- what the fields' metadata declares (``option``), for the rest of the package ---------------------

@@ -40,18 +40,16 @@ def other_ce_text(compact: tuple, folder: str) -> str:
     whose base models both share), or another league's CE -- the league again with its CE where the
     base models are shared, else each method against it by the means over seeds."""
     from dpsm_ray.results.league import (against_other_ce, against_other_ce_markdown, against_unpaired_ce, against_unpaired_ce_markdown,
-                                         analyse_league, league_markdown, read_league_compact, seeds_text, with_other_ce)
+                                         analyse_league, league_markdown, read_league_compact, seeds_text, shared_base_seeds,
+                                         with_other_ce)
     from dpsm_ray.results.studies import read_compact
 
     if not (Path(folder) / "league.json").is_file():
         return against_other_ce_markdown(against_other_ce(compact[0], read_compact(Path(folder))[0], compact[2]), f"`{folder}`")
     other = read_league_compact(folder)
-    try:
-        merged, shared = with_other_ce(compact, other)
-    except ValueError as error:
-        if "shares no CE base model" not in str(error):
-            raise
+    if not shared_base_seeds(compact[0], other[0]):  # no seed pairs: the means' comparison
         return against_unpaired_ce_markdown(against_unpaired_ce(compact[0], other[0], compact[2]), f"`{folder}`")
+    merged, shared = with_other_ce(compact, other)
     return (f"With CE's search, pick and models from `{folder}`, on the {len(shared)} seeds whose CE base models the two share (seeds "
             f"{seeds_text(shared)}):\n\n" + league_markdown(analyse_league(*merged)))
 

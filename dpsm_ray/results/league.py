@@ -162,12 +162,7 @@ def against_other_ce(evals, study_evals, alpha: float, arm: str = "searched_ce")
     from one model -- with the league's criterion's verdict.  ValueError when no seed is shared."""
     import pandas as pd
 
-    def rows(frame, column: str, name: str):
-        part = frame[frame[column] == name]
-        return {seed: part[part.seed == seed].sort_values(["score", "split"]).set_size.tolist() for seed in sorted(part.seed.unique())}
-
-    league_base, study_base = rows(evals, "method", BASE_MODEL), rows(study_evals, "stage", "base")
-    shared = [seed for seed in league_base if study_base.get(seed) == league_base[seed]]
+    shared = shared_base_seeds(evals, study_evals, column="stage")
     if not shared or not (study_evals.stage == arm).any():
         raise ValueError(f"the study shares no CE base model with the league (equal base rows), or has no arm {arm}")
     reference = study_evals[study_evals.stage == arm].assign(method="other_ce").drop(columns="stage")
@@ -179,6 +174,19 @@ def against_other_ce(evals, study_evals, alpha: float, arm: str = "searched_ce")
         coverage = float(pooled[(pooled.method == method) & (pooled.score == "hps")].coverage.mean())
         found.append({"method": method, "changes": changes, "verdict": verdict(changes, coverage, alpha)})
     return {"arm": arm, "seeds": shared, "rows": found}
+
+
+def shared_base_seeds(evals, other_evals, column: str = "method") -> list[int]:
+    """The seeds whose CE base model the league's ``evals`` and ``other_evals`` (another league's, or
+    a study's, whose arms are in ``column="stage"``) share: their base rows equal to the last digit,
+    so each pair of their models fine-tunes one model."""
+
+    def base_rows(frame, column: str) -> dict:
+        part = frame[frame[column] == BASE_MODEL]
+        return {seed: part[part.seed == seed].sort_values(["score", "split"]).set_size.tolist() for seed in sorted(part.seed.unique())}
+
+    mine, theirs = base_rows(evals, "method"), base_rows(other_evals, column)
+    return [seed for seed in mine if theirs.get(seed) == mine[seed]]
 
 
 def with_other_ce(compact: tuple, other: tuple) -> tuple[tuple, list[int]]:
@@ -194,12 +202,7 @@ def with_other_ce(compact: tuple, other: tuple) -> tuple[tuple, list[int]]:
     if (their_dataset, their_alpha) != (dataset, alpha):
         raise ValueError(f"the other league ran {their_dataset} at alpha {their_alpha:g}, this one {dataset} at alpha {alpha:g}")
 
-    def base_rows(frame):
-        part = frame[frame.method == BASE_MODEL]
-        return {seed: part[part.seed == seed].sort_values(["score", "split"]).set_size.tolist() for seed in sorted(part.seed.unique())}
-
-    mine, theirs = base_rows(evals), base_rows(their_evals)
-    shared = [seed for seed in mine if theirs.get(seed) == mine[seed]]
+    shared = shared_base_seeds(evals, their_evals)
     if not shared or not (their_evals.method == REFERENCE).any():
         raise ValueError(f"the other league shares no CE base model with this one (equal base rows), or has no {REFERENCE} rows")
 
