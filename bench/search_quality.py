@@ -37,7 +37,7 @@ import numpy as np
 
 from record import emit, listed, machine  # bench/record.py (bench/ is on the path of python bench/NAME.py)
 
-SAMPLERS = ("tpe", "random", "sobol", "gp")
+SAMPLERS = ("tpe", "random", "sobol", "sobol-tpe", "gp")
 BUDGETS = (2, 4, 8, 16, 32)
 QUICK = {"repetitions": 20, "budgets": (2, 4), "samplers": ("tpe", "random", "sobol")}
 # the digits sweep's slack (sweeps/digits.py) and the league's at alpha 0.01 (sweeps/league-fashion_mnist.yaml)

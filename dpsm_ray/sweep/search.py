@@ -31,7 +31,8 @@ from dpsm_ray.train.ray_train import FINISHED, RESUMED
 # The Parquet/report column that a trial is scored on, and the one constrained.
 OBJECTIVE = "val_set_size"
 CONSTRAINED = "val_coverage"
-# TPE samples at random for its first trials (Optuna's default is 10; searches here are short)
+# TPE and GP start from this many trials that do not model the others (Optuna's default is 10;
+# searches here are short): random ones, or the sweep's Sobol points for ``sobol-tpe``
 STARTUP_TRIALS = 4
 # A trial's constraint values, as the system attribute that Optuna's samplers write for a
 # constraints_func (optuna.study._constrained_optimization._CONSTRAINTS_KEY: a list, read by Optuna 5
@@ -48,7 +49,8 @@ class MethodStudy:
     random ones; ``random``; ``gp``, Optuna's ``GPSampler`` (built for budgets of 10-50 trials) after
     the same random start, with the coverage constraint; ``sobol``, a scrambled Sobol sequence over
     every knob of ``DEFAULT_RANGES`` seeded by the sweep alone (``sobol_point``), so that trial n of
-    every method draws the same value of a knob they share."""
+    every method draws the same value of a knob they share; ``sobol-tpe``, TPE after
+    ``STARTUP_TRIALS`` of those Sobol points instead of random ones (every method's start shared)."""
 
     def __init__(self, storage: str | optuna.storages.BaseStorage, name: str, method: str, space: dict[str, Range], *, sampler: str,
                  seed: int, total: int) -> None:
@@ -68,12 +70,12 @@ class MethodStudy:
         draw does not depend on what was drawn before it (a driver may die between two of them)."""
         seed = derive_seed(self.seed, self.sampler, self.method, number, parameter) % 2**32
         startup = min(STARTUP_TRIALS, self.total)
-        if self.sampler == "tpe":
+        if self.sampler == "tpe" or (self.sampler == "sobol-tpe" and number >= startup):
             return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
         if self.sampler == "gp":
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False,
                                              independent_sampler=optuna.samplers.RandomSampler(seed=seed))
-        if self.sampler == "sobol":
+        if self.sampler in ("sobol", "sobol-tpe"):
             point = sobol_point(self.seed, number)
             with warnings.catch_warnings():  # experimental since Optuna 2.4, unchanged since
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

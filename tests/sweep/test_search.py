@@ -5,7 +5,7 @@ import math
 import optuna
 import pytest
 
-from dpsm_ray.sweep.search import AshaStopper, MethodStudy, StageStoppers, rungs
+from dpsm_ray.sweep.search import STARTUP_TRIALS, AshaStopper, MethodStudy, StageStoppers, rungs
 from dpsm_ray.sweep.stage import Stage, StageSearcher
 from dpsm_ray.config import TrainConfig
 from dpsm_ray.sweep.space import Range
@@ -234,7 +234,7 @@ def test_a_tune_run_ended_by_a_full_disk_stops_the_sweep_with_the_full_disk_s_li
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "sobol", "gp"])
+@pytest.mark.parametrize("sampler", ["tpe", "random", "sobol", "sobol-tpe", "gp"])
 def test_every_sampler_proposes_as_a_function_of_the_seed_and_resumes_past_its_random_start(tmp_path, sampler):
     """Killed while trial 6 ran (two trials past the four random ones): a new driver on the same storage
     proposes what an uninterrupted search would have, trial 6 again with its own parameters."""
@@ -263,3 +263,18 @@ def test_with_sobol_every_method_of_a_sweep_draws_the_same_lr_at_each_trial():
     # a scrambled Sobol sequence covers the range evenly: each quarter of log(lr) holds 2 of the first 8
     quarters = [int(4 * math.log(lr / 0.001) / math.log(100)) for lr in dpsm]
     assert sorted(quarters) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_with_sobol_tpe_every_method_starts_from_the_sweep_s_sobol_points_then_models_its_own_trials():
+    """``sobol-tpe``: the first STARTUP_TRIALS trials of CE and of DPSM are the ``sobol`` sampler's
+    (the same lr at each), and after them TPE proposes from each method's own results."""
+    def lrs(method, space, sampler, values):
+        s = MethodStudy(optuna.storages.InMemoryStorage(), method, method, space, sampler=sampler, seed=0, total=len(values))
+        return [params["lr"] for params in run_search(s, dict(enumerate(values)))]
+
+    falling, rising = [1.3, 1.1, 1.2, 0.9, 1.0, 0.95, 0.97, 0.92], [0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
+    ce = lrs("ce", {"lr": SPACE["lr"]}, "sobol-tpe", falling)
+    dpsm = lrs("dpsm", SPACE, "sobol-tpe", falling)
+    assert ce[:STARTUP_TRIALS] == dpsm[:STARTUP_TRIALS] == lrs("ce", {"lr": SPACE["lr"]}, "sobol", falling)[:STARTUP_TRIALS]
+    assert ce[STARTUP_TRIALS:] != lrs("ce", {"lr": SPACE["lr"]}, "sobol", falling)[STARTUP_TRIALS:]  # TPE's, not the sequence's
+    assert lrs("ce", {"lr": SPACE["lr"]}, "sobol-tpe", rising)[STARTUP_TRIALS:] != ce[STARTUP_TRIALS:]  # and they follow the results
