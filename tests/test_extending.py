@@ -32,14 +32,8 @@ class HalfCE(Objective):
         ce = self.ce_share * cross_entropy(torch.cat([logits1, logits2]), torch.cat([labels1, labels2]))
         return self.output(ce, torch.zeros((), device=ce.device))
 '''
-METHOD_CARD = '''def _half_ce():
-    from dpsm_ray.objectives.half_ce import HalfCE
-
-    return HalfCE
-
-
-_BUILT_IN_CARDS = (
-    MethodCard("half_ce", "Half CE", _half_ce, options=(
+METHOD_CARD = '''_BUILT_IN_CARDS = (
+    MethodCard("half_ce", "Half CE", "dpsm_ray.objectives.half_ce:HalfCE", options=(
         MethodOption("ce_share", 0.5, "Half CE's share of the cross-entropy, in (0, 1]", "must be in (0, 1]", lambda v: 0 < v <= 1),
     )),'''
 SCORE = '''

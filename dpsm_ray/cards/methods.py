@@ -7,8 +7,8 @@ its objective, its card and its tests (docs/extending.md); a method defined outs
 joins through ``register_method``.
 
 Known without importing torch or Ray (the CLI validates ``--methods`` before either loads): an
-in-package card reaches its objective through a small function holding a literal import, run when
-a run builds it -- as the dataset, model and score cards reach their code.
+in-package card names its objective as ``"module:class"``, imported when a run builds it
+(``dpsm_ray.lazy.imported``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from dpsm_ray.facts import CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, Q_INITS, QUANTILE_LR_PER_EPOCH, SPLITS
 from dpsm_ray.cards.knobs import DEFAULT_RANGES, PAPER_GRID, SHARED_GRID_AXES, knob_name, paper_grid as grid_of
+from dpsm_ray.lazy import imported
 from dpsm_ray.cards.registry import built_in, register, registry, seal, sealed, unregister
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class MethodCard:
 
     name: str
     title: str
-    objective: Any  # the Objective subclass, or a function of no arguments returning it (a literal import)
+    objective: Any  # the Objective subclass, or where it is as "module:name" (imported when a run builds it)
     fields: tuple[str, ...] = ()
     arguments: Mapping[str, str] = field(default_factory=dict)
     knobs: tuple[str, ...] = ("lr",)
@@ -123,7 +124,7 @@ class MethodCard:
     options: tuple[MethodOption, ...] = ()
 
     def objective_class(self):
-        return self.objective if inspect.isclass(self.objective) else self.objective()
+        return imported(self.objective) if isinstance(self.objective, str) else self.objective
 
     def reads(self, field_name: str) -> bool:
         return field_name in self.fields or any(option.name == field_name for option in self.options)
@@ -319,60 +320,14 @@ _OPTIONS.update(BUILT_IN_OPTIONS)
 
 
 # -- the built-in methods, in the report's order ---------------------------------------------------
-# Each objective is reached through a function holding a literal import: the objectives import torch, the cards must not.
-def _cross_entropy():
-    from dpsm_ray.objectives.ce import CrossEntropy
-
-    return CrossEntropy
-
-
-def _cut():
-    from dpsm_ray.objectives.cut import CUT
-
-    return CUT
-
-
-def _conftr():
-    from dpsm_ray.objectives.conftr import ConfTr
-
-    return ConfTr
-
-
-def _conftr_published():
-    from dpsm_ray.objectives.conftr import ConfTrPublished
-
-    return ConfTrPublished
-
-
-def _dpsm():
-    from dpsm_ray.objectives.dpsm import DPSM
-
-    return DPSM
-
-
-def _confts():
-    from dpsm_ray.objectives.confts import ConfTS
-
-    return ConfTS
-
-
-def _vr_conftr():
-    from dpsm_ray.objectives.vr_conftr import VRConfTr
-
-    return VRConfTr
-
-
-def _rwce():
-    from dpsm_ray.objectives.rwce import RankWeightedCE
-
-    return RankWeightedCE
-
+# Each objective named as ``module:class``, imported when a run builds it (dpsm_ray.lazy.imported): the objectives import torch,
+# the cards must not.
 
 _BUILT_IN_CARDS = (
     MethodCard(
         "ce",
         "CE",
-        _cross_entropy,
+        "dpsm_ray.objectives.ce:CrossEntropy",
         paper=True,
         presets={"official": {}},
         colour="tab:blue",
@@ -381,7 +336,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "cut",
         "CUT",
-        _cut,
+        "dpsm_ray.objectives.cut:CUT",
         fields=("conformal_weight", "sort_temperature", "cut_score", "ce_batch"),
         arguments={"cut_score": "score"},
         knobs=("conformal_weight", "lr"),
@@ -395,7 +350,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "conftr",
         "ConfTr",
-        _conftr,
+        "dpsm_ray.objectives.conftr:ConfTr",
         fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "conftr_split"),
         arguments={"conftr_split": "split"},
         knobs=("conformal_weight", "lr", "sigmoid_temperature"),
@@ -409,7 +364,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "conftr_published",
         "ConfTr (published)",
-        _conftr_published,
+        "dpsm_ray.objectives.conftr:ConfTrPublished",
         fields=("conformal_weight", "sigmoid_temperature", "sort_temperature", "size_target", "ce_weight"),
         # its size weight sits inside a logarithm, where it only shifts the loss: not a knob
         knobs=("lr", "sigmoid_temperature"),
@@ -429,7 +384,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "dpsm",
         "DPSM",
-        _dpsm,
+        "dpsm_ray.objectives.dpsm:DPSM",
         fields=("conformal_weight", "sigmoid_temperature", "quantile_lr", "q_init", "dpsm_split", "ce_batch"),
         arguments={"dpsm_split": "split"},
         knobs=("conformal_weight", "lr", "quantile_lr", "sigmoid_temperature"),
@@ -450,7 +405,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "confts",
         "ConfTS",
-        _confts,
+        "dpsm_ray.objectives.confts:ConfTS",
         # trains one temperature, the network frozen: the model learning rate (lr) is T's, on log T
         colour="black",
         marker="<",
@@ -458,7 +413,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "vr_conftr",
         "VR-ConfTr",
-        _vr_conftr,
+        "dpsm_ray.objectives.vr_conftr:VRConfTr",
         fields=("conformal_weight", "sigmoid_temperature", "vr_neighbours"),
         arguments={"vr_neighbours": "neighbours"},
         knobs=("conformal_weight", "lr", "sigmoid_temperature"),  # ConfTr's; m stays the authors' 4
@@ -469,7 +424,7 @@ _BUILT_IN_CARDS = (
     MethodCard(
         "rwce",
         "RWCE",
-        _rwce,
+        "dpsm_ray.objectives.rwce:RankWeightedCE",
         fields=("rank_exponent",),
         colour="slateblue",
         marker="p",
