@@ -193,6 +193,10 @@ def main(argv=None) -> int:
         if len(argv) not in (2, 3) or (len(argv) == 3 and argv[2] != "--figure"):
             raise SystemExit("usage: search_quality.py --report-from DIR [--figure] (DIR holds *quality.csv)")
         frame = pd.concat([pd.read_csv(path) for path in sorted(Path(argv[1]).glob("*quality.csv"))])
+        # rows by table (as the files first give them), method, then sampler (SAMPLERS' order), whichever run added them
+        order = {"table": list(dict.fromkeys(frame.table)), "sampler": list(SAMPLERS)}
+        frame = frame.sort_values(["table", "method", "sampler", "budget"], kind="stable",
+                                  key=lambda c: c.map(order[c.name].index) if c.name in order else c)
         print(markdown(frame), end="")
         if len(argv) == 3:
             figure(frame.to_dict("records"), Path(argv[1]))

@@ -11,7 +11,7 @@ import math
 
 # how a search proposes its trials (dpsm_ray.sweep.search.MethodStudy), as sweep.json names them and
 # as the progress lines and the report write them
-SAMPLER_TITLES = {"tpe": "Optuna TPE", "random": "Optuna random", "sobol": "Sobol-sequence", "sobol-tpe": "Optuna TPE after Sobol points",
+SAMPLER_TITLES = {"tpe": "Optuna TPE", "random": "Optuna random", "sobol": "Sobol-sequence", "sobol-tpe": "Sobol-started Optuna TPE",
                   "gp": "Optuna GP"}
 
 

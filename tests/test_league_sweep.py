@@ -20,7 +20,7 @@ def test_the_league_is_one_command_and_its_table_regenerates_from_its_compact_ro
     run = subprocess.run([sys.executable, str(ROOT / "sweeps" / "league.py"), "--dataset", "digits", *small], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "search: Optuna TPE trials, 1 per knob of each method (ce 1, dpsm 4, rwce 1)" in run.stdout
+    assert "search: Sobol-started Optuna TPE trials, 1 per knob of each method (ce 1, dpsm 4, rwce 1)" in run.stdout
     results = tmp_path / "results" / "league-digits"
     table = (results / "league.md").read_text()
     assert run.stdout.endswith(table) and "| CE base model (not fine-tuned; not ranked) | 2 |" in table and "**The answer on digits:**" in table

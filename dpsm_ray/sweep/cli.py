@@ -160,7 +160,7 @@ def add_search_options(parser: argparse.ArgumentParser, defaults: dict) -> None:
     add("--fix", action="append", default=[], metavar="AXIS=VALUE", help=f"paper grid: fix an axis ({', '.join(PAPER_GRID)}); repeatable")
     add("--subset", action="append", default=[], metavar="AXIS=V1,V2", help="paper grid: keep only these values of an axis; repeatable")
     add("--grid-budget", type=int, metavar="N", help="paper grid: a random N of its configurations, chosen by --seed (default: all)")
-    add("--sampler", choices=SAMPLERS, default="tpe", help="how a search proposes: tpe (Optuna's TPE after 4 random trials), random, "
+    add("--sampler", choices=SAMPLERS, default="sobol-tpe", help="how a search proposes: tpe (Optuna's TPE after 4 random trials), random, "
         "sobol (a scrambled Sobol sequence seeded by the sweep: trial n of every method draws the same lr), sobol-tpe (TPE after 4 of "
         "those Sobol points), gp (Optuna's GPSampler with "
         "the coverage constraint, after 4 random trials); bench/search_quality.py measures them (default: %(default)s)")

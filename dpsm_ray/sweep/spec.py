@@ -70,7 +70,7 @@ class SweepSpec:
     grid_fixed: tuple[tuple[str, object], ...] = ()
     grid_subsets: tuple[tuple[str, tuple], ...] = ()
     grid_budget: int | None = None  # a seeded random subset of this many grid points
-    sampler: str = "tpe"  # how a search proposes (SAMPLERS: tpe, random, sobol, sobol-tpe, gp; MethodStudy)
+    sampler: str = "sobol-tpe"  # how a search proposes (SAMPLERS; MethodStudy): chosen by bench/search_quality.py (docs/sweeps.md)
     scheduler: str = "fifo"  # or "asha": stop unpromising search trials early (SCHEDULERS)
     grace_period: int = 5  # ASHA: epochs every trial runs before it can be stopped
     reduction_factor: int = 3  # ASHA: 1 in reduction_factor trials goes on at each rung

@@ -278,6 +278,8 @@ def test_min_trials_is_a_floor_on_every_method_s_budget_from_options_and_config_
     argv = ["--trials-per-knob", "2", "--min-trials", "6", "--sampler", "sobol", "--methods", "ce,dpsm"]
     made = spec_from_args("digits", build_parser("digits", "d", defaults).parse_args(argv), defaults)
     assert (made.min_trials, made.sampler, made.search_trials("ce"), made.search_trials("dpsm")) == (6, "sobol", 6, 8)
+    # the default, chosen by bench/search_quality.py (docs/sweeps.md)
+    assert spec_from_args("digits", build_parser("digits", "d", defaults).parse_args([]), defaults).sampler == spec().sampler == "sobol-tpe"
     (tmp_path / "sweep.json").write_text(json.dumps(sweep_file(made, tmp_path)))
     again = spec_from_args("digits", parse_with_config(build_parser("digits", "d", defaults), "digits", config_options(),
                                                        ["--config", str(tmp_path / "sweep.json")]), defaults)

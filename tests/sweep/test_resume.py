@@ -87,7 +87,10 @@ def test_after_a_finished_sweep_other_options_are_refused_and_another_dataset_ru
     table = pd.read_parquet(tmp_path / "results" / "table-breast_cancer-ce-dpsm" / "trials.parquet")
     assert set(table.dataset) == {f"table:{tmp_path / 'breast_cancer.csv'}:label=diagnosis"}
     assert table[table.stage == "search"].groupby("method").size().to_dict() == {"ce": 1, "dpsm": 4}
-    assert "search: Optuna TPE trials, 1 per knob of each method (ce 1, dpsm 4)" in own.stdout
+    # the default sampler (sobol-tpe) starts every method from the sweep's Sobol points: CE's lr is DPSM's first one
+    search = table[table.stage == "search"].sort_values("trial_index")
+    assert search[search.method == "ce"].lr.tolist() == search[search.method == "dpsm"].lr.tolist()[:1]
+    assert "search: Sobol-started Optuna TPE trials, 1 per knob of each method (ce 1, dpsm 4)" in own.stdout
 
 
 def test_each_trial_records_where_its_time_went_and_an_experiment_s_trials_share_one_process(uninterrupted_sweep, tmp_path):
