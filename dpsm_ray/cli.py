@@ -31,7 +31,7 @@ from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 PREDICTOR_DIR = "predictor"  # where `train --out DIR` writes its predictor: DIR/predictor/
 
 
-def positive_seconds(text: str) -> float:
+def _positive_seconds(text: str) -> float:
     """An argparse type: a number of seconds > 0 (the error names the value)."""
     try:
         value = float(text)
@@ -51,15 +51,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig.from_dict(values).with_absolute_paths()
 
 
-def flag_for(field_name: str) -> str:
+def _flag_for(field_name: str) -> str:
     return "--" + field_name.replace("_", "-") if field_name in config_specs() else field_name
 
 
 def fail(parser: argparse.ArgumentParser, error: ConfigError) -> None:
-    parser.exit(2, f"{parser.prog}: error: {flag_for(error.field)}={error.value!r} is invalid: {error.allowed}\n")
+    parser.exit(2, f"{parser.prog}: error: {_flag_for(error.field)}={error.value!r} is invalid: {error.allowed}\n")
 
 
-def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         config = config_from_args(args)
     except ConfigError as error:
@@ -79,11 +79,11 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     again = "run the same command again to continue from the last checkpoint" if out is not None else "nothing was saved (without --out)"
     ray_options = {"resource_timeout_s": args.resource_timeout} if config.workers else {}
     predictor = None
-    with exit_codes(parser, again=again, where=lambda: out, flag=flag_for), leaving_ray_as_it_was():
+    with exit_codes(parser, again=again, where=lambda: out, flag=_flag_for), leaving_ray_as_it_was():
         check_data_present(config.dataset, config.data_root, config.download)  # before any Ray work starts
         check_pretrained(config)
         if out is not None:
-            claim_run_dir(out, config, parser)
+            _claim_run_dir(out, config, parser)
         result = run_training(config, out, **ray_options)
         if out is not None:
             from dpsm_ray.predict.export import chance_line, predictor_for_run
@@ -105,7 +105,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     hps = predictor.info["test"]["scores"]["hps"]
     print(f"predictor written to {out / PREDICTOR_DIR} (calibrated on the calibration split: HPS q {predictor.thresholds['hps']:.4f}; "
           f"on the test split coverage {hps['coverage']:.3f}, set size {hps['set_size']:.2f}); use it with "
-          f"dpsm-ray predict {out / PREDICTOR_DIR} --input {input_example(config.dataset)} --out sets.parquet"
+          f"dpsm-ray predict {out / PREDICTOR_DIR} --input {_input_example(config.dataset)} --out sets.parquet"
           f"{' --trust-code' * is_factory(config.resolved_model())}")
     warning = chance_line(predictor)
     if warning is not None:
@@ -113,7 +113,7 @@ def cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def claim_run_dir(out: Path, config: TrainConfig, parser: argparse.ArgumentParser) -> None:
+def _claim_run_dir(out: Path, config: TrainConfig, parser: argparse.ArgumentParser) -> None:
     """``train --out``: a new directory records the run's configuration and its data
     (``settings.json``); one that holds a run of other options, or of data that changed since, is
     refused in one line naming them, exit 2 -- it would resume another run, or answer for old data."""
@@ -133,7 +133,7 @@ def claim_run_dir(out: Path, config: TrainConfig, parser: argparse.ArgumentParse
     theirs = TrainConfig.from_dict(stored["config"])
     if theirs.config_hash() != config.config_hash():
         relevant = {k for k in mine if stored["config"].get(k) != mine[k]}
-        differ = [f"{flag_for(k)} {stored['config'].get(k)!r} there, {mine[k]!r} here" for k in sorted(relevant)]
+        differ = [f"{_flag_for(k)} {stored['config'].get(k)!r} there, {mine[k]!r} here" for k in sorted(relevant)]
         parser.exit(2, f"{parser.prog}: error: --out {out} holds a run started with other options ({'; '.join(differ)}); give those "
                        f"options to continue or show it, or another --out for this run (or remove {out})\n")
     change = data_change(stored.get("data"), config.dataset)
@@ -142,7 +142,7 @@ def claim_run_dir(out: Path, config: TrainConfig, parser: argparse.ArgumentParse
                        f"give another --out for the data as it is (or remove {out})\n")
 
 
-def input_example(dataset: str) -> str:
+def _input_example(dataset: str) -> str:
     """What ``predict --input`` takes for a model trained on ``dataset``, as an example."""
     if dataset.startswith("folder:"):
         return "FOLDER_OF_IMAGES"
@@ -151,7 +151,7 @@ def input_example(dataset: str) -> str:
     return "X.npy"
 
 
-def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.predict.predictor import INFO_FILE
     from dpsm_ray.storage.layout import SWEEP_FILE
 
@@ -186,7 +186,7 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
-def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.conformal import CALIBRATION_TITLES
     from dpsm_ray.predict.inputs import open_inputs
     from dpsm_ray.predict.predictions import output_format, write_sets
@@ -243,7 +243,7 @@ def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return 0
 
 
-def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.predict.predictor import Predictor
     from dpsm_ray.predict.serving import check_port, serve_predictor, serve_token
 
@@ -277,7 +277,7 @@ def cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def positive_int(text: str) -> int:
+def _positive_int(text: str) -> int:
     """An argparse type: an integer >= 1 (the error names the value)."""
     try:
         value = int(text)
@@ -288,7 +288,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def port_number(text: str) -> int:
+def _port_number(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -298,7 +298,7 @@ def port_number(text: str) -> int:
     return value
 
 
-def cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.cards import check_data_present, check_dataset, check_model, is_factory, score_names
     from dpsm_ray.predict.export import calibrate_weights, chance_line
     from dpsm_ray.predict.predictor import PredictorError
@@ -320,7 +320,7 @@ def cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     except (ValueError, FileNotFoundError) as error:  # ConfigError, PredictorError and the weights' errors are ValueErrors
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     calibration = predictor.info["calibration"]
-    print(f"inputs: {PREPARED_LINES[args.prepare]}")
+    print(f"inputs: {_PREPARED_LINES[args.prepare]}")
     print(f"calibrated on {calibration['data']} at alpha={predictor.alpha:g} (accuracy there {calibration['accuracy']:.3f}): "
           + ", ".join(f"{kind.upper()} q {q:.4f}" for kind, q in predictor.thresholds.items() if kind in score_names()))
     test = predictor.info["test"]
@@ -330,14 +330,15 @@ def cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         )
         print(f"on {test['data']}: accuracy {test['accuracy']:.3f}; {measured}")
     trust = " --trust-code" if is_factory(args.model) else ""
-    print(f"predictor written to {out}; use it with dpsm-ray predict {out} --input {input_example(args.dataset)} --out sets.parquet{trust}")
+    example = _input_example(args.dataset)
+    print(f"predictor written to {out}; use it with dpsm-ray predict {out} --input {example} --out sets.parquet{trust}")
     for warning in [*warnings, chance_line(predictor)]:
         if warning is not None:
             print(warning, file=sys.stderr)
     return 0
 
 
-PREPARED_LINES = {
+_PREPARED_LINES = {
     "none": "passed to the model as they are (--prepare none: as MAPIE and TorchCP pass them); a model dpsm-ray trained takes them "
             "as the dataset's card prepares them (--prepare card)",
     "card": "standardised as the dataset's card prepares them for every model dpsm-ray trains, (x / divisor - mean) / std with the "
@@ -345,14 +346,14 @@ PREPARED_LINES = {
 }
 
 
-def cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.sweep.cli import GENERIC_DEFAULTS, main as sweep_main
     from dpsm_ray.sweep.options import GENERIC
 
-    return sweep_main(GENERIC, SWEEP_DESCRIPTION, GENERIC_DEFAULTS, args.arguments)
+    return sweep_main(GENERIC, _SWEEP_DESCRIPTION, GENERIC_DEFAULTS, args.arguments)
 
 
-def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpsm_ray.files import CorruptFileError
     from dpsm_ray.results.report import write_report
 
@@ -366,12 +367,12 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
-SWEEP_DESCRIPTION = (
+_SWEEP_DESCRIPTION = (
     "A sweep of any dataset and methods: the CE base model, each method's Optuna search on validation data under the coverage "
     "constraint, each pick re-trained with --final-seeds seeds, the report and the predictors; the options of the sweep scripts "
     "(sweeps/*.py), at the service's defaults. --config FILE.yaml (or a sweep's RESULTS/sweep.json) sets any of them."
 )
-TRUST_CODE_HELP = (
+_TRUST_CODE_HELP = (
     "load a predictor whose model is a researcher's own factory (PKG.MODULE:FACTORY): importing it runs that code; only for predictors you"
     " trust"
 )
@@ -382,17 +383,17 @@ def build_parser() -> argparse.ArgumentParser:
                                      allow_abbrev=False)
     parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True)
-    add_train_command(commands)
-    add_sweep_command(commands)
-    add_report_command(commands)
-    add_export_command(commands)
-    add_calibrate_command(commands)
-    add_predict_command(commands)
-    add_serve_command(commands)
+    _add_train_command(commands)
+    _add_sweep_command(commands)
+    _add_report_command(commands)
+    _add_export_command(commands)
+    _add_calibrate_command(commands)
+    _add_predict_command(commands)
+    _add_serve_command(commands)
     return parser
 
 
-def add_train_command(commands) -> None:
+def _add_train_command(commands) -> None:
     """``dpsm-ray train``: every TrainConfig field, the preset, where its workers run, --out."""
     train = commands.add_parser(
         "train",
@@ -405,28 +406,28 @@ def add_train_command(commands) -> None:
                        "T 1, lambda 0.05, q step 0.01, CE on the whole batch, each batch split in place, 40 epochs from the CE base "
                        "model with the lr restarted at 0.1 and divided by 10 at epoch 25; ConfTr as published: Stutz et al.'s "
                        "Fashion-MNIST settings); options given here override it (docs/method.md)")
-    train.add_argument("--resource-timeout", type=positive_seconds, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS",
+    train.add_argument("--resource-timeout", type=_positive_seconds, default=DEFAULT_RESOURCE_TIMEOUT_S, metavar="SECONDS",
                        help="with --workers on a Ray cluster: how long to wait for the CPUs/GPUs the workers ask for before giving up "
                        "(an embedded Ray fails at once; default: %(default)s)")
     train.add_argument("--out", help="write config.json, splits.json, epochs.parquet, evals.parquet, classes.parquet, a checkpoint and the "
                        "trained model as a conformal predictor (predictor/) here; running again with the same directory resumes from the "
                        "checkpoint. Without it nothing is saved")
-    train.set_defaults(handler=cmd_train, parser=train)
+    train.set_defaults(handler=_cmd_train, parser=train)
 
 
-def add_sweep_command(commands) -> None:
+def _add_sweep_command(commands) -> None:
     """``dpsm-ray sweep``: listed here; its options are its own parser's (``dpsm_ray.sweep.cli``)."""
     sweep = commands.add_parser(
         "sweep",
         allow_abbrev=False,
         add_help=False,  # its own parser's --help (dpsm-ray sweep --help) lists every option
         help="search each method with Ray Tune + Optuna and re-train its pick: any dataset, from options or a config file",
-        description=SWEEP_DESCRIPTION,
+        description=_SWEEP_DESCRIPTION,
     )
     sweep.add_argument("arguments", nargs=argparse.REMAINDER, help="the options (dpsm-ray sweep --help), or --config FILE.yaml")
 
 
-def add_report_command(commands) -> None:
+def _add_report_command(commands) -> None:
     """``dpsm-ray report DIR``."""
     report = commands.add_parser(
         "report",
@@ -439,10 +440,10 @@ def add_report_command(commands) -> None:
         "against validation set size, class-conditional coverage; each Optuna search's history and parameter importance).",
     )
     report.add_argument("directory", metavar="DIR", help="a sweep's results directory or a training run's --out directory")
-    report.set_defaults(handler=cmd_report, parser=report)
+    report.set_defaults(handler=_cmd_report, parser=report)
 
 
-def add_export_command(commands) -> None:
+def _add_export_command(commands) -> None:
     """``dpsm-ray export SOURCE [--method M] --out DIR [--format predictor|torchscript|onnx]``."""
     from dpsm_ray.conformal import SET_RULES
     from dpsm_ray.predict.portable import MODEL_FILES
@@ -474,11 +475,11 @@ def add_export_command(commands) -> None:
     export.add_argument("--calibration", choices=SET_RULES,
                         help="the exported sets' calibration (docs/predictor.md) (default: the predictor's own)")
     export.add_argument("--overwrite", action="store_true", help="replace a predictor, or an export, already in --out")
-    export.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
-    export.set_defaults(handler=cmd_export, parser=export)
+    export.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
+    export.set_defaults(handler=_cmd_export, parser=export)
 
 
-def add_calibrate_command(commands) -> None:
+def _add_calibrate_command(commands) -> None:
     """``dpsm-ray calibrate``: a model trained elsewhere, its weights and labelled data."""
     calibrate = commands.add_parser(
         "calibrate",
@@ -511,10 +512,10 @@ def add_calibrate_command(commands) -> None:
     calibrate.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
     calibrate.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write")
     calibrate.add_argument("--overwrite", action="store_true", help="replace a predictor already in --out")
-    calibrate.set_defaults(handler=cmd_calibrate, parser=calibrate)
+    calibrate.set_defaults(handler=_cmd_calibrate, parser=calibrate)
 
 
-def add_predict_command(commands) -> None:
+def _add_predict_command(commands) -> None:
     """``dpsm-ray predict PREDICTOR --input PATH --out FILE``."""
     from dpsm_ray.conformal import SET_RULES
 
@@ -575,13 +576,13 @@ def add_predict_command(commands) -> None:
     predict.add_argument("--skip-unreadable", action="store_true",
                          help="a folder of images: leave out (and count) the files that are not readable images, as training's "
                          "folder:PATH:skip=1 does; without it such a file is refused, naming it")
-    predict.add_argument("--batch-size", type=positive_int, default=512, help="inputs per forward pass (default: %(default)s)")
+    predict.add_argument("--batch-size", type=_positive_int, default=512, help="inputs per forward pass (default: %(default)s)")
     predict.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
-    predict.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
-    predict.set_defaults(handler=cmd_predict, parser=predict)
+    predict.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
+    predict.set_defaults(handler=_cmd_predict, parser=predict)
 
 
-def add_serve_command(commands) -> None:
+def _add_serve_command(commands) -> None:
     """``dpsm-ray serve PREDICTOR``."""
     serve = commands.add_parser(
         "serve",
@@ -597,8 +598,8 @@ def add_serve_command(commands) -> None:
         default="127.0.0.1",
         help="address to listen on (default: %(default)s; 0.0.0.0 opens it to the network, behind a bearer token: --token-file)",
     )
-    serve.add_argument("--port", type=port_number, default=8000, help="HTTP port (default: %(default)s)")
-    serve.add_argument("--replicas", type=positive_int, default=1, help="model replicas (default: %(default)s)")
+    serve.add_argument("--port", type=_port_number, default=8000, help="HTTP port (default: %(default)s)")
+    serve.add_argument("--replicas", type=_positive_int, default=1, help="model replicas (default: %(default)s)")
     serve.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves for each replica (default: %(default)s)")
     serve.add_argument(
         "--device",
@@ -614,23 +615,24 @@ def add_serve_command(commands) -> None:
             "or generated into it; default, when --host is not a loopback address: $DPSM_RAY_CACHE/serve-token"
         ),
     )
-    serve.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
+    serve.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
     serve.add_argument(
         "--no-token", action="store_true", help="serve beyond this machine without a token: anyone who can reach it can query the model"
     )
     serve.add_argument(
-        "--max-batch", type=positive_int, default=4096, help="most inputs in one request; more get status 413 (default: %(default)s)"
+        "--max-batch", type=_positive_int, default=4096, help="most inputs in one request; more get status 413 (default: %(default)s)"
     )
     # the four below measured with bench/serve_load.py on 2 cores (docs/predictor.md)
     serve.add_argument(
         "--max-ongoing",
-        type=positive_int,
+        type=_positive_int,
         default=1024,
         help="requests a replica holds at once, their inputs batched (default: %(default)s); beyond it Serve's router retries with "
         "back-off and throughput collapses (its own default, 5: 12 requests/s with 32 clients, against ~200)",
     )
     serve.add_argument(
-        "--batch-rows", type=positive_int, default=512, help="most inputs of concurrent requests in one forward pass (default: %(default)s)"
+        "--batch-rows", type=_positive_int, default=512,
+        help="most inputs of concurrent requests in one forward pass (default: %(default)s)",
     )
     serve.add_argument(
         "--batch-wait-ms",
@@ -641,7 +643,7 @@ def add_serve_command(commands) -> None:
     )
     serve.add_argument(
         "--torch-threads",
-        type=positive_int,
+        type=_positive_int,
         help="torch threads in each replica (default: --cpus-per-replica, at least 1: more would fight the server's own processes)",
     )
     serve.add_argument(
@@ -651,7 +653,7 @@ def add_serve_command(commands) -> None:
             " own)"
         ),
     )
-    serve.set_defaults(handler=cmd_serve, parser=serve)
+    serve.set_defaults(handler=_cmd_serve, parser=serve)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -659,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["sweep"]:  # its own parser takes every option after it (argparse would claim --help and unknown ones first)
-        return cmd_sweep(argparse.Namespace(arguments=argv[1:]), None)
+        return _cmd_sweep(argparse.Namespace(arguments=argv[1:]), None)
     parser = build_parser()
     args = parse_strictly(parser, argv)
     skip_final_collection()

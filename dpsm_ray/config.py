@@ -75,7 +75,7 @@ def field_help(name: str) -> str:
     return text() if callable(text) else text
 
 
-def datasets_help() -> str:
+def _datasets_help() -> str:
     described = []
     for name in cards.dataset_names():
         card = cards.dataset_card(name)
@@ -88,27 +88,27 @@ def datasets_help() -> str:
     return "dataset: " + ", ".join(described)
 
 
-def models_help() -> str:
+def _models_help() -> str:
     defaults = ", ".join(f"{name}: {cards.default_model(name)}" for name in cards.dataset_names())
     return f"model architecture: {cards.model_choices()}; auto picks the dataset's default ({defaults})"
 
 
 PRECISIONS = ("fp32", "bf16")
-LR_SCHEDULES = ("step", "exp")
+_LR_SCHEDULES = ("step", "exp")
 STEPS = ("eager", "graph")
 # ``auto`` (step and precision): the fastest path measured on the run's device, resolved by
 # ``dpsm_ray.train.step.resolve_step`` / ``resolve_precision`` where the run trains.
-AUTO = "auto"
+_AUTO = "auto"
 # Fields that do not change what a run computes: left out of the config hash.
 WEIGHTS = "weights:"  # --init weights:FILE
-WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")
+_WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors")
 MAX_SEED = 2**63
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     # --- what to train --------------------------------------------------------------------
-    dataset: str = option("digits", datasets_help, sweep=True)
+    dataset: str = option("digits", _datasets_help, sweep=True)
     data_root: str | None = option(
         None,
         "directory holding the image datasets: cifar-100-python/, caltech101/101_ObjectCategories/, 2021_train_mini/ + 2021_valid/"
@@ -119,7 +119,7 @@ class TrainConfig:
         sweep=True,
     )
     download: bool = option(False, "download the dataset into --data-root if it is missing", operational=True)
-    model: str = option("auto", models_help, sweep=True)
+    model: str = option("auto", _models_help, sweep=True)
     pretrained_path: str | None = option(
         None,
         lambda: f"a local weights file whose every tensor but the classifier head's starts {'/'.join(pretrainable_models())}:"
@@ -281,7 +281,7 @@ class TrainConfig:
         ``recorded_at_default=False`` while at their default (``from_dict`` gives them their
         default again)."""
         values = {spec.name: getattr(self, spec.name) for spec in dataclasses.fields(self) if spec.name != "options"}
-        values = {k: v for k, v in values.items() if k in RECORDED_AT_DEFAULT or v != TrainConfig.__dataclass_fields__[k].default}
+        values = {k: v for k, v in values.items() if k in _RECORDED_AT_DEFAULT or v != TrainConfig.__dataclass_fields__[k].default}
         given = dict(self.options)
         for name, spec in method_options().items():
             if name in given or name in BUILT_IN_OPTIONS or reads(self.method, name):
@@ -326,7 +326,7 @@ class TrainConfig:
         def absolute(path: str) -> str:
             return str(Path(path).expanduser().resolve())
 
-        changes = {name: absolute(getattr(self, name)) for name in PATH_FIELDS if getattr(self, name) is not None}
+        changes = {name: absolute(getattr(self, name)) for name in _PATH_FIELDS if getattr(self, name) is not None}
         if cards.dataset_card(self.dataset).path:  # folder:PATH, table:FILE
             family, path, tail = split_path_spec(self.dataset)
             changes["dataset"] = f"{family}:{absolute(path)}" + (f":{tail}" if tail else "")
@@ -336,7 +336,7 @@ class TrainConfig:
 
     def config_hash(self) -> str:
         """Hash of everything that determines the run's results (operational fields excluded)."""
-        relevant = {k: v for k, v in self.to_dict().items() if k not in OPERATIONAL_FIELDS}
+        relevant = {k: v for k, v in self.to_dict().items() if k not in _OPERATIONAL_FIELDS}
         if self.init == "scratch":  # the base recipe only matters when starting from the base model
             relevant = {k: v for k, v in relevant.items() if not k.startswith("base_")}
         # options only some methods read (their cards' fields) are left out of the other methods'
@@ -392,9 +392,9 @@ def field_type(name: str) -> str:
 
 
 # not ``workers``: without SyncBatchNorm a BatchNorm model trained by W workers is another model
-OPERATIONAL_FIELDS = frozenset(fields_marked("operational"))
-RECORDED_AT_DEFAULT = frozenset(fields_marked("recorded_at_default"))
-PATH_FIELDS = fields_marked("path")
+_OPERATIONAL_FIELDS = frozenset(fields_marked("operational"))
+_RECORDED_AT_DEFAULT = frozenset(fields_marked("recorded_at_default"))
+_PATH_FIELDS = fields_marked("path")
 TRIAL_COLUMNS = fields_marked("column")
 SETTING_LABELS = {name: spec.metadata["label"] for name, spec in config_specs().items() if "label" in spec.metadata}
 
@@ -404,7 +404,7 @@ def _flag(spec) -> str:
     return "--" + spec.name.replace("_", "-")
 
 
-def renamed_option():
+def _renamed_option():
     """An argparse action for an option's name in an earlier release (``--lambda``): it still
     works, with a warning."""
     import argparse
@@ -446,7 +446,7 @@ def add_config_options(parser, names: tuple[str, ...] | None = None, defaults: d
                 dest=spec.name,
                 type=type(default),
                 default=argparse.SUPPRESS,
-                action=renamed_option(),
+                action=_renamed_option(),
                 const=flag,
                 help=argparse.SUPPRESS,
             )
@@ -530,7 +530,7 @@ def _check_model_and_start(config: TrainConfig, checks: _Checks) -> None:
     need(config.method in (*method_names(), BASE_MODEL), "method", f"must be one of {', '.join(method_names())}, or {BASE_MODEL}")
     if config.init.startswith(WEIGHTS):
         weights = config.init.removeprefix(WEIGHTS)
-        need(weights.lower().endswith(WEIGHT_SUFFIXES), "init", f"weights:FILE must name a {', '.join(WEIGHT_SUFFIXES)} file")
+        need(weights.lower().endswith(_WEIGHT_SUFFIXES), "init", f"weights:FILE must name a {', '.join(_WEIGHT_SUFFIXES)} file")
         need(os.path.isfile(weights), "init", f"weights:FILE: no such file {weights}")
     else:
         need(config.init in ("scratch", "base"), "init", "must be one of scratch, base, or weights:FILE")
@@ -575,7 +575,7 @@ def _check_schedule(config: TrainConfig, checks: _Checks, train_size: int) -> No
     need(all(isinstance(m, int) and 0 < m for m in config.milestones), "milestones", "must be positive epoch numbers")
     need(list(config.milestones) == sorted(set(config.milestones)), "milestones", "must be strictly increasing")
     need(0 < number("lr_decay") <= 1, "lr_decay", "must be in (0, 1]")
-    need(config.lr_schedule in LR_SCHEDULES, "lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
+    need(config.lr_schedule in _LR_SCHEDULES, "lr_schedule", f"must be one of {', '.join(_LR_SCHEDULES)}")
     need(0 <= number("momentum") < 1, "momentum", "must be in [0, 1)")
     need(number("weight_decay") >= 0, "weight_decay", "must be >= 0")
     need(0 <= integer("seed") < MAX_SEED, "seed", "must be an integer in [0, 2**63) (torch generators take 64-bit seeds)")
@@ -635,8 +635,8 @@ def _check_resources(config: TrainConfig, checks: _Checks) -> None:
     need(number("cpus_per_worker") > 0, "cpus_per_worker", "must be > 0")
     need(config.device in ("auto", "cpu", "cuda") or config.device.startswith("cuda:"), "device", "must be auto, cpu, cuda or cuda:N")
     need(integer("data_workers") >= 0, "data_workers", "must be an integer >= 0")
-    need(config.precision in (*PRECISIONS, AUTO), "precision", f"must be one of {', '.join(PRECISIONS)}, {AUTO}")
-    need(config.step in (*STEPS, AUTO), "step", f"must be one of {', '.join(STEPS)}, {AUTO}")
+    need(config.precision in (*PRECISIONS, _AUTO), "precision", f"must be one of {', '.join(PRECISIONS)}, {_AUTO}")
+    need(config.step in (*STEPS, _AUTO), "step", f"must be one of {', '.join(STEPS)}, {_AUTO}")
     need(config.step != "graph" or config.workers <= 1, "step", "graph captures one process's step: it needs workers 0 or 1")
     need(config.step != "graph" or config.device != "cpu", "step", "graph needs a CUDA device; device is cpu")
     need(integer("checkpoint_every") >= 1, "checkpoint_every", "must be an integer >= 1")

@@ -15,7 +15,7 @@ SAMPLER_TITLES = {"tpe": "Optuna TPE", "random": "Optuna random", "sobol": "Sobo
                   "gp": "Optuna GP"}
 
 
-def dataset_options(spec: str, defaults: dict) -> dict:
+def _dataset_options(spec: str, defaults: dict) -> dict:
     """``family`` or ``family:key=value,...`` -> ``defaults`` updated by the named options."""
     family, _, rest = spec.partition(":")
     return parse_options(family, rest, defaults)
@@ -196,7 +196,7 @@ PAPER_SIZES = {
 
 def parse_synthetic(spec: str) -> dict[str, float]:
     """``synthetic`` or ``synthetic:classes=20,dim=8,size=5000,noise=1.5`` -> parameters."""
-    options = dataset_options(spec, SYNTHETIC_DEFAULTS)
+    options = _dataset_options(spec, SYNTHETIC_DEFAULTS)
     if options["classes"] < 2 or options["dim"] < 1 or options["size"] < 20 * options["classes"] or options["noise"] <= 0:
         raise ValueError(f"dataset: synthetic needs classes >= 2, dim >= 1, size >= 20 * classes, noise > 0; got {options}")
     return options
@@ -208,7 +208,7 @@ def glyphs_max_classes() -> int:
 
 def parse_glyphs(spec: str) -> dict[str, float]:
     """``glyphs`` or ``glyphs:classes=K,train=N,noise=S`` -> the options (defaults filled in)."""
-    options = dataset_options(spec, GLYPHS_DEFAULTS)
+    options = _dataset_options(spec, GLYPHS_DEFAULTS)
     if not (2 <= options["classes"] <= glyphs_max_classes() and options["train"] >= 2 and 0 <= options["noise"] < math.inf):
         raise ValueError(
             f"dataset: glyphs needs 2 <= classes <= {glyphs_max_classes()}, train >= 2 (images per class), noise >= 0; got {options}"
@@ -237,7 +237,7 @@ def parse_fonts(spec: str) -> dict[str, float]:
     """``fonts`` or ``fonts:classes=K,train=R,eval=R,noise=S`` -> the options (defaults filled in):
     the first K classes of FONT_CLASSES, R renders of each class in each training / held-out face,
     each with Gaussian noise of standard deviation S (0..255 units)."""
-    options = dataset_options(spec, FONTS_DEFAULTS)
+    options = _dataset_options(spec, FONTS_DEFAULTS)
     if not (2 <= options["classes"] <= len(FONT_CLASSES) and options["train"] >= 1 and options["eval"] >= 1 and options["noise"] >= 0):
         raise ValueError(
             f"dataset: fonts needs 2 <= classes <= {len(FONT_CLASSES)}, train >= 1 and eval >= 1 (renders of a class in each face),"
@@ -253,7 +253,7 @@ def parse_fonts_transfer(spec: str) -> dict[str, float]:
     calibration and test.  The backbone is pretrained on ``fonts:classes=B,eval=R,noise=S`` (its
     first B classes), and the K classes lie inside those (F + K <= B: the backbone saw them) or
     wholly outside them (B <= F: classes it never saw); a partial overlap is refused."""
-    options = dataset_options(spec, FONTS_TRANSFER_DEFAULTS)
+    options = _dataset_options(spec, FONTS_TRANSFER_DEFAULTS)
     classes, first, backbone = options["classes"], options["first"], options["backbone_classes"]
     if not (classes >= 2 and first >= 0 and 2 <= backbone <= len(FONT_CLASSES)
             and (first + classes <= backbone or (backbone <= first and first + classes <= len(FONT_CLASSES)))):
@@ -272,7 +272,7 @@ def parse_fonts_transfer(spec: str) -> dict[str, float]:
     return options
 
 
-def fonts_transfer_disjoint(options: dict) -> bool:
+def _fonts_transfer_disjoint(options: dict) -> bool:
     """Whether ``fonts_transfer``'s classes are ones its backbone never saw (``first`` at or past
     ``backbone_classes``), rather than some of the backbone's own."""
     return options["first"] >= options["backbone_classes"]
@@ -292,7 +292,7 @@ def fonts_target_options(options: dict) -> dict:
     are disjoint from it, the same data with the classes up to the target's last (``first +
     classes``), which the backbone's data does not hold."""
     backbone = fonts_backbone_options(options)
-    if not fonts_transfer_disjoint(options):
+    if not _fonts_transfer_disjoint(options):
         return backbone
     return {**backbone, "classes": int(options["first"] + options["classes"])}
 
@@ -312,7 +312,7 @@ def fonts_backbone_problem(spec: str, pretrained_on: str) -> str | None:
     if not differ:
         return None
     theirs, ours = (", ".join(f"{key}={options[key]:g}" for key in differ) for options in (got, expected))
-    uses = "is standardised by the pixel statistics of" if fonts_transfer_disjoint(transfer) else "cuts the renders of"
+    uses = "is standardised by the pixel statistics of" if _fonts_transfer_disjoint(transfer) else "cuts the renders of"
     return (f"were pretrained on {pretrained_on} ({theirs}); {spec} {uses} {wanted} ({ours}): pretrain on that,"
             f" or give {spec} the backbone's options")
 

@@ -25,9 +25,9 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # What a full disk looks like when a library reports it in words (SQLite through SQLAlchemy).
-DISK_FULL_TEXTS = ("No space left on device", "database or disk is full", "Disk quota exceeded", "DiskFullError")
+_DISK_FULL_TEXTS = ("No space left on device", "database or disk is full", "Disk quota exceeded", "DiskFullError")
 TEMPORARY = re.compile(r"^\..+\.\d+\.tmp$")
 
 
@@ -96,13 +96,13 @@ def is_disk_full(error: BaseException | str) -> bool:
     """Whether ``error`` (or anything in its chain, or its text: Ray and SQLAlchemy re-wrap
     exceptions, and Tune hands a trial's error over as text) is a full disk."""
     if isinstance(error, str):
-        return any(text in error for text in DISK_FULL_TEXTS)
+        return any(text in error for text in _DISK_FULL_TEXTS)
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+        if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
             return True
-        if any(text in str(error) for text in DISK_FULL_TEXTS):
+        if any(text in str(error) for text in _DISK_FULL_TEXTS):
             return True
         error = error.__cause__ or error.__context__
     return False
@@ -176,13 +176,13 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def canonical_json(payload) -> bytes:
+def _canonical_json(payload) -> bytes:
     return json.dumps(payload, sort_keys=True, default=_jsonable).encode("utf-8")
 
 
 def write_checked_json(path: str | os.PathLike, payload) -> None:
     """``payload`` as JSON with the sha256 of its canonical form beside it."""
-    write_text(path, json.dumps({"sha256": sha256_bytes(canonical_json(payload)), "payload": payload}, default=_jsonable))
+    write_text(path, json.dumps({"sha256": sha256_bytes(_canonical_json(payload)), "payload": payload}, default=_jsonable))
 
 
 def read_checked_json(path: str | os.PathLike):
@@ -193,7 +193,7 @@ def read_checked_json(path: str | os.PathLike):
         payload, recorded = stored["payload"], stored["sha256"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise CorruptFileError(path, "is not a readable record (truncated or garbled)") from None
-    if sha256_bytes(canonical_json(payload)) != recorded:
+    if sha256_bytes(_canonical_json(payload)) != recorded:
         raise CorruptFileError(path, "does not match the sha256 recorded in it (changed after it was written)")
     return payload
 

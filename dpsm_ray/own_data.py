@@ -18,15 +18,15 @@ from dpsm_ray.facts import parse_options
 from dpsm_ray.files import cache_home, write_json
 
 # the splits' fractions when the data does not come split (train: the rest)
-OWN_FRACTIONS = {"val": 0.15, "cal": 0.15, "test": 0.2}
+_OWN_FRACTIONS = {"val": 0.15, "cal": 0.15, "test": 0.2}
 # size: the side images are resized (shorter side) and centre-cropped to; channels: 1 or 3, or 0 for
 # 1 when every image is greyscale, else 3; skip: 1 to leave out (and count) files that are not images
-FOLDER_DEFAULTS = {"size": 32, "channels": 0, **OWN_FRACTIONS, "skip": 0}
-TABLE_DEFAULTS = {"label": "label", **OWN_FRACTIONS}
+FOLDER_DEFAULTS = {"size": 32, "channels": 0, **_OWN_FRACTIONS, "skip": 0}
+TABLE_DEFAULTS = {"label": "label", **_OWN_FRACTIONS}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 PRESPLIT = ("train", "val", "cal", "test")  # PATH/train/CLASS/... etc.: the data's own split
-TABLE_SUFFIXES = (".parquet", ".csv", ".npz")
-READINGS_VERSION = 1  # image_readings' cached verdicts
+_TABLE_SUFFIXES = (".parquet", ".csv", ".npz")
+_READINGS_VERSION = 1  # image_readings' cached verdicts
 _OPTIONS_TAIL = re.compile(r"^[a-z_]+=[^/=]*(,[a-z_]+=[^/=]*)*$")
 
 
@@ -39,25 +39,25 @@ def split_path_spec(spec: str) -> tuple[str, str, str]:
     return family, path, tail
 
 
-def path_spec(spec: str, defaults: dict) -> tuple[str, dict]:
+def _path_spec(spec: str, defaults: dict) -> tuple[str, dict]:
     """``family:PATH`` or ``family:PATH:key=value,...`` -> the path and the options (defaults
     filled in, each read as its default's type; the fractions checked)."""
     family, path, tail = split_path_spec(spec)
     if not path:
         raise ValueError(f"dataset: {family} needs a path: {family}:PATH (options after it: {family}:PATH:key=value,...)")
     options = parse_options(family, tail, defaults)
-    fractions = [options[split] for split in OWN_FRACTIONS]
+    fractions = [options[split] for split in _OWN_FRACTIONS]
     if not (all(0 < f < 1 for f in fractions) and sum(fractions) < 1):
         raise ValueError(
             f"dataset: {family} options val, cal and test must be fractions in (0, 1) summing to less than 1 (train is the rest); "
-            f"got {', '.join(f'{split}={options[split]:g}' for split in OWN_FRACTIONS)}"
+            f"got {', '.join(f'{split}={options[split]:g}' for split in _OWN_FRACTIONS)}"
         )
     return path, options
 
 
-def own_split_sizes(total: int, options: dict) -> dict[str, int]:
+def _own_split_sizes(total: int, options: dict) -> dict[str, int]:
     """The four splits of ``total`` examples at the options' fractions (train: the rest)."""
-    sizes = {split: int(round(total * options[split])) for split in OWN_FRACTIONS}
+    sizes = {split: int(round(total * options[split])) for split in _OWN_FRACTIONS}
     sizes = {"train": total - sum(sizes.values()), **sizes}
     if min(sizes.values()) < 1:
         raise ValueError(
@@ -68,7 +68,7 @@ def own_split_sizes(total: int, options: dict) -> dict[str, int]:
 
 
 def parse_folder(spec: str) -> tuple[str, dict]:
-    path, options = path_spec(spec, FOLDER_DEFAULTS)
+    path, options = _path_spec(spec, FOLDER_DEFAULTS)
     if options["size"] < 8 or options["channels"] not in (0, 1, 3) or options["skip"] not in (0, 1):
         raise ValueError(
             f"dataset: folder needs size >= 8, channels 0 (from the images), 1 or 3, skip 0 or 1; "
@@ -186,7 +186,7 @@ def readings_record(root: Path, files: list[Path]) -> Path:
     a newer one may read what an older one could not)."""
     import PIL
 
-    key = f"{READINGS_VERSION} {PIL.__version__} {file_fingerprint(files)}"
+    key = f"{_READINGS_VERSION} {PIL.__version__} {file_fingerprint(files)}"
     return cache_home() / "folders" / f"{root.name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.readings.json"
 
 
@@ -214,11 +214,11 @@ def table_fingerprint(spec: str) -> str:
 # of SAMPLED_FILES files spread across it.  Modification times are kept to say when, never compared:
 # a copy of the same data is the same data.
 FULL_HASH_BYTES = 256 * 2**20
-SAMPLED_CHUNKS = 64
-SAMPLED_FILES = 64
+_SAMPLED_CHUNKS = 64
+_SAMPLED_FILES = 64
 
 
-def content_hash(path: Path) -> str:
+def _content_hash(path: Path) -> str:
     """sha256 of a file's bytes (``sha256sum``'s), or past ``FULL_HASH_BYTES`` of its size and a
     sample of its bytes (the comment above)."""
     size = path.stat().st_size
@@ -229,8 +229,8 @@ def content_hash(path: Path) -> str:
                 digest.update(block)
         else:
             digest.update(f"{size} bytes, sampled".encode())
-            for k in range(SAMPLED_CHUNKS):
-                handle.seek((size - 2**20) * k // (SAMPLED_CHUNKS - 1))
+            for k in range(_SAMPLED_CHUNKS):
+                handle.seek((size - 2**20) * k // (_SAMPLED_CHUNKS - 1))
                 digest.update(handle.read(2**20))
     return digest.hexdigest()
 
@@ -248,7 +248,7 @@ def path_record(path: str) -> dict:
         return {"kind": "missing", "path": str(where)}
     if where.is_file():
         stat = where.stat()
-        return {"kind": "file", "path": str(where), "bytes": stat.st_size, "modified": when(stat.st_mtime), "sha256": content_hash(where)}
+        return {"kind": "file", "path": str(where), "bytes": stat.st_size, "modified": when(stat.st_mtime), "sha256": _content_hash(where)}
     listing = []
     for directory, subdirectories, names in os.walk(where):
         subdirectories.sort()
@@ -256,10 +256,10 @@ def path_record(path: str) -> dict:
             file = Path(directory) / name
             stat = file.stat()
             listing.append((str(file.relative_to(where)), stat.st_size, stat.st_mtime))
-    sample = [listing[k * len(listing) // SAMPLED_FILES] for k in range(min(SAMPLED_FILES, len(listing)))]
+    sample = [listing[k * len(listing) // _SAMPLED_FILES] for k in range(min(_SAMPLED_FILES, len(listing)))]
     digest = hashlib.sha256()
     for relative, _, _ in dict.fromkeys(sample):
-        digest.update(relative.encode() + b"\0" + content_hash(where / relative).encode())
+        digest.update(relative.encode() + b"\0" + _content_hash(where / relative).encode())
     return {"kind": "folder", "path": str(where), "files": len(listing), "bytes": sum(size for _, size, _ in listing),
             "modified": when(max((mtime for _, _, mtime in listing), default=0.0)),
             "listing_sha256": hashlib.sha256(json.dumps([[r, n] for r, n, _ in listing]).encode()).hexdigest(),
@@ -300,13 +300,13 @@ def folder_sizes(spec: str) -> dict[str, int]:
             f"dataset folder:{path}: class {few[0]!r} has {counts[few[0]]} images; each class needs at least {len(PRESPLIT)} "
             "(one for each of train, val, cal and test)"
         )
-    return own_split_sizes(len(files[""]), options)
+    return _own_split_sizes(len(files[""]), options)
 
 
 def parse_table(spec: str) -> tuple[str, dict]:
-    path, options = path_spec(spec, TABLE_DEFAULTS)
-    if Path(path).suffix.lower() not in TABLE_SUFFIXES:
-        raise ValueError(f"dataset table:{path}: give a {', '.join(TABLE_SUFFIXES)} file")
+    path, options = _path_spec(spec, TABLE_DEFAULTS)
+    if Path(path).suffix.lower() not in _TABLE_SUFFIXES:
+        raise ValueError(f"dataset table:{path}: give a {', '.join(_TABLE_SUFFIXES)} file")
     return path, options
 
 
@@ -318,7 +318,7 @@ def read_table(spec: str):
     path, options = parse_table(spec)
     file = Path(path)
     if not file.is_file():
-        raise missing("table", path, "file", f"give a {', '.join(TABLE_SUFFIXES)} file with one row per example")
+        raise missing("table", path, "file", f"give a {', '.join(_TABLE_SUFFIXES)} file with one row per example")
     stat = file.stat()
     return _read_table(str(file.resolve()), stat.st_size, stat.st_mtime_ns, options["label"])
 
@@ -397,4 +397,4 @@ def _read_table(path: str, size: int, mtime: int, label: str):
 
 def table_sizes(spec: str) -> dict[str, int]:
     features, labels, _, _ = read_table(spec)
-    return own_split_sizes(len(labels), parse_table(spec)[1])
+    return _own_split_sizes(len(labels), parse_table(spec)[1])

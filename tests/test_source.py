@@ -31,3 +31,35 @@ def test_no_package_file_but_a_method_s_card_and_objective_names_a_method():
              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
              if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
     assert found == [], "method names outside dpsm_ray/cards and dpsm_ray/objectives:\n" + "\n".join(found)
+
+
+def test_a_module_s_helpers_are_private():
+    """A module-level function or constant that no other file names (the package, the tests, the
+    docs, the scripts) and its ``__all__`` does not list is the module's own helper: its name
+    starts with ``_``, so that what a module offers is what it does not hide (classes aside)."""
+    import ast
+    import os
+    import re
+
+    package = Path(dpsm_ray.__file__).parent
+    root = package.parent
+    texts = {}
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".") and not (Path(folder) == root and d == "results")]
+        texts.update({Path(folder) / f: (Path(folder) / f).read_text(encoding="utf-8", errors="replace")
+                      for f in files if f.endswith((".py", ".md", ".yaml", ".toml", ".sh"))})
+    where: dict[str, set] = {}
+    for path, text in texts.items():
+        for word in set(re.findall(r"\w+", text)):
+            where.setdefault(word, set()).add(path)
+    public = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(texts[path])
+        listed = {n.value for node in tree.body if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+                  for n in ast.walk(node.value) if isinstance(n, ast.Constant)}
+        for node in tree.body:
+            names = ([node.name] if isinstance(node, ast.FunctionDef) and not node.decorator_list else
+                     [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else [])
+            public += [f"{path.relative_to(package)}:{node.lineno} {name}" for name in names
+                       if not name.startswith("_") and name not in listed and where.get(name, set()) <= {path}]
+    assert public == [], "module helpers named nowhere else: start their names with _\n" + "\n".join(public)

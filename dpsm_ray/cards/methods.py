@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from dpsm_ray.objectives.base import Objective
 
 # What every objective's constructor takes whatever its card says.
-COMMON_ARGUMENTS = ("alpha", "conformal_weight", "collective")
+_COMMON_ARGUMENTS = ("alpha", "conformal_weight", "collective")
 # "base": the CE base model itself, evaluated without further training (the paper's table's CE
 # column, docs/method.md); a run of it trains 0 epochs from --init base.  Not a card: it builds CE.
 BASE_MODEL = "base"
@@ -137,7 +137,7 @@ class MethodCard:
         kwargs = {"alpha": values["alpha"], "conformal_weight": values["conformal_weight"], "collective": collective}
         # a field left out of ``values`` takes the constructor's default
         read = (*self.fields, *(option.name for option in self.options))
-        kwargs.update({self.arguments.get(name, name): values[name] for name in read if name not in COMMON_ARGUMENTS and name in values})
+        kwargs.update({self.arguments.get(name, name): values[name] for name in read if name not in _COMMON_ARGUMENTS and name in values})
         if "seed" in inspect.signature(cls).parameters:
             kwargs["seed"] = seed
         return cls(**kwargs)

@@ -1,5 +1,5 @@
 """One card per model: what builds it, what inputs it takes, how many trials share a GPU.  A model
-of the researcher's own code joins as ``--model PKG.MODULE:FACTORY`` (``factory_card``), or as a
+of the researcher's own code joins as ``--model PKG.MODULE:FACTORY`` (``_factory_card``), or as a
 card of its own through ``register_model`` (docs/extending.md).
 
 Known without importing torch: a built-in card reaches its code through a small function holding
@@ -22,14 +22,14 @@ class ModelCard:
     """A model: ``build(input_shape, num_classes, pretrained_path)`` returns a freshly initialised
     ``nn.Module`` with ``num_classes`` outputs.  ``inputs``: what it accepts -- ``any`` shape,
     ``image`` ``[C, H, W]``, or ``rgb`` ``[3, H, W]`` (greyscale ``[1, H, W]`` is given to it as three
-    equal channels: ``grey_as_rgb``); ``pretrainable``: it takes a local weights
+    equal channels: ``_grey_as_rgb``); ``pretrainable``: it takes a local weights
     file (``--pretrained-path``); ``trials_per_gpu``: how many trials share one GPU by default
     (a model that fills a GPU on its own: 1); ``argument``: the name takes one, ``NAME:ARGUMENT``
     (``torchvision:resnet18``), passed to ``build`` as ``argument=`` and checked by
     ``check_argument(argument)`` (a ValueError naming what is wrong) when a config is validated.
 
     Besides the cards, ``--model PKG.MODULE:FACTORY`` names a researcher's own code: ``FACTORY(
-    num_classes)`` returns the network (``factory_card``); the module must be importable wherever
+    num_classes)`` returns the network (``_factory_card``); the module must be importable wherever
     a trial runs.
     """
 
@@ -43,14 +43,14 @@ class ModelCard:
     check_argument: Callable[[str], Any] | None = None
 
 
-MODEL_INPUTS = ("any", "image", "rgb")
+_MODEL_INPUTS = ("any", "image", "rgb")
 _MODELS = registry("model")
 
 
 def register_model(card: ModelCard, *, replace: bool = False) -> ModelCard:
     """Make ``card``'s model known to validation, sweeps, the predictor and the CLI in this process."""
-    if card.inputs not in MODEL_INPUTS:
-        raise ValueError(f"model {card.name}: inputs must be one of {', '.join(MODEL_INPUTS)}; got {card.inputs!r}")
+    if card.inputs not in _MODEL_INPUTS:
+        raise ValueError(f"model {card.name}: inputs must be one of {', '.join(_MODEL_INPUTS)}; got {card.inputs!r}")
     if not (isinstance(card.trials_per_gpu, int) and card.trials_per_gpu >= 1):
         raise ValueError(f"model {card.name}: trials_per_gpu must be an integer >= 1; got {card.trials_per_gpu!r}")
     return register("model", card, replace)
@@ -75,14 +75,14 @@ def model_choices() -> str:
 
 def model_card(spec: str) -> ModelCard:
     """The card of ``spec``: a registered model (``NAME``, or ``NAME:ARGUMENT`` for a card that
-    takes one), or a factory of the researcher's own (``PKG.MODULE:FACTORY``, ``factory_card``).
+    takes one), or a factory of the researcher's own (``PKG.MODULE:FACTORY``, ``_factory_card``).
     Nothing is imported."""
     name, colon, argument = spec.partition(":")
     card = _MODELS.get(name)
     if card is not None and bool(colon) == bool(card.argument) and (not colon or argument):
         return card
     if card is None and FACTORY.match(spec):
-        return factory_card(spec)
+        return _factory_card(spec)
     raise ValueError(f"model must be one of {model_choices()}; got {spec!r}")
 
 
@@ -91,7 +91,7 @@ def is_factory(spec: str) -> bool:
     return spec.partition(":")[0] not in _MODELS and bool(FACTORY.match(spec))
 
 
-def factory_card(spec: str) -> ModelCard:
+def _factory_card(spec: str) -> ModelCard:
     """``PKG.MODULE:FACTORY`` as a card: ``FACTORY(num_classes)`` builds the network."""
 
     def build(input_shape, num_classes, pretrained_path=None):
@@ -145,7 +145,7 @@ def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (
         raise ValueError(f"model: {name} needs image inputs [C, H, W]; got input shape {input_shape}")
     if card.inputs == "rgb" and input_shape[0] == 1:  # a greyscale folder into an RGB network
         model = build_model(name, num_classes, input_shape=(3, *input_shape[1:]), pretrained_path=pretrained_path)
-        model.register_forward_pre_hook(grey_as_rgb)
+        model.register_forward_pre_hook(_grey_as_rgb)
         return model
     if card.inputs == "rgb" and input_shape[0] != 3:
         raise ValueError(f"model: {name} takes RGB images [3, H, W] or greyscale [1, H, W]; got input shape {input_shape}")
@@ -162,7 +162,7 @@ def build_model(name: str, num_classes: int, *, input_shape: tuple[int, ...] = (
     return model
 
 
-def grey_as_rgb(module, inputs):
+def _grey_as_rgb(module, inputs):
     """A forward pre-hook: a greyscale batch ``[n, 1, H, W]`` given as RGB ``[n, 3, H, W]``, each
     channel the grey one -- exactly the inputs of ``folder:PATH:channels=3`` (PIL's L -> RGB repeats
     the value, and the three channels' statistics are the grey one's).  A hook, not a wrapper: the

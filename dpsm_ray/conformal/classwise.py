@@ -129,7 +129,7 @@ def clustered_calibration(
     if not 2 <= num_clusters < num_classes:  # nothing to cluster (the defaults: few points a class, or few classes): all calibrate
         fraction = 0.0
     clustering = (torch.rand(len(labels), generator=torch.Generator().manual_seed(seed)) < fraction).to(labels.device)
-    clusters = cluster_classes(scores[clustering], labels[clustering], num_classes, alpha, num_clusters, seed)
+    clusters = _cluster_classes(scores[clustering], labels[clustering], num_classes, alpha, num_clusters, seed)
     rest, rest_labels = scores[~clustering], labels[~clustering]
     groups = clusters.to(labels.device)[rest_labels]
     named = clusters.max().item() + 1
@@ -140,7 +140,7 @@ def clustered_calibration(
     return Clustered(thresholds.to(scores.device), clusters.to(scores.device), clustering)
 
 
-def cluster_classes(scores: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float, num_clusters: int, seed: int):
+def _cluster_classes(scores: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float, num_clusters: int, seed: int):
     """Each class's cluster, ``[K]`` int64 (-1: the null cluster), from the clustering part's label
     scores and labels (``clustered_calibration``)."""
     counts = class_counts(labels.cpu(), num_classes)

@@ -97,7 +97,7 @@ class Resplits:
         ids = torch.arange(n, device=probs.device) if self.example_ids is None else self.example_ids
         u = example_uniforms(self.seed, ids).to(probs.device)
         if {"class", "rc3p"} & set(self.calibrations):
-            warn_short_classes(class_counts(labels[cal], num_classes), alpha)
+            _warn_short_classes(class_counts(labels[cal], num_classes), alpha)
         ranks = label_ranks(probs) if "rc3p" in self.calibrations else None  # every class's, and (below) the label's
         label_rank = ranks.gather(1, labels[:, None]).squeeze(1) if ranks is not None else None
         cluster_seed = derive_seed(self.seed, "clusters")
@@ -125,7 +125,7 @@ class Resplits:
                 yield Calibrated(kind, calibration, cal, test, q, sets, limits)
 
 
-def warn_short_classes(counts: torch.Tensor, alpha: float) -> None:
+def _warn_short_classes(counts: torch.Tensor, alpha: float) -> None:
     """Warn, naming them, of the classes some calibration part (a row of ``counts`` ``[R, K]``)
     holds too few points of for a finite class-conditional threshold at ``alpha``."""
     need = min_calibration_size(alpha)

@@ -26,8 +26,8 @@ import numpy as np
 from dpsm_ray.own_data import PRESPLIT, file_fingerprint, folder_files, folder_sizes, parse_folder
 from dpsm_ray.files import CorruptFileError, atomic_write, cache_home
 
-CACHE_VERSION = 1
-GREYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "F")
+_CACHE_VERSION = 1
+_GREYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "F")
 
 
 def cache_path(path: str, options: dict, files: dict) -> Path:
@@ -35,7 +35,7 @@ def cache_path(path: str, options: dict, files: dict) -> Path:
     modification time, and the options that change the pixels."""
     root = Path(path)
     payload = {
-        "version": CACHE_VERSION,
+        "version": _CACHE_VERSION,
         "size": options["size"],
         "channels": options["channels"],
         "files": [[split, name, rel] for split, entries in files.items() for name, rel in entries],
@@ -57,7 +57,7 @@ def decoded(spec: str, log=None) -> dict[str, np.ndarray]:
             return {key: arrays[key] for key in ("images", "labels", "splits", "classes")}
     root, index = Path(path), {name: i for i, name in enumerate(classes)}
     entries = [(split, name, rel) for split, pairs in files.items() for name, rel in pairs]
-    mode = {1: "L", 3: "RGB"}.get(options["channels"]) or ("L" if modes <= set(GREYSCALE_MODES) else "RGB")
+    mode = {1: "L", 3: "RGB"}.get(options["channels"]) or ("L" if modes <= set(_GREYSCALE_MODES) else "RGB")
     size = options["size"]
     say = log or (lambda line: print(line, file=sys.stderr))
     widths, heights = sorted(w for w, _ in shapes), sorted(h for _, h in shapes)
@@ -68,9 +68,9 @@ def decoded(spec: str, log=None) -> dict[str, np.ndarray]:
         f" {size}x{size} cropped"
         + (f"; {left_out(skipped)} left out (skip=1)" if skipped else "")
         + (f"; some images are greyscale: folder:{path}:channels=1 makes every image greyscale instead"
-           if mode == "RGB" and modes & set(GREYSCALE_MODES) and not options["channels"] else "")
+           if mode == "RGB" and modes & set(_GREYSCALE_MODES) and not options["channels"] else "")
     )
-    images = np.stack([pixels_of(root / rel, path, mode, size) for _, _, rel in entries])
+    images = np.stack([_pixels_of(root / rel, path, mode, size) for _, _, rel in entries])
     arrays = {
         "images": images,
         "labels": np.array([index[name] for _, name, _ in entries], dtype=np.int64),
@@ -88,7 +88,7 @@ def left_out(files: tuple[str, ...]) -> str:
     return f"{len(files)} files that are not readable images (the first: {files[0]})"
 
 
-def pixels_of(file: Path, path: str, mode: str, size: int) -> np.ndarray:
+def _pixels_of(file: Path, path: str, mode: str, size: int) -> np.ndarray:
     """``read_pixels``, with an image that no longer decodes (changed since it was listed and
     checked) named."""
     from dpsm_ray.data.preprocessing import read_pixels

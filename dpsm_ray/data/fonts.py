@@ -64,7 +64,7 @@ from dpsm_ray.facts import (
 from dpsm_ray.files import atomic_write, cache_home, sha256_file
 
 SIZE = 32  # pixels of an image
-SCALE = 2  # rendered at twice the size, then averaged down (anti-aliasing)
+_SCALE = 2  # rendered at twice the size, then averaged down (anti-aliasing)
 POINT_SIZES = range(34, 47)  # the font size at the rendering scale (cap height ~ 0.4-0.55 of the image)
 ROTATION = 12.0  # degrees, largest rotation either way
 SHIFT = 4  # pixels at the rendering scale, largest shift of the glyph's centre
@@ -77,8 +77,8 @@ CONTRAST = (0.25, 1.0)
 NOISE = FONTS_NOISE
 AUGMENT_PADDING = 2
 DATA_SEED = 1234  # the images are fixed by the options; only the split depends on the run seed
-RENDER_VERSION = 2  # bump when the rendering changes: it is part of the cache key (2: the dimming and noise)
-FONT_ROOT = Path("/usr/share/fonts")
+_RENDER_VERSION = 2  # bump when the rendering changes: it is part of the cache key (2: the dimming and noise)
+_FONT_ROOT = Path("/usr/share/fonts")
 APT_LINE = "apt-get install " + " ".join(FONT_PACKAGES)
 
 
@@ -105,7 +105,7 @@ def find_faces(root: str | os.PathLike | None = None) -> dict[tuple[str, str], P
     """Every face of ``facts.FONT_DESIGNS`` -> its file under ``root`` (default /usr/share/fonts);
     ``FileNotFoundError`` naming the missing faces and the apt line that installs them.  The folder
     is read once per process (a few seconds): the data check before a run and the load both ask."""
-    return dict(faces_under(Path(root) if root is not None else FONT_ROOT))
+    return dict(faces_under(Path(root) if root is not None else _FONT_ROOT))
 
 
 @functools.lru_cache(maxsize=4)
@@ -129,12 +129,12 @@ def faces_under(root: Path) -> tuple[tuple[tuple[str, str], Path], ...]:
 
 
 def draw(font_file: Path, character: str, *, point_size: int, angle: float = 0.0, shift: tuple[int, int] = (0, 0), stroke: int = 0):
-    """``character`` in ``font_file``, white on black on a canvas ``SCALE`` times the image's size,
+    """``character`` in ``font_file``, white on black on a canvas ``_SCALE`` times the image's size,
     centred (Pillow's "mm" anchor: the middle of the line's ascender and descender, so a lowercase
     letter sits lower than a capital), shifted and rotated: a greyscale PIL image."""
     from PIL import Image, ImageDraw
 
-    side = SIZE * SCALE
+    side = SIZE * _SCALE
     image = Image.new("L", (side, side))
     centre = (side / 2 + shift[0], side / 2 + shift[1])
     ImageDraw.Draw(image).text(
@@ -175,7 +175,7 @@ def render_face(font_file: Path, classes: str, renders: int, rng: np.random.Gene
     return images
 
 
-def rendering_key(options: dict, faces: dict[tuple[str, str], Path]) -> str:
+def _rendering_key(options: dict, faces: dict[tuple[str, str], Path]) -> str:
     """The hash of everything the renders depend on: the options, the rendering's settings and
     version, Pillow's and FreeType's versions, and every font file's bytes."""
     import PIL
@@ -184,9 +184,9 @@ def rendering_key(options: dict, faces: dict[tuple[str, str], Path]) -> str:
     # the noise is hashed as a setting, so the keys made before it was an option still hold
     counts = {k: int(v) for k, v in sorted(options.items()) if k != "noise"}
     payload = {
-        "options": counts, "classes": FONT_CLASSES, "version": RENDER_VERSION, "seed": DATA_SEED,
+        "options": counts, "classes": FONT_CLASSES, "version": _RENDER_VERSION, "seed": DATA_SEED,
         "pillow": PIL.__version__, "freetype": features.version("freetype2"),
-        "settings": [SIZE, SCALE, list(POINT_SIZES), ROTATION, SHIFT, list(STROKES), list(CONTRAST), float(options.get("noise", NOISE))],
+        "settings": [SIZE, _SCALE, list(POINT_SIZES), ROTATION, SHIFT, list(STROKES), list(CONTRAST), float(options.get("noise", NOISE))],
         "faces": [[family, style, sha256_file(faces[(family, style)])] for family, style in font_faces("train") + font_faces("held_out")],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
@@ -197,7 +197,7 @@ def rendered(options: dict, root: str | os.PathLike | None = None, log=None) -> 
     (the index of each image's face in ``font_faces("train") + font_faces("held_out")``) --
     read from the cache, or rendered and cached (written whole or not at all)."""
     faces = find_faces(root)
-    path = cache_dir() / f"fonts-{rendering_key(options, faces)}.npz"
+    path = cache_dir() / f"fonts-{_rendering_key(options, faces)}.npz"
     if path.is_file():
         with np.load(path, allow_pickle=False) as cached:
             return {key: cached[key] for key in ("images", "labels", "faces")}
@@ -218,7 +218,7 @@ def rendered(options: dict, root: str | os.PathLike | None = None, log=None) -> 
     return arrays
 
 
-def held_out_parts(
+def _held_out_parts(
     labels: np.ndarray, held_out: np.ndarray, sizes: dict[str, int], classes: int, seed: int, splits=("val", "cal", "test")
 ) -> list[np.ndarray]:
     """The held-out images' ids cut into ``splits`` (validation, calibration and test), the same
@@ -234,7 +234,7 @@ def held_out_parts(
     return [np.sort(np.concatenate(part)) for part in parts]
 
 
-def fonts_transform(images, ids, augment: bool, seed: int, *, spec):
+def _fonts_transform(images, ids, augment: bool, seed: int, *, spec):
     """Raw batch -> model input: shifted when training (the padding is the black background), then
     standardised by the training split's pixel mean and standard deviation (``spec``)."""
     from dpsm_ray.data.augment import random_crop
@@ -251,8 +251,8 @@ def load_fonts(spec: str, data_root: str | os.PathLike | None, seed: int, log=No
     arrays = rendered(options, data_root, log=log)
     labels, faces = arrays["labels"], arrays["faces"]
     train = np.flatnonzero(faces < len(font_faces("train")))
-    parts = [train, *held_out_parts(labels, np.flatnonzero(faces >= len(font_faces("train"))), sizes, classes, seed)]
-    return font_splits(spec, arrays, parts, classes, arrays["images"][train], FONT_CLASSES[:classes])
+    parts = [train, *_held_out_parts(labels, np.flatnonzero(faces >= len(font_faces("train"))), sizes, classes, seed)]
+    return _font_splits(spec, arrays, parts, classes, arrays["images"][train], FONT_CLASSES[:classes])
 
 
 def load_fonts_transfer(spec: str, data_root: str | os.PathLike | None, seed: int, log=None):
@@ -284,12 +284,12 @@ def load_fonts_transfer(spec: str, data_root: str | os.PathLike | None, seed: in
     kept = np.flatnonzero(cut["labels"] >= first)
     arrays = {"images": cut["images"][kept], "labels": cut["labels"][kept] - first, "faces": cut["faces"][kept]}
     held_out = np.flatnonzero(arrays["faces"] >= len(font_faces("train")))
-    parts = held_out_parts(arrays["labels"], held_out, font_transfer_sizes(options), classes, seed, ("train", "val", "cal", "test"))
+    parts = _held_out_parts(arrays["labels"], held_out, font_transfer_sizes(options), classes, seed, ("train", "val", "cal", "test"))
     statistics_of = pretraining["images"][pretraining["faces"] < len(font_faces("train"))]
-    return font_splits(spec, arrays, parts, classes, statistics_of, FONT_CLASSES[first : first + classes])
+    return _font_splits(spec, arrays, parts, classes, statistics_of, FONT_CLASSES[first : first + classes])
 
 
-def font_splits(spec: str, arrays: dict, parts: list[np.ndarray], classes: int, statistics_of: np.ndarray, class_names: str):
+def _font_splits(spec: str, arrays: dict, parts: list[np.ndarray], classes: int, statistics_of: np.ndarray, class_names: str):
     """The four splits (``parts``: ids into ``arrays``) of the ``classes`` classes named by the
     characters ``class_names``, standardised by the pixel statistics of the uint8 images
     ``statistics_of`` (a training split's, or a backbone's pretraining data's)."""
@@ -302,7 +302,7 @@ def font_splits(spec: str, arrays: dict, parts: list[np.ndarray], classes: int, 
     input_spec = InputSpec((1, SIZE, SIZE), 255.0, mean, std, f"8-bit greyscale pixel values 0..255, white on black, [1, {SIZE}, {SIZE}]",
                            ImageSpec("L", SIZE))
     source = TensorSource(torch.from_numpy(arrays["images"][:, None]).contiguous(), torch.from_numpy(arrays["labels"]),
-                          functools.partial(fonts_transform, spec=input_spec))
+                          functools.partial(_fonts_transform, spec=input_spec))
     splits = [Split(name, torch.from_numpy(ids), source) for name, ids in zip(("train", "val", "cal", "test"), parts)]
     return DataSplits(spec, classes, (1, SIZE, SIZE), *splits, input_spec=input_spec, class_names=tuple(class_names))
 

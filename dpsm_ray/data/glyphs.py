@@ -36,10 +36,10 @@ PER_CLASS_EVAL = GLYPHS_PER_CLASS_EVAL
 SIZE = 16  # pixels
 POOL = GLYPHS_POOL  # strokes shared by all classes
 STROKES = GLYPHS_STROKES  # strokes per glyph: C(24, 3) = 2024 distinct glyphs
-JITTER = 0.4  # pixels, standard deviation of each stroke end
+_JITTER = 0.4  # pixels, standard deviation of each stroke end
 SHIFT = 2  # pixels, largest shift of a whole glyph
-STROKE_WIDTH = 0.8  # pixels, standard deviation of the Gaussian pen
-POINTS = 8  # pen positions along a stroke
+_STROKE_WIDTH = 0.8  # pixels, standard deviation of the Gaussian pen
+_POINTS = 8  # pen positions along a stroke
 AUGMENT_PADDING = 1
 DATA_SEED = 1234  # the images are fixed by the options; only the split depends on the run seed
 
@@ -64,24 +64,24 @@ def make_glyphs(classes: int, per_class: int, noise: float, seed: int) -> tuple[
     gen = generator(seed, "glyph images")
     count = classes * per_class
     labels = torch.arange(count) % classes
-    ends = pool[members[labels]] + JITTER * torch.randn(count, STROKES, 2, 2, generator=gen)
+    ends = pool[members[labels]] + _JITTER * torch.randn(count, STROKES, 2, 2, generator=gen)
     ends = ends + torch.randint(-SHIFT, SHIFT + 1, (count, 1, 1, 2), generator=gen)
     intensity = 0.5 + 0.5 * torch.rand(count, STROKES, generator=gen)
     pixel_noise = noise * torch.randn(count, SIZE * SIZE, generator=gen)
-    along = torch.linspace(0, 1, POINTS)[None, None, :, None]
-    pen = (ends[:, :, :1] * (1 - along) + ends[:, :, 1:] * along).reshape(count, STROKES * POINTS, 2)
-    pen_intensity = intensity.repeat_interleave(POINTS, dim=1)
+    along = torch.linspace(0, 1, _POINTS)[None, None, :, None]
+    pen = (ends[:, :, :1] * (1 - along) + ends[:, :, 1:] * along).reshape(count, STROKES * _POINTS, 2)
+    pen_intensity = intensity.repeat_interleave(_POINTS, dim=1)
     rows, cols = torch.meshgrid(torch.arange(SIZE, dtype=torch.float32), torch.arange(SIZE, dtype=torch.float32), indexing="ij")
     pixels = torch.stack([rows.flatten(), cols.flatten()], dim=1)  # [SIZE * SIZE, 2]
     images = torch.empty(count, SIZE * SIZE)
     for part in torch.arange(count).split(1024):  # [part, pen positions, pixels] stays small
         distance2 = (pen[part, :, None, :] - pixels).pow(2).sum(-1)
-        ink = pen_intensity[part, :, None] * torch.exp(-distance2 / (2 * STROKE_WIDTH**2))
+        ink = pen_intensity[part, :, None] * torch.exp(-distance2 / (2 * _STROKE_WIDTH**2))
         images[part] = ink.amax(dim=1)  # overlapping strokes do not add up
     return (images + pixel_noise).reshape(count, 1, SIZE, SIZE), labels
 
 
-def glyphs_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int, *, spec: InputSpec) -> torch.Tensor:
+def _glyphs_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int, *, spec: InputSpec) -> torch.Tensor:
     """Raw batch -> model input: shifted when training (padding with the blank background, 0),
     then standardised by the training split's pixel mean and standard deviation (``spec``)."""
     if augment:
@@ -104,6 +104,6 @@ def load_glyphs(spec: str, seed: int) -> DataSplits:
         "glyph pixel values (background 0, strokes up to about 1)",
         ImageSpec("L", SIZE, pixel_scale=1 / 255),
     )
-    source = TensorSource(images, labels, functools.partial(glyphs_transform, spec=input_spec))
+    source = TensorSource(images, labels, functools.partial(_glyphs_transform, spec=input_spec))
     splits = [Split(name, ids, source) for name, ids in zip(sizes, parts)]
     return DataSplits(spec, options["classes"], (1, SIZE, SIZE), *splits, input_spec=input_spec)

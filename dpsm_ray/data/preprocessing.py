@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-IMAGE_MODES = {"L": 1, "RGB": 3}  # PIL mode -> channels
+_IMAGE_MODES = {"L": 1, "RGB": 3}  # PIL mode -> channels
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class ImageSpec:
     @classmethod
     def from_json(cls, payload: dict, where: str) -> ImageSpec:
         spec = cls(**_fields(payload, ("mode", "resize", "pixel_scale"), where))
-        if spec.mode not in IMAGE_MODES:
-            raise ValueError(f"{where}.mode must be one of {', '.join(IMAGE_MODES)}; got {spec.mode!r}")
+        if spec.mode not in _IMAGE_MODES:
+            raise ValueError(f"{where}.mode must be one of {', '.join(_IMAGE_MODES)}; got {spec.mode!r}")
         if not (isinstance(spec.resize, int) and spec.resize >= 1):
             raise ValueError(f"{where}.resize must be an integer >= 1; got {spec.resize!r}")
         if not _positive(spec.pixel_scale):
@@ -69,9 +69,9 @@ class InputSpec:
                 ) from None
         if not (std > 0).all():
             raise ValueError("input.std must be > 0 everywhere")
-        if self.image is not None and IMAGE_MODES[self.image.mode] != self.shape[0]:
+        if self.image is not None and _IMAGE_MODES[self.image.mode] != self.shape[0]:
             raise ValueError(
-                f"input.image.mode {self.image.mode} gives {IMAGE_MODES[self.image.mode]} channels; the input shape {list(self.shape)} has"
+                f"input.image.mode {self.image.mode} gives {_IMAGE_MODES[self.image.mode]} channels; the input shape {list(self.shape)} has"
                 f" {self.shape[0]}"
             )
         # mean and std on each device that asked (the host's first): a copy from the host per batch
@@ -137,7 +137,7 @@ def read_pixels(file, mode: str, resize: int, crop: tuple[int, int]) -> np.ndarr
         image = image.convert(mode)
         image = transforms.CenterCrop(crop)(transforms.Resize(resize)(image))
         pixels = np.asarray(image)
-    return pixels[None] if IMAGE_MODES[mode] == 1 else pixels.transpose(2, 0, 1)
+    return pixels[None] if _IMAGE_MODES[mode] == 1 else pixels.transpose(2, 0, 1)
 
 
 def pixel_statistics(images: np.ndarray, ddof: int = 0) -> tuple[float, float]:

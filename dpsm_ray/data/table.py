@@ -13,7 +13,7 @@ import numpy as np
 from dpsm_ray.own_data import read_table, table_sizes
 
 
-def class_index(labels: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+def _class_index(labels: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
     """Labels -> ``(0..K-1 indices, class names)``: the distinct values, sorted, in that order."""
     names, index = np.unique(labels, return_inverse=True)
     return index.astype(np.int64), tuple(str(name.item() if hasattr(name, "item") else name) for name in names)
@@ -26,7 +26,7 @@ def load_table(spec: str, seed: int):
     from dpsm_ray.seeding import derive_seed
 
     features, labels, columns, label = read_table(spec)
-    index, names = class_index(labels)
+    index, names = _class_index(labels)
     raw = f"{len(columns)} numeric features, in the table's column order: {', '.join(columns[:6])}{', ...' if len(columns) > 6 else ''}"
     return from_tensors(
         spec, torch.from_numpy(features), torch.from_numpy(index), table_sizes(spec), derive_seed(seed, "table"), raw=raw, class_names=names

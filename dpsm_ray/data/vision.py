@@ -43,12 +43,12 @@ from dpsm_ray.seeding import derive_seed
 # per-channel statistics of the 50000 CIFAR-100 training images
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
-CIFAR_PADDING = 4  # He et al. 2016: pad 4 pixels, crop 32x32
+_CIFAR_PADDING = 4  # He et al. 2016: pad 4 pixels, crop 32x32
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the statistics torchvision's ImageNet weights expect
 IMAGENET_STD = (0.229, 0.224, 0.225)
-IMAGE_SIZE = 224
-RESIZE = 256  # the evaluation transform: shorter side to 256, then the centre 224 x 224
-PIXELS = "8-bit RGB pixel values 0..255 in [C, H, W] order"
+_IMAGE_SIZE = 224
+_RESIZE = 256  # the evaluation transform: shorter side to 256, then the centre 224 x 224
+_PIXELS = "8-bit RGB pixel values 0..255 in [C, H, W] order"
 
 
 def per_channel(values: tuple[float, ...]) -> list:
@@ -56,13 +56,13 @@ def per_channel(values: tuple[float, ...]) -> list:
     return [[[value]] for value in values]
 
 
-CIFAR100_INPUT = InputSpec((3, 32, 32), 255.0, per_channel(CIFAR100_MEAN), per_channel(CIFAR100_STD), PIXELS, ImageSpec("RGB", 32))
-IMAGENET_INPUT = InputSpec(
-    (3, IMAGE_SIZE, IMAGE_SIZE), 255.0, per_channel(IMAGENET_MEAN), per_channel(IMAGENET_STD), PIXELS, ImageSpec("RGB", RESIZE)
+CIFAR100_INPUT = InputSpec((3, 32, 32), 255.0, per_channel(CIFAR100_MEAN), per_channel(CIFAR100_STD), _PIXELS, ImageSpec("RGB", 32))
+_IMAGENET_INPUT = InputSpec(
+    (3, _IMAGE_SIZE, _IMAGE_SIZE), 255.0, per_channel(IMAGENET_MEAN), per_channel(IMAGENET_STD), _PIXELS, ImageSpec("RGB", _RESIZE)
 )
-INATURALIST_VERSIONS = ("2021_train_mini", "2021_valid")  # -> train / val, cal / test
-INATURALIST_KINGDOM = "Fungi"
-INATURALIST_2018 = "2018"  # torchvision's folder for train_val2018: <super-category>/<category id>/
+_INATURALIST_VERSIONS = ("2021_train_mini", "2021_valid")  # -> train / val, cal / test
+_INATURALIST_KINGDOM = "Fungi"
+_INATURALIST_2018 = "2018"  # torchvision's folder for train_val2018: <super-category>/<category id>/
 
 
 def fitted_sizes(sizes: Sequence[int], available: int) -> list[int]:
@@ -82,7 +82,7 @@ def fitted_sizes(sizes: Sequence[int], available: int) -> list[int]:
     return floors
 
 
-def check_data_root(name: str, data_root: str | Path | None) -> Path:
+def _check_data_root(name: str, data_root: str | Path | None) -> Path:
     if data_root is None:
         raise FileNotFoundError(
             f"dataset {name} is read from files: pass --data-root DIR (and --download to fetch {IMAGE_TITLES[name]} into it)"
@@ -94,7 +94,7 @@ def missing(name: str, path: Path, detail: str = "") -> FileNotFoundError:
     return FileNotFoundError(f"{IMAGE_TITLES[name]} not found at {path}{detail}; pass --download to fetch it into --data-root")
 
 
-def non_empty_dir(path: Path) -> bool:
+def _non_empty_dir(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
@@ -102,7 +102,7 @@ def check_data_present(name: str, data_root: str | Path | None, download: bool =
     """Fail fast, naming the expected path and the flag, when dataset ``name`` is not under
     ``data_root`` and may not be downloaded; the loaders call it, and so do the sweep and the CLI
     before any Ray work starts.  Returns the root."""
-    root = check_data_root(name, data_root)
+    root = _check_data_root(name, data_root)
     if download:
         return root
     if name == "cifar100":
@@ -111,18 +111,18 @@ def check_data_present(name: str, data_root: str | Path | None, download: bool =
         if absent:
             raise missing(name, folder, f" (no {', '.join(absent)})")
     elif name == "fashion_mnist":
-        fashion_mnist_files(root)
+        _fashion_mnist_files(root)
     elif name == "caltech101":
         if not (root / "caltech101" / "101_ObjectCategories").is_dir():
             raise missing(name, root / "caltech101" / "101_ObjectCategories")
     else:
-        for folder in [root / version for version in (INATURALIST_VERSIONS if name == "inaturalist" else (INATURALIST_2018,))]:
-            if not non_empty_dir(folder):
+        for folder in [root / version for version in (_INATURALIST_VERSIONS if name == "inaturalist" else (_INATURALIST_2018,))]:
+            if not _non_empty_dir(folder):
                 raise missing(name, folder)
     return root
 
 
-def two_pool_parts(first: torch.Tensor, second: torch.Tensor, name: str, seed: int) -> list[torch.Tensor]:
+def _two_pool_parts(first: torch.Tensor, second: torch.Tensor, name: str, seed: int) -> list[torch.Tensor]:
     """Train / val from the ``first`` pool of labels, cal / test from the ``second``, whose ids
     follow the first pool's."""
     sizes = PAPER_SIZES[name]
@@ -140,7 +140,7 @@ def check_labels(labels: torch.Tensor, num_classes: int, path: Path) -> None:
         raise ValueError(f"labels under {path} must lie in 0..{num_classes - 1}; found {int(labels.min())}..{int(labels.max())}")
 
 
-def splits_of(
+def _splits_of(
     name: str, spec: InputSpec, class_names: list[str], source: TensorSource | FileSource, parts: list[torch.Tensor]
 ) -> DataSplits:
     splits = (Split(split, ids, source) for split, ids in zip(PAPER_SIZES[name], parts))
@@ -189,11 +189,11 @@ def read_cifar100_file(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
 def cifar100_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int) -> torch.Tensor:
     """uint8 batch -> normalised float model input; augmented (crop + flip) only in training."""
     if augment:
-        images = random_crop_flip(images, ids, seed, CIFAR_PADDING)
+        images = random_crop_flip(images, ids, seed, _CIFAR_PADDING)
     return CIFAR100_INPUT.apply(images)
 
 
-def load_cifar100(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+def _load_cifar100(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
     """CIFAR-100 from ``<data_root>/cifar-100-python/{train,test,meta}`` (in memory, so
     ``data_workers`` is not used).
 
@@ -201,7 +201,7 @@ def load_cifar100(data_root: str | Path | None, seed: int, download: bool = Fals
     read from the same pickles directly (as torchvision does), which also accepts a small copy
     in that format whose checksums differ.
     """
-    root = check_data_root("cifar100", data_root)
+    root = _check_data_root("cifar100", data_root)
     folder = root / "cifar-100-python"
     if download:
         from torchvision.datasets import CIFAR100
@@ -215,18 +215,18 @@ def load_cifar100(data_root: str | Path | None, seed: int, download: bool = Fals
     for labels, file in ((train_labels, "train"), (test_labels, "test")):
         check_labels(labels, len(class_names), folder / file)
     source = TensorSource(torch.cat([train_images, test_images]), torch.cat([train_labels, test_labels]), cifar100_transform)
-    return splits_of("cifar100", CIFAR100_INPUT, class_names, source, two_pool_parts(train_labels, test_labels, "cifar100", seed))
+    return _splits_of("cifar100", CIFAR100_INPUT, class_names, source, _two_pool_parts(train_labels, test_labels, "cifar100", seed))
 
 
 # ----------------------------------------------------------------------------- Fashion-MNIST
 
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+_FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # ConfTr's input scaling: (x - 0.5) / 0.5 of the [0, 1] pixels
-FASHION_MNIST_INPUT = InputSpec((1, 28, 28), 255.0, 0.5, 0.5, "8-bit greyscale pixel values 0..255, [1, 28, 28]", ImageSpec("L", 28))
+_FASHION_MNIST_INPUT = InputSpec((1, 28, 28), 255.0, 0.5, 0.5, "8-bit greyscale pixel values 0..255, [1, 28, 28]", ImageSpec("L", 28))
 
 
-def fashion_mnist_files(root: Path) -> dict[str, Path]:
+def _fashion_mnist_files(root: Path) -> dict[str, Path]:
     """The four IDX files: ``root/<name>.gz`` (the original distribution, as Debian installs it)
     or torchvision's ``root/FashionMNIST/raw/<name>``; FileNotFoundError naming both otherwise."""
     for candidates in (
@@ -264,14 +264,14 @@ def read_idx(path: Path) -> torch.Tensor:
         raise ValueError(f"{path} is not a readable IDX file ({type(error).__name__}: {str(error)[:120]})") from None
 
 
-def fashion_mnist_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int) -> torch.Tensor:
+def _fashion_mnist_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int) -> torch.Tensor:
     """uint8 ``[N, 1, 28, 28]`` -> ConfTr's scaled input; no augmentation (ConfTr uses none)."""
-    return FASHION_MNIST_INPUT.apply(images)
+    return _FASHION_MNIST_INPUT.apply(images)
 
 
 def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
     """Fashion-MNIST (module docstring) in memory, so ``data_workers`` is not used."""
-    root = check_data_root("fashion_mnist", data_root)
+    root = _check_data_root("fashion_mnist", data_root)
     if download and not any(
         path.is_file() for path in (root / "train-images-idx3-ubyte.gz", root / "FashionMNIST" / "raw" / "train-images-idx3-ubyte")
     ):
@@ -279,7 +279,7 @@ def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool =
 
         for train in (True, False):
             FashionMNIST(str(root), train=train, download=True)
-    files = fashion_mnist_files(root)
+    files = _fashion_mnist_files(root)
     images = {split: read_idx(files[f"{split}-images-idx3-ubyte"]) for split in ("train", "t10k")}
     labels = {split: read_idx(files[f"{split}-labels-idx1-ubyte"]).long() for split in ("train", "t10k")}
     for split in ("train", "t10k"):
@@ -288,44 +288,44 @@ def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool =
                 f"{files[f'{split}-images-idx3-ubyte']}: {tuple(images[split].shape)} images for {labels[split].numel()} labels; "
                 "Fashion-MNIST has 28x28 images, one label each"
             )
-        check_labels(labels[split], len(FASHION_MNIST_CLASSES), files[f"{split}-labels-idx1-ubyte"])
+        check_labels(labels[split], len(_FASHION_MNIST_CLASSES), files[f"{split}-labels-idx1-ubyte"])
     source = TensorSource(
         torch.cat([images["train"], images["t10k"]])[:, None].contiguous(),
         torch.cat([labels["train"], labels["t10k"]]),
-        fashion_mnist_transform,
+        _fashion_mnist_transform,
     )
-    return splits_of(
+    return _splits_of(
         "fashion_mnist",
-        FASHION_MNIST_INPUT,
-        list(FASHION_MNIST_CLASSES),
+        _FASHION_MNIST_INPUT,
+        list(_FASHION_MNIST_CLASSES),
         source,
-        two_pool_parts(labels["train"], labels["t10k"], "fashion_mnist", seed),
+        _two_pool_parts(labels["train"], labels["t10k"], "fashion_mnist", seed),
     )
 
 
 # ----------------------------------------------------------------------------- 224-pixel datasets
 
 
-def to_rgb(image):
+def _to_rgb(image):
     """Some Caltech-101 and iNaturalist images are grayscale; every model expects 3 channels."""
     return image.convert("RGB")
 
 
-def imagenet_transforms():
+def _imagenet_transforms():
     """(train, eval) transforms of PIL images: the standard ImageNet recipe at 224 pixels."""
     from torchvision import transforms
 
     # a module-level function, unlike a lambda, survives pickling into DataLoader workers
     tensor = [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     train = transforms.Compose(
-        [transforms.Lambda(to_rgb), transforms.RandomResizedCrop(IMAGE_SIZE), transforms.RandomHorizontalFlip(), *tensor]
+        [transforms.Lambda(_to_rgb), transforms.RandomResizedCrop(_IMAGE_SIZE), transforms.RandomHorizontalFlip(), *tensor]
     )
     # what IMAGENET_INPUT describes (ToTensor divides by 255, Normalize standardises per channel)
-    evaluate = transforms.Compose([transforms.Lambda(to_rgb), transforms.Resize(RESIZE), transforms.CenterCrop(IMAGE_SIZE), *tensor])
+    evaluate = transforms.Compose([transforms.Lambda(_to_rgb), transforms.Resize(_RESIZE), transforms.CenterCrop(_IMAGE_SIZE), *tensor])
     return train, evaluate
 
 
-def load_caltech101(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+def _load_caltech101(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
     """Caltech-101 from ``<data_root>/caltech101/101_ObjectCategories/<category>/image_NNNN.jpg``
     (torchvision's ``Caltech101``: sorted categories without ``BACKGROUND_Google``)."""
     root = check_data_present("caltech101", data_root, download)
@@ -336,35 +336,35 @@ def load_caltech101(data_root: str | Path | None, seed: int, download: bool = Fa
     parts = stratified_partition(
         labels, fitted_sizes(list(PAPER_SIZES["caltech101"].values()), labels.numel()), derive_seed(seed, "caltech101")
     )
-    source = FileSource(dataset, labels, *imagenet_transforms(), num_workers=data_workers)
-    return splits_of("caltech101", IMAGENET_INPUT, dataset.categories, source, parts)
+    source = FileSource(dataset, labels, *_imagenet_transforms(), num_workers=data_workers)
+    return _splits_of("caltech101", _IMAGENET_INPUT, dataset.categories, source, parts)
 
 
-def fungi_species(dataset) -> list[int]:
+def _fungi_species(dataset) -> list[int]:
     """Category ids of the Fungi species in a torchvision ``INaturalist`` 2021 dataset, whose
     folders are named ``<id>_<kingdom>_<phylum>_<class>_<order>_<family>_<genus>_<species>``."""
-    kingdom = dataset.categories_index["kingdom"].get(INATURALIST_KINGDOM)
+    kingdom = dataset.categories_index["kingdom"].get(_INATURALIST_KINGDOM)
     if kingdom is None:
         raise ValueError(
-            f"no {INATURALIST_KINGDOM} species under {dataset.root}: its folders name the kingdoms"
+            f"no {_INATURALIST_KINGDOM} species under {dataset.root}: its folders name the kingdoms"
             f" {', '.join(dataset.categories_index['kingdom'])}"
         )
     return [category for category, taxa in enumerate(dataset.categories_map) if taxa["kingdom"] == kingdom]
 
 
-def load_inaturalist(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+def _load_inaturalist(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
     """The Fungi of iNaturalist 2021 from ``<data_root>/2021_train_mini`` and
     ``<data_root>/2021_valid`` (torchvision's ``INaturalist`` layout), labelled ``0 .. K-1`` in
     the order of their folders."""
     root = check_data_present("inaturalist", data_root, download)
     from torchvision.datasets import INaturalist
 
-    pools = [INaturalist(str(root), version=version, target_type="full", download=download) for version in INATURALIST_VERSIONS]
-    fungi = [fungi_species(pool) for pool in pools]
+    pools = [INaturalist(str(root), version=version, target_type="full", download=download) for version in _INATURALIST_VERSIONS]
+    fungi = [_fungi_species(pool) for pool in pools]
     species = [[pool.all_categories[category] for category in categories] for pool, categories in zip(pools, fungi)]
     if species[0] != species[1]:
         raise ValueError(
-            f"{root / INATURALIST_VERSIONS[0]} and {root / INATURALIST_VERSIONS[1]} hold different {INATURALIST_KINGDOM} species"
+            f"{root / _INATURALIST_VERSIONS[0]} and {root / _INATURALIST_VERSIONS[1]} hold different {_INATURALIST_KINGDOM} species"
             f" ({len(species[0])} and {len(species[1])} folders)"
         )
     pool_labels = []
@@ -376,24 +376,25 @@ def load_inaturalist(data_root: str | Path | None, seed: int, download: bool = F
         pool.index = sorted(entry for entry in pool.index if entry[0] in label_of)
         pool_labels.append(torch.tensor([label_of[category] for category, _ in pool.index], dtype=torch.int64))
     dataset = torch.utils.data.ConcatDataset(pools)
-    source = FileSource(dataset, torch.cat(pool_labels), *imagenet_transforms(), num_workers=data_workers)
-    return splits_of("inaturalist", IMAGENET_INPUT, species[0], source, two_pool_parts(*pool_labels, "inaturalist", seed))
+    source = FileSource(dataset, torch.cat(pool_labels), *_imagenet_transforms(), num_workers=data_workers)
+    return _splits_of("inaturalist", _IMAGENET_INPUT, species[0], source, _two_pool_parts(*pool_labels, "inaturalist", seed))
 
 
-def load_inaturalist2018(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
+def _load_inaturalist2018(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
     """The Fungi super-category of iNaturalist 2018 from ``<data_root>/2018/Fungi/<category id>/``
     (torchvision's ``INaturalist`` version ``2018``), labelled ``0 .. K-1`` in category-id order.
     The archive holds the competition's train and val images in one tree, so, as for
     Caltech-101, one pool is cut into all four splits in the paper's sizes (or their proportions
     when the pool is smaller)."""
     root = check_data_present("inaturalist2018", data_root, download)
-    folder = root / INATURALIST_2018
+    folder = root / _INATURALIST_2018
     from torchvision.datasets import INaturalist
 
-    dataset = INaturalist(str(root), version=INATURALIST_2018, target_type="full", download=download)
-    fungi = dataset.categories_index["super"].get(INATURALIST_KINGDOM)
+    dataset = INaturalist(str(root), version=_INATURALIST_2018, target_type="full", download=download)
+    fungi = dataset.categories_index["super"].get(_INATURALIST_KINGDOM)
     if fungi is None:
-        raise ValueError(f"no {INATURALIST_KINGDOM} super-category under {folder}: it holds {', '.join(dataset.categories_index['super'])}")
+        held = ", ".join(dataset.categories_index["super"])
+        raise ValueError(f"no {_INATURALIST_KINGDOM} super-category under {folder}: it holds {held}")
     species = [category for category, taxa in enumerate(dataset.categories_map) if taxa["super"] == fungi]
     label_of = {category: label for label, category in enumerate(species)}
     dataset.index = sorted(entry for entry in dataset.index if entry[0] in label_of)  # as in load_inaturalist
@@ -401,11 +402,11 @@ def load_inaturalist2018(data_root: str | Path | None, seed: int, download: bool
     parts = stratified_partition(
         labels, fitted_sizes(list(PAPER_SIZES["inaturalist2018"].values()), labels.numel()), derive_seed(seed, "inaturalist2018")
     )
-    source = FileSource(dataset, labels, *imagenet_transforms(), num_workers=data_workers)
-    return splits_of("inaturalist2018", IMAGENET_INPUT, [dataset.all_categories[category] for category in species], source, parts)
+    source = FileSource(dataset, labels, *_imagenet_transforms(), num_workers=data_workers)
+    return _splits_of("inaturalist2018", _IMAGENET_INPUT, [dataset.all_categories[category] for category in species], source, parts)
 
 
 LOADERS = {
-    "cifar100": load_cifar100, "caltech101": load_caltech101, "inaturalist": load_inaturalist, "inaturalist2018": load_inaturalist2018,
+    "cifar100": _load_cifar100, "caltech101": _load_caltech101, "inaturalist": _load_inaturalist, "inaturalist2018": _load_inaturalist2018,
     "fashion_mnist": load_fashion_mnist,
 }

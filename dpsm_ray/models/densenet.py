@@ -28,7 +28,7 @@ class Bottleneck(nn.Module):
         return torch.cat([x, self.layers(x)], dim=1)
 
 
-def transition(in_channels: int, out_channels: int) -> nn.Sequential:
+def _transition(in_channels: int, out_channels: int) -> nn.Sequential:
     return nn.Sequential(
         nn.BatchNorm2d(in_channels), nn.ReLU(inplace=True), nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.AvgPool2d(2)
     )
@@ -48,7 +48,7 @@ class CifarDenseNet(nn.Module):
                 channels += growth_rate
             if block < 2:
                 reduced = int(channels * compression)
-                modules.append(transition(channels, reduced))
+                modules.append(_transition(channels, reduced))
                 channels = reduced
         modules += [nn.BatchNorm2d(channels), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         self.features = nn.Sequential(*modules)

@@ -17,7 +17,7 @@ from dpsm_ray.models.weights import load_backbone as load_pretrained
 from dpsm_ray.facts import IMAGENET_HEADS as HEADS
 # torchvision's DenseNet checkpoints predate its module names: "denselayer1.norm.1.weight" is now
 # "denselayer1.norm1.weight" (the same rename as torchvision.models.densenet._load_state_dict)
-OLD_DENSENET_KEY = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$")
+_OLD_DENSENET_KEY = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$")
 
 
 def imagenet_model(name: str, num_classes: int) -> nn.Module:
@@ -34,5 +34,5 @@ def load_backbone(model: nn.Module, name: str, path: str | Path) -> nn.Module:
 
 
 def _current_key(key: str) -> str:
-    match = OLD_DENSENET_KEY.match(key)
+    match = _OLD_DENSENET_KEY.match(key)
     return match.group(1) + match.group(2) if match else key

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-SHOWN = 4  # the keys a mismatch names before "and N more"
+_SHOWN = 4  # the keys a mismatch names before "and N more"
 
 
-def read_state_dict(path: str | Path, option: str = "--init weights:") -> dict[str, torch.Tensor]:
+def _read_state_dict(path: str | Path, option: str = "--init weights:") -> dict[str, torch.Tensor]:
     """The state dict in ``path``; errors name the file as the user gave it (``option`` + path)."""
     path = Path(path)
     if not path.is_file():
@@ -40,13 +40,13 @@ def read_state_dict(path: str | Path, option: str = "--init weights:") -> dict[s
 
 
 def listed(names: list[str]) -> str:
-    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    return ", ".join(names[:_SHOWN]) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
 def load_weights(model: nn.Module, path: str | Path, model_name: str, option: str = "--init weights:") -> None:
     """Load the state dict in ``path`` into ``model`` whole; ValueError naming the first keys
     missing from the file, the file's keys the model lacks, and the shapes that differ."""
-    saved, own = read_state_dict(path, option), model.state_dict()
+    saved, own = _read_state_dict(path, option), model.state_dict()
     missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
     shapes = [
         f"{k} {list(saved[k].shape)} in the file, {list(own[k].shape)} in the model"
@@ -73,7 +73,7 @@ def load_backbone(model: nn.Module, name: str, path: str | Path, head: str, rena
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"pretrained weights not found at {path}: give a local state dict file of {name} (--pretrained-path)")
-    saved = read_state_dict(path, "--pretrained-path ")
+    saved = _read_state_dict(path, "--pretrained-path ")
     if rename is not None:
         saved = {rename(key): value for key, value in saved.items()}
     backbone = {key: value for key, value in model.state_dict().items() if not key.startswith(head + ".")}

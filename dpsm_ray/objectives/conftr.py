@@ -34,7 +34,7 @@ from dpsm_ray.conformal import hard_batch_quantile, label_scores, pinball_loss, 
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, check_choice, cross_entropy, hps_scores, step_cross_entropy
 
 # Stutz et al.'s log(lambda * Omega + 1e-8): the constant keeps the logarithm finite at Omega = 0
-LOG_SIZE_EPSILON = 1e-8
+_LOG_SIZE_EPSILON = 1e-8
 
 
 def batch_quantile(calibration_scores: torch.Tensor, alpha: float, sort_temperature: float) -> torch.Tensor:
@@ -96,7 +96,7 @@ class ConfTrPublished(Objective):
         tau = batch_quantile(calibration_scores, self.alpha, self.sort_temperature)
         sizes = torch.sigmoid((tau - -logits2.log_softmax(dim=1)) / self.sigmoid_temperature).sum(dim=1)
         omega = (sizes - self.size_target).clamp(min=0).mean()
-        size_loss = torch.log(self.conformal_weight * omega + LOG_SIZE_EPSILON)
+        size_loss = torch.log(self.conformal_weight * omega + _LOG_SIZE_EPSILON)
         ce = cross_entropy(torch.cat([logits1, logits2]), torch.cat([labels1, labels2]))
         loss = size_loss + self.ce_weight * ce if self.ce_weight else size_loss
         stats = {"ce": ce.detach(), "conformal": omega.detach(), "upper": loss.detach(),

@@ -33,7 +33,7 @@ from dpsm_ray.conformal import aps_matrix, hard_batch_quantile, label_scores, pi
 from dpsm_ray.objectives.base import Objective, ObjectiveOutput, cross_entropy
 
 
-def aps_label_scores(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _aps_label_scores(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The non-randomised APS score of each true label: the mass ranked strictly above it plus its
     own probability (APS with U = 1)."""
     return label_scores(aps_matrix(logits.softmax(dim=1), None), labels)
@@ -110,7 +110,7 @@ def classifier_layer(model: nn.Module, input_shape: tuple[int, ...]) -> str:
     return found[0]
 
 
-def keep_evaluation_mode(module: nn.Module, inputs) -> None:
+def _keep_evaluation_mode(module: nn.Module, inputs) -> None:
     """A forward pre-hook: the frozen network runs in evaluation mode whatever mode the loop set."""
     module.train(False)
 
@@ -134,7 +134,7 @@ class ConfTS(Objective):
         model.requires_grad_(False)
         self.layer = TemperatureScaledLinear(getattr(model.get_submodule(parent_name), child))
         setattr(model.get_submodule(parent_name), child, self.layer)
-        model.register_forward_pre_hook(keep_evaluation_mode)
+        model.register_forward_pre_hook(_keep_evaluation_mode)
 
     def start_line(self, d1_scores: torch.Tensor) -> str | None:
         if self.layer is None:
@@ -142,9 +142,9 @@ class ConfTS(Objective):
         return f"trains the temperature T of the frozen network's classifier layer only, T_0 = {self.layer.temperature():g}"
 
     def __call__(self, logits1, labels1, logits2, labels2) -> ObjectiveOutput:
-        calibration_scores = self.collective.gather(aps_label_scores(logits1, labels1))
+        calibration_scores = self.collective.gather(_aps_label_scores(logits1, labels1))
         tau = hard_batch_quantile(calibration_scores, self.alpha)
-        gap = ((tau - aps_label_scores(logits2, labels2)) ** 2).mean()
+        gap = ((tau - _aps_label_scores(logits2, labels2)) ** 2).mean()
         ce = cross_entropy(torch.cat([logits1, logits2]), torch.cat([labels1, labels2]))
         stats = {"ce": ce.detach(), "conformal": gap.detach(), "upper": gap.detach(),
                  "pinball": pinball_loss(tau, calibration_scores, self.alpha).detach(), "quantile": tau.detach()}

@@ -63,10 +63,10 @@ def predictor_for_run(config, model_state: dict, *, data=None, device: str = "au
         method=config.method, seed=config.seed, run_id=config.config_hash(), training_config=config.to_dict(), provenance=provenance,
         device=device,
     )
-    return calibrated_on_splits(predictor, data, ("cal",), ("test",), config.dataset, f"split seed {config.data_seed()}")
+    return _calibrated_on_splits(predictor, data, ("cal",), ("test",), config.dataset, f"split seed {config.data_seed()}")
 
 
-def calibrated_on_splits(predictor: Predictor, data, calibration: tuple[str, ...], test: tuple[str, ...], dataset: str,
+def _calibrated_on_splits(predictor: Predictor, data, calibration: tuple[str, ...], test: tuple[str, ...], dataset: str,
                          seeded: str, warn=None) -> Predictor:
     """``predictor`` calibrated on the ``calibration`` splits of ``data`` and measured on its
     ``test`` splits (none: no test metrics), with the inputs, forward passes and uniforms of a
@@ -131,7 +131,7 @@ def calibrate_weights(weights: str | os.PathLike, architecture: str, dataset: st
                                      precision=precision, provenance=provenance, device=device, data=data, prepare=prepare)
     calibration = ("train", "val", "cal", "test") if split == "all" else (split,)
     test = () if split in ("all", "test") else ("test",)
-    return calibrated_on_splits(predictor, data, calibration, test, dataset, f"split seed {seed}", warn=warn)
+    return _calibrated_on_splits(predictor, data, calibration, test, dataset, f"split seed {seed}", warn=warn)
 
 
 def chance_line(predictor: Predictor) -> str | None:
@@ -155,7 +155,7 @@ def chance_line(predictor: Predictor) -> str | None:
             "the label; train longer, or check that it takes its inputs as the predictor prepares them")
 
 
-def existing_info(directory: Path) -> dict | None:
+def _existing_info(directory: Path) -> dict | None:
     """The info of a whole, unchanged predictor in ``directory`` (its weights match their
     sha256), or None."""
     try:
@@ -166,9 +166,9 @@ def existing_info(directory: Path) -> dict | None:
         return None
 
 
-def final_predictors(results: Path) -> dict[int, tuple[dict, object, dict | None]]:
+def _final_predictors(results: Path) -> dict[int, tuple[dict, object, dict | None]]:
     """Each finished final trial of the sweep in ``results`` (by its index in the ledger): its
-    record, its ``TrainConfig``, and its predictor's info (``current_info``; None: a predictor
+    record, its ``TrainConfig``, and its predictor's info (``_current_info``; None: a predictor
     to write)."""
     from dpsm_ray.config import TrainConfig
 
@@ -176,18 +176,18 @@ def final_predictors(results: Path) -> dict[int, tuple[dict, object, dict | None
     for index, record in sorted(Ledger(results).records("final").items()):
         if record["status"] == "ok":
             config = TrainConfig.from_dict(record["config"])
-            finals[index] = record, config, current_info(results, config)
+            finals[index] = record, config, _current_info(results, config)
     return finals
 
 
-def current_info(results: Path, config) -> dict | None:
+def _current_info(results: Path, config) -> dict | None:
     """The info of ``config``'s predictor under ``results/predictors/`` when it is whole and
     built from this run (``config``'s hash), else None."""
-    info = existing_info(results / PREDICTORS / predictor_name(config))
+    info = _existing_info(results / PREDICTORS / _predictor_name(config))
     return info if info is not None and info["run_id"] == config.config_hash() else None
 
 
-def predictor_name(config) -> str:
+def _predictor_name(config) -> str:
     return f"{config.method}-seed{config.seed}"
 
 
@@ -210,7 +210,7 @@ def export_final_model(results: str | os.PathLike, index: int, record: dict, swe
     }
     state = load_checkpoint(run_dir / CHECKPOINT_FILE)["model"]
     predictor = predictor_for_run(config, state, data=data, device=device, provenance=provenance)
-    name = predictor_name(config)
+    name = _predictor_name(config)
     predictor.save(results / PREDICTORS / name, overwrite=True)  # the run changed: its predictor is rebuilt
     return name
 
@@ -237,7 +237,7 @@ class ExportProgress:
         self.log(f"predictors: {name} written{where}, {self.done} of {self.total}{left}")
 
 
-def export_in_driver(results: Path, sweep: str, stale: dict[int, dict], log, device: str = "auto") -> None:
+def _export_in_driver(results: Path, sweep: str, stale: dict[int, dict], log, device: str = "auto") -> None:
     """``stale``'s predictors (``{ledger index: record}``) built here, one after another, each
     data split loaded once."""
     from dpsm_ray.config import TrainConfig
@@ -263,16 +263,16 @@ def export_sweep(results: str | os.PathLike, log=print, device: str = "auto", bu
     results = Path(results)
     settings = read_sweep_settings(results)
     floor = CoverageFloor.of(settings)
-    finals = final_predictors(results)
+    finals = _final_predictors(results)
     stale = {index: record for index, (record, _, info) in finals.items() if info is None}
     if stale:
         log(f"predictors: writing {len(stale)} final model{'s' * (len(stale) > 1)} as conformal predictors under {results / PREDICTORS}")
-        (build or (lambda r, n, s, lg: export_in_driver(r, n, s, lg, device)))(results, settings["name"], stale, log)
+        (build or (lambda r, n, s, lg: _export_in_driver(r, n, s, lg, device)))(results, settings["name"], stale, log)
     entries, exported = [], []
     for index, (record, config, info) in finals.items():
-        name = predictor_name(config)
+        name = _predictor_name(config)
         if index in stale:  # written just now: read once more
-            info = current_info(results, config)
+            info = _current_info(results, config)
             if info is None:
                 raise PredictorError(f"final trial {index} ({name}) has no predictor under {results / PREDICTORS} after exporting it")
             exported.append(name)

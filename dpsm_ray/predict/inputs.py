@@ -60,16 +60,16 @@ def open_inputs(
 
     path = Path(path)
     if path.is_dir():
-        return image_folder(path, spec, skip_unreadable)
+        return _image_folder(path, spec, skip_unreadable)
     if not path.is_file():
         raise InputFileError(f"--input {path}: no such file or folder")
     suffix = path.suffix.lower()
     if suffix in IMAGE_SUFFIXES:  # one image
-        return image_files(path.parent, [path], [], spec)
+        return _image_files(path.parent, [path], [], spec)
     if suffix == ".npy":
-        return array_source(path, load_array(path, lambda: np.load(path, mmap_mode="r", allow_pickle=False)), None)
+        return _array_source(path, _load_array(path, lambda: np.load(path, mmap_mode="r", allow_pickle=False)), None)
     if suffix == ".npz":
-        archive = load_array(path, lambda: np.load(path, allow_pickle=False))
+        archive = _load_array(path, lambda: np.load(path, allow_pickle=False))
         names = list(archive.files)
         if "x" in names:
             key = "x"
@@ -80,26 +80,26 @@ def open_inputs(
                 f"--input {path}: an .npz must hold the inputs as 'x' (or as its only array besides 'ids' and 'y'); it holds"
                 f" {', '.join(names) or 'nothing'}"
             )
-        return array_source(
+        return _array_source(
             path,
-            load_array(path, lambda: archive[key]),
-            load_array(path, lambda: archive["ids"]) if "ids" in names else None,
-            array_labels(path, load_array(path, lambda: archive["y"]), num_classes) if "y" in names and key != "y" else None,
+            _load_array(path, lambda: archive[key]),
+            _load_array(path, lambda: archive["ids"]) if "ids" in names else None,
+            _array_labels(path, _load_array(path, lambda: archive["y"]), num_classes) if "y" in names and key != "y" else None,
         )
     if suffix in (".parquet", ".csv"):
-        return table_source(path, spec, label_column, feature_names, class_names)
+        return _table_source(path, spec, label_column, feature_names, class_names)
     raise InputFileError(f"--input {path}: give an .npy or .npz array, a .parquet or .csv table of feature columns, an image, or a folder "
                          "of images")
 
 
-def load_array(path: Path, load):
+def _load_array(path: Path, load):
     try:
         return load()
     except (ValueError, OSError, EOFError) as error:  # includes numpy's refusal of pickled objects
         raise InputFileError(f"--input {path} cannot be read as a numpy array ({str(error).splitlines()[0][:160]})") from None
 
 
-def array_labels(path: Path, labels: np.ndarray, num_classes: int | None) -> np.ndarray:
+def _array_labels(path: Path, labels: np.ndarray, num_classes: int | None) -> np.ndarray:
     """An .npz's ``y``: one class index per input, each below ``num_classes``."""
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise InputFileError(f"--input {path}: 'y' must hold one integer class index per input; got {labels.dtype.name} of shape "
@@ -110,7 +110,7 @@ def array_labels(path: Path, labels: np.ndarray, num_classes: int | None) -> np.
     return labels.astype(np.int64)
 
 
-def array_source(path: Path, array: np.ndarray, ids: np.ndarray | None, labels: np.ndarray | None = None) -> InputSource:
+def _array_source(path: Path, array: np.ndarray, ids: np.ndarray | None, labels: np.ndarray | None = None) -> InputSource:
     if array.ndim < 1:
         raise InputFileError(f"--input {path} holds a single number, not a batch of inputs")
     count = len(array)
@@ -131,7 +131,7 @@ def array_source(path: Path, array: np.ndarray, ids: np.ndarray | None, labels: 
     )
 
 
-def table_source(path: Path, spec: InputSpec, label_column: str | None = None, feature_names=None, class_names=None) -> InputSource:
+def _table_source(path: Path, spec: InputSpec, label_column: str | None = None, feature_names=None, class_names=None) -> InputSource:
     """A Parquet or CSV table: one numeric column per feature -- matched by name to
     ``feature_names`` where the predictor has them, else taken in order -- an optional ``id``
     column, and the training table's ``label_column``, read as labels where present."""
@@ -179,11 +179,11 @@ def table_source(path: Path, spec: InputSpec, label_column: str | None = None, f
             example_ids = np.asarray(ids, dtype=np.int64)
     labels = None
     if label_column is not None and label_column in table.column_names:
-        labels = table_labels(path, table.column(label_column).to_pylist(), label_column, class_names)
+        labels = _table_labels(path, table.column(label_column).to_pylist(), label_column, class_names)
     return InputSource(path, count, ids, example_ids, lambda size: (array[i : i + size] for i in range(0, count, size)), labels=labels)
 
 
-def table_labels(path: Path, values: list, column: str, class_names) -> np.ndarray:
+def _table_labels(path: Path, values: list, column: str, class_names) -> np.ndarray:
     """A table's label column as class indices: each value is its class's name (as training named
     the classes: the values as text)."""
     index = {name: k for k, name in enumerate(class_names or ())}
@@ -194,7 +194,7 @@ def table_labels(path: Path, values: list, column: str, class_names) -> np.ndarr
     return np.asarray([index[str(value)] for value in values], dtype=np.int64)
 
 
-def image_folder(path: Path, spec: InputSpec, skip_unreadable: bool = False) -> InputSource:
+def _image_folder(path: Path, spec: InputSpec, skip_unreadable: bool = False) -> InputSource:
     """Every file under ``path`` (sorted by path) as an image, each decoded in full first as
     training checks a ``folder:`` (``dpsm_ray.own_data.image_readings``): a file that is not
     a readable image is refused naming it, or with ``skip_unreadable`` left out and counted."""
@@ -221,10 +221,10 @@ def image_folder(path: Path, spec: InputSpec, skip_unreadable: bool = False) -> 
                                  "out (as training's folder:PATH:skip=1)")
     if not files:
         raise InputFileError(f"--input {path}: no image file PIL can read under it")
-    return image_files(path, files, skipped, spec)
+    return _image_files(path, files, skipped, spec)
 
 
-def image_files(root: Path, files: list[Path], skipped: list[str], spec: InputSpec) -> InputSource:
+def _image_files(root: Path, files: list[Path], skipped: list[str], spec: InputSpec) -> InputSource:
     """The image ``files`` (under ``root``, which names them in the output) as inputs."""
     if spec.image is None:
         raise InputFileError(f"--input {files[0]} is an image, but the predictor takes {spec.raw}, not images: give an .npy, .npz or "

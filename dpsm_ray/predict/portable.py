@@ -46,9 +46,9 @@ FORMAT_VERSION = 1
 MODEL_FILES = {"torchscript": "model.pt", "onnx": "model.onnx"}  # each format's model file
 THRESHOLDS_FILE = "thresholds.json"
 LOAD_FILE = "LOAD.md"
-DEFAULT_SCORE = "hps"  # Predictor.predict_sets's
+_DEFAULT_SCORE = "hps"  # Predictor.predict_sets's
 # ONNX opset 17 (2022): onnxruntime runs it from 1.12 on; torch's TorchScript-based exporter writes opsets up to 20
-ONNX_OPSET = 17
+_ONNX_OPSET = 17
 
 
 # ----------------------------------------------------------------------------- the thresholds and the module
@@ -101,7 +101,7 @@ def write_torchscript(module, example: tuple, path: Path) -> None:
         torch.jit.save(torch.jit.trace(module, example), str(path))
 
 
-def write_onnx(module, example: tuple, path: Path) -> None:
+def _write_onnx(module, example: tuple, path: Path) -> None:
     import torch
 
     names = ["x", "u"][: len(example)]
@@ -111,7 +111,7 @@ def write_onnx(module, example: tuple, path: Path) -> None:
     legacy = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
     with warnings.catch_warnings(), topk_sorts(), torch.no_grad():
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(module, example, str(path), input_names=names, output_names=["scores", "ranks"], opset_version=ONNX_OPSET,
+        torch.onnx.export(module, example, str(path), input_names=names, output_names=["scores", "ranks"], opset_version=_ONNX_OPSET,
                           dynamic_axes={name: {0: "n"} for name in (*names, "scores", "ranks")}, **legacy)
 
 
@@ -132,17 +132,17 @@ def topk_sorts():
         return sort(g, values, *arguments)[1]
 
     for name, symbolic in (("aten::sort", sort), ("aten::argsort", argsort)):
-        torch.onnx.register_custom_op_symbolic(name, symbolic, ONNX_OPSET)
+        torch.onnx.register_custom_op_symbolic(name, symbolic, _ONNX_OPSET)
     try:
         yield
     finally:
         for name in ("aten::sort", "aten::argsort"):
-            torch.onnx.unregister_custom_op_symbolic(name, ONNX_OPSET)
+            torch.onnx.unregister_custom_op_symbolic(name, _ONNX_OPSET)
 
 
 # ----------------------------------------------------------------------------- the loaders (LOAD.md, docs/predictor.md)
 
-UNIFORMS_NUMPY = '''
+_UNIFORMS_NUMPY = '''
 def uniforms(seed, ids):
     """dpsm_ray's uniform of each input id (dpsm_ray.seeding.counter_uniforms): U(0, 1), a pure function of (seed, id)."""
     mask = np.uint64(0xFFFFFFFF)
@@ -157,7 +157,7 @@ def uniforms(seed, ids):
     return (x.astype(np.float64) + 0.5) / 2.0**32
 '''
 
-UNIFORMS_TORCH = '''
+_UNIFORMS_TORCH = '''
 def uniforms(seed, ids):
     """dpsm_ray's uniform of each input id (dpsm_ray.seeding.counter_uniforms): U(0, 1), a pure function of (seed, id)."""
     mask = 0xFFFFFFFF
@@ -178,7 +178,7 @@ LOADERS = {
 
 import torch
 
-''' + UNIFORMS_TORCH + '''
+''' + _UNIFORMS_TORCH + '''
 
 def prediction_sets(directory, x, ids=None):
     """Whether class y is in input i's set, [n, K] bool; x: raw inputs [n, *shape]; ids: each input's id
@@ -198,7 +198,7 @@ def prediction_sets(directory, x, ids=None):
 import numpy as np
 import onnxruntime
 
-''' + UNIFORMS_NUMPY + '''
+''' + _UNIFORMS_NUMPY + '''
 
 def prediction_sets(directory, x, ids=None):
     """Whether class y is in input i's set, [n, K] bool; x: raw inputs [n, *shape]; ids: each input's id
@@ -216,7 +216,7 @@ def prediction_sets(directory, x, ids=None):
 }
 
 
-def load_text(rule: dict, form: str) -> str:
+def _load_text(rule: dict, form: str) -> str:
     """LOAD.md of an export: what the files are, what the sets are, and the loader."""
     shape = ", ".join(map(str, rule["input"]["shape"]))
     title = CALIBRATION_TITLES.get(rule["calibration"], rule["calibration"])
@@ -248,7 +248,7 @@ def load_text(rule: dict, form: str) -> str:
 # ----------------------------------------------------------------------------- writing
 
 
-def check_out(out: str | os.PathLike, overwrite: bool = False) -> Path:
+def _check_out(out: str | os.PathLike, overwrite: bool = False) -> Path:
     """``out`` as a Path once it may be written: new, empty, or with ``overwrite`` an earlier export
     (it holds thresholds.json); ``PredictorError`` naming it otherwise."""
     from dpsm_ray.predict.predictor import PredictorError
@@ -282,12 +282,12 @@ def export_portable(predictor, out: str | os.PathLike, form: str, *, score: str 
         raise PredictorError(f"format must be one of {', '.join(MODEL_FILES)}; got {form!r}")
     if form == "onnx" and importlib.util.find_spec("onnx") is None:
         raise PredictorError('--format onnx needs the onnx package, which torch\'s exporter writes with: pip install "dpsm_ray[onnx]"')
-    out = check_out(out, overwrite)
+    out = _check_out(out, overwrite)
     precision = predictor.info["model"]["precision"]
     if precision != "fp32":
         raise PredictorError(f"this predictor's model runs in {precision} (model.precision): only an fp32 model exports, so that the "
                              "exported sets are the predictor's")
-    score = DEFAULT_SCORE if score is None else score
+    score = _DEFAULT_SCORE if score is None else score
     how = predictor.calibration_of(calibration)
     thresholds, rank_limits = set_thresholds(predictor, score, how)
     randomised = score_card(score).randomised
@@ -307,7 +307,7 @@ def export_portable(predictor, out: str | os.PathLike, form: str, *, score: str 
     example = (torch.zeros(2, *spec.shape),) + ((torch.full((2,), 0.5, dtype=torch.float64),) if randomised else ())
 
     def write(directory: Path) -> None:
-        writer = write_torchscript if form == "torchscript" else write_onnx
+        writer = write_torchscript if form == "torchscript" else _write_onnx
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", torch.jit.TracerWarning)
             writer(set_scores(predictor, score), example, directory / MODEL_FILES[form])
@@ -317,19 +317,19 @@ def export_portable(predictor, out: str | os.PathLike, form: str, *, score: str 
         if fixed:  # Python control flow on a tensor's value, say: the file would hold the example's branch for every input
             raise PredictorError(f"the model or the {score} score does not trace to one graph for every input, so it does not export "
                                  f"({str(fixed[0].message).splitlines()[0][:160]})")
-        (directory / THRESHOLDS_FILE).write_text(readable_json(rule), encoding="utf-8")
-        (directory / LOAD_FILE).write_text(load_text(rule, form), encoding="utf-8")
+        (directory / THRESHOLDS_FILE).write_text(_readable_json(rule), encoding="utf-8")
+        (directory / LOAD_FILE).write_text(_load_text(rule, form), encoding="utf-8")
 
-    write_directory(out, write)
+    _write_directory(out, write)
     return out
 
 
-def readable_json(payload: dict) -> str:
+def _readable_json(payload: dict) -> str:
     """``payload`` with one top-level field a line (a list of K thresholds stays one line)."""
     return "{\n" + ",\n".join(f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in payload.items()) + "\n}\n"
 
 
-def write_directory(out: Path, write) -> None:
+def _write_directory(out: Path, write) -> None:
     """``write(directory)`` into a temporary directory beside ``out``, its files synced, then renamed to
     ``out`` (an earlier export there moved aside, and removed once the new one is in place): ``out`` is the
     new export or the old one, never a mix."""
@@ -366,7 +366,7 @@ def export_source(source: str | os.PathLike, out: str | os.PathLike, form: str, 
     from dpsm_ray.predict.export import chance_line, chosen_predictor
     from dpsm_ray.predict.predictor import Predictor
 
-    check_out(out, overwrite)
+    _check_out(out, overwrite)
     source, chosen = Path(source), {}
     if method is not None:
         source, why = chosen_predictor(source, method, seed, log=log)
@@ -374,7 +374,7 @@ def export_source(source: str | os.PathLike, out: str | os.PathLike, form: str, 
     predictor = Predictor.load(source, device="cpu", trust_code=trust_code)
     out = export_portable(predictor, out, form, score=score, calibration=calibration, overwrite=overwrite,
                           source={"predictor": str(source.resolve()), **chosen})
-    log(f"{source} -> {out}: {score or DEFAULT_SCORE} sets, {predictor.calibration_of(calibration)} calibration, alpha "
+    log(f"{source} -> {out}: {score or _DEFAULT_SCORE} sets, {predictor.calibration_of(calibration)} calibration, alpha "
         f"{predictor.alpha:g} ({MODEL_FILES[form]} and {THRESHOLDS_FILE}; {LOAD_FILE} shows how to load them)")
     warning = chance_line(predictor)
     if warning is not None:

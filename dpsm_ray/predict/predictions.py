@@ -33,16 +33,16 @@ from dpsm_ray.predict.inputs import InputSource
 from dpsm_ray.predict.predictor import Predictor
 
 # inputs above this many forward passes get a progress bar
-PROGRESS_BATCHES = 10
+_PROGRESS_BATCHES = 10
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "jsonl"}
-ORDER = ("input_id", "set", "set_names", "set_size", "top1", "top1_name", "label", "covered", "probabilities")
+_ORDER = ("input_id", "set", "set_names", "set_size", "top1", "top1_name", "label", "covered", "probabilities")
 
 
-def p_value_column(label: int) -> str:
+def _p_value_column(label: int) -> str:
     return f"p_value_{label}"
 
 
-def predict_rows(
+def _predict_rows(
     predictor: Predictor, source: InputSource, *, score: str, probabilities: bool, batch_size: int, non_empty: bool = False,
     calibration: str | None = None, p_values: bool = False,
 ) -> dict[str, list]:
@@ -58,8 +58,8 @@ def predict_rows(
     if probabilities:
         columns["probabilities"] = []
     if p_values:
-        columns.update({p_value_column(label): [] for label in range(predictor.num_classes)})
-    bar = tqdm(total=source.count, unit="input", file=sys.stderr, disable=source.count <= PROGRESS_BATCHES * batch_size)
+        columns.update({_p_value_column(label): [] for label in range(predictor.num_classes)})
+    bar = tqdm(total=source.count, unit="input", file=sys.stderr, disable=source.count <= _PROGRESS_BATCHES * batch_size)
     start = 0
     for chunk in source.batches(batch_size):
         probs = predictor.ordered_proba(chunk, batch_size=batch_size)  # a table's columns were matched by name
@@ -80,7 +80,7 @@ def predict_rows(
         if p_values:
             values = predictor.p_values_from_proba(probs, score, calibration=calibration, example_ids=ids)
             for label, column in enumerate(values.T.tolist()):
-                columns[p_value_column(label)] += column
+                columns[_p_value_column(label)] += column
         start += len(chunk)
         bar.update(len(chunk))
     bar.close()
@@ -104,9 +104,9 @@ def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike
     ``format`` (parquet, csv, json, jsonl); returns the columns.  ``calibration``: marginal or
     class sets (None: the predictor's own); ``p_values``: a p-value column per class."""
     how = predictor.check_request(score, calibration, p_values)
-    columns = predict_rows(predictor, source, score=score, probabilities=probabilities, batch_size=batch_size, non_empty=non_empty,
+    columns = _predict_rows(predictor, source, score=score, probabilities=probabilities, batch_size=batch_size, non_empty=non_empty,
                            calibration=how, p_values=p_values)
-    order = [name for name in ORDER if name in columns] + [p_value_column(k) for k in range(predictor.num_classes) if p_values]
+    order = [name for name in _ORDER if name in columns] + [_p_value_column(k) for k in range(predictor.num_classes) if p_values]
     if any(isinstance(i, str) for i in columns["input_id"]):
         columns["input_id"] = [str(i) for i in columns["input_id"]]
     metadata = {
@@ -123,12 +123,12 @@ def write_sets(predictor: Predictor, source: InputSource, out: str | os.PathLike
         metadata["class_thresholds"] = [q if math.isfinite(q) else None for q in thresholds.tolist()]
         if rank_limits is not None:
             metadata["rank_limits"] = rank_limits.tolist()
-    encode = {"parquet": parquet_bytes, "csv": csv_bytes, "json": json_bytes, "jsonl": jsonl_bytes}[format]
+    encode = {"parquet": _parquet_bytes, "csv": _csv_bytes, "json": _json_bytes, "jsonl": _jsonl_bytes}[format]
     write_bytes(out, encode(columns, order, metadata))
     return columns
 
 
-def parquet_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
+def _parquet_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -154,7 +154,7 @@ def rows(columns: dict[str, list], order: list[str]) -> list[dict]:
     return [dict(zip(order, values)) for values in zip(*(columns[name] for name in order))]
 
 
-def csv_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
+def _csv_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
     import csv
     import io
 
@@ -166,13 +166,13 @@ def csv_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> byt
     return text.getvalue().encode()
 
 
-def json_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
+def _json_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
     threshold = metadata["threshold"]
     finite = {**metadata, "threshold": threshold if threshold is None or math.isfinite(threshold) else None}  # JSON has no infinity
     return json.dumps({"dpsm_ray": finite, "rows": rows(columns, order)}).encode()
 
 
-def jsonl_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
+def _jsonl_bytes(columns: dict[str, list], order: list[str], metadata: dict) -> bytes:
     return "".join(json.dumps(row) + "\n" for row in rows(columns, order)).encode()
 
 

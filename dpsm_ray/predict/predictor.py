@@ -57,7 +57,7 @@ FORMAT = "dpsm_ray predictor"
 # marginal sets without a word, so it refuses these); a marginal predictor is still written as 1.
 # 3: clustered or RC3P sets unless asked otherwise
 FORMAT_VERSION = 3
-CALIBRATION_FORMATS = {"marginal": 1, "class": 2, "cluster": 3, "rc3p": 3, "risk": 3}
+_CALIBRATION_FORMATS = {"marginal": 1, "class": 2, "cluster": 3, "rc3p": 3, "risk": 3}
 
 INFO_FILE = "predictor.json"
 WEIGHTS_FILE = "weights.pt"
@@ -68,8 +68,8 @@ PRECISIONS = ("fp32", "bf16")
 # How a predictor of a model trained elsewhere prepares raw inputs (``from_model``, ``dpsm-ray calibrate
 # --prepare``): ``card``, as the dataset's card does for every model dpsm-ray trains (input.divisor,
 # mean and std); ``none``, the inputs as they are (float32), as MAPIE and TorchCP hand a model its inputs
-PREPARATIONS = ("none", "card")
-INFO_FIELDS = (
+_PREPARATIONS = ("none", "card")
+_INFO_FIELDS = (
     "format",
     "format_version",
     "package_version",
@@ -122,12 +122,12 @@ class Predictor:
     the model's weights."""
 
     def __init__(self, model: torch.nn.Module, info: dict, *, device: str | torch.device = "auto") -> None:
-        check_info(info, "predictor")
+        _check_info(info, "predictor")
         self.info = info
         self.input_spec = InputSpec.from_json(info["input"])
         self.device = pick_device(device) if isinstance(device, str) else device
         self.model = model.to(self.device).eval()
-        self._warned_positional = False  # raw_inputs' warning, once
+        self._warned_positional = False  # _raw_inputs' warning, once
 
     # ------------------------------------------------------------------ construction and files
 
@@ -193,14 +193,14 @@ class Predictor:
         ``data``: those splits, when already loaded."""
         from dpsm_ray.cards import check_outputs, load_splits
 
-        if prepare not in PREPARATIONS:
-            raise ValueError(f"prepare must be one of {', '.join(PREPARATIONS)}; got {prepare!r}")
+        if prepare not in _PREPARATIONS:
+            raise ValueError(f"prepare must be one of {', '.join(_PREPARATIONS)}; got {prepare!r}")
         data = data if data is not None else load_splits(dataset, data_root, seed=seed)
         if data.input_spec is None:
             raise ValueError(f"dataset {dataset} does not describe its inputs (DataSplits.input_spec): it cannot back a predictor")
-        check_architecture(model, architecture, data.num_classes, data.input_shape)
+        _check_architecture(model, architecture, data.num_classes, data.input_shape)
         check_outputs(model, architecture, data.input_shape, data.num_classes)
-        spec = data.input_spec if prepare == "card" else unprepared(data.input_spec)
+        spec = data.input_spec if prepare == "card" else _unprepared(data.input_spec)
         return cls.create(
             model, architecture=architecture, input_spec=spec, num_classes=data.num_classes, alpha=alpha,
             class_names=data.class_names, **table_columns(dataset), uniform_seed=seed, precision=precision, provenance=provenance,
@@ -234,7 +234,7 @@ class Predictor:
             info = read_checked_json(info_path)
         except CorruptFileError as error:
             raise PredictorError(str(error)) from None
-        check_info(info, str(info_path))
+        _check_info(info, str(info_path))
         architecture = info["model"]["architecture"]
         if is_factory(architecture) and not trust_code:
             raise PredictorError(f"{info_path}: its model, {architecture}, is code to import and run; load it with trust_code=True "
@@ -291,17 +291,17 @@ class Predictor:
         --prepare`` made it; ``card`` for every other predictor."""
         return (self.info.get("input_preparation") or {}).get("how", "card")
 
-    def prepared(self, how: str) -> Predictor:
-        """This predictor with its inputs prepared ``how`` (``PREPARATIONS``): the dataset card's
+    def _prepared(self, how: str) -> Predictor:
+        """This predictor with its inputs prepared ``how`` (``_PREPARATIONS``): the dataset card's
         preparation, or none; only for a predictor made from a model trained elsewhere."""
-        if how not in PREPARATIONS:
-            raise ValueError(f"prepare must be one of {', '.join(PREPARATIONS)}; got {how!r}")
+        if how not in _PREPARATIONS:
+            raise ValueError(f"prepare must be one of {', '.join(_PREPARATIONS)}; got {how!r}")
         recorded = self.info.get("input_preparation")
         if recorded is None:
             raise PredictorError("this predictor records no other input preparation (only one made with from_model or dpsm-ray calibrate)")
         card = InputSpec.from_json(recorded["card"])
         info = copy.deepcopy(self.info)
-        info["input"] = (card if how == "card" else unprepared(card)).to_json()
+        info["input"] = (card if how == "card" else _unprepared(card)).to_json()
         info["input_preparation"] = {**recorded, "how": how}
         return Predictor(self.model, info, device=self.device)
 
@@ -316,11 +316,11 @@ class Predictor:
         how = self.input_preparation
         other = "card" if how == "none" else "none"
         accuracy = float((probs.argmax(dim=1) == labels).double().mean())
-        theirs = float((self.prepared(other).ordered_proba(raw).argmax(dim=1) == labels).double().mean())
+        theirs = float((self._prepared(other).ordered_proba(raw).argmax(dim=1) == labels).double().mean())
         if theirs - accuracy < max(0.1, 3 * math.sqrt(0.25 / len(labels))):
             return None
         return (f"warning: the model's accuracy on the {len(labels)} calibration points is {accuracy:.3f} with its inputs "
-                f"{PREPARED[how]} ({flag}{how}), but {theirs:.3f} with them {PREPARED[other]} ({flag}{other}): it was trained on inputs "
+                f"{_PREPARED[how]} ({flag}{how}), but {theirs:.3f} with them {_PREPARED[other]} ({flag}{other}): it was trained on inputs "
                 f"prepared that way; calibrate again with {flag}{other}")
 
     @property
@@ -339,7 +339,7 @@ class Predictor:
         names = self.info.get("feature_names")
         return tuple(names) if names is not None else None
 
-    def feature_order(self, columns, where: str) -> list[str]:
+    def _feature_order(self, columns, where: str) -> list[str]:
         """The names among ``columns`` in the model's order; ``InputError`` naming the missing and
         the unexpected ones (``where``: what the columns are, for the message)."""
         names, given = self.feature_names, list(columns)
@@ -365,7 +365,7 @@ class Predictor:
             if not isinstance(record, dict):
                 raise InputError(f"input {position} is {type(record).__name__}; give every input as an object of feature names, or every "
                                  "input as an array")
-            order = self.feature_order(record, f"input {position}")
+            order = self._feature_order(record, f"input {position}")
             values = [record[name] for name in order]
             wrong = next((name for name, v in zip(order, values) if isinstance(v, bool) or not isinstance(v, (int, float))), None)
             if wrong is not None:
@@ -384,7 +384,7 @@ class Predictor:
         dataset = (self.info["training_config"] or {}).get("dataset", "")  # predictors written before label_column was recorded
         return parse_table(dataset)[1]["label"] if dataset.startswith("table:") else None
 
-    def label_indices(self, y) -> torch.Tensor:
+    def _label_indices(self, y) -> torch.Tensor:
         """Labels as class indices ``[n]`` int64: integers in 0..K-1, or the classes' names
         (``class_names``; a table's label values as text), e.g. a DataFrame's label column."""
         if hasattr(y, "to_numpy") and type(y).__module__.split(".")[0] in ("pandas", "pyarrow"):
@@ -428,7 +428,7 @@ class Predictor:
     def class_thresholds(self, score: str) -> torch.Tensor:
         """The threshold q_y of each class for ``score``, ``[K]`` float64 (``inf``: a class with too
         few calibration points for alpha, which every class-conditional set holds)."""
-        entry = self.calibrated_entry(score)
+        entry = self._calibrated_entry(score)
         if "class_thresholds" not in entry:
             raise PredictorError("this predictor records no class thresholds (written before class-conditional calibration); "
                                  "recalibrate(x_cal, y_cal, by='class') gives them")
@@ -444,7 +444,7 @@ class Predictor:
             return torch.full((self.num_classes,), self.threshold(score), dtype=torch.float64), None
         if how == "class":
             return self.class_thresholds(score), None
-        entry = self.calibrated_entry(score)
+        entry = self._calibrated_entry(score)
         if how == "risk":
             if "risk_threshold" not in entry:
                 raise PredictorError("this predictor has no risk control; control_risk(x_cal, y_cal, costs, level) gives it")
@@ -479,7 +479,7 @@ class Predictor:
             [f"[n, {self.input_spec.features}] flattened"] if len(shape) > 1 else []
         )
         expected = f"[n, {', '.join(map(str, shape))}]" + (f" (or {', or '.join(others)})" if others else "")
-        tensor = as_number_tensor(x, "inputs")
+        tensor = _as_number_tensor(x, "inputs")
         if tensor.ndim >= 1 and tuple(tensor.shape[1:]) == shape:
             pass
         elif greyscale and tensor.ndim == 3 and tuple(tensor.shape[1:]) == shape[1:]:
@@ -501,34 +501,34 @@ class Predictor:
                 )
         return tensor
 
-    def raw_inputs(self, x) -> torch.Tensor:
+    def _raw_inputs(self, x) -> torch.Tensor:
         """``x`` as raw inputs in the model's order (``check_inputs``).  Named columns -- a pandas
         DataFrame, a pyarrow Table, or a dict of column name to values -- are matched to the
         predictor's ``feature_names`` by name, in any order (the training table's label column, if
         there, is left out; a missing or unexpected column is refused, naming it); a predictor
         without names takes them in their order.  An array is read by position: for a predictor
         with names, a warning (once per predictor) says in which order."""
-        columns = named_columns(x)
+        columns = _named_columns(x)
         if columns is not None:
             if self.feature_names is None:
                 return self.check_inputs(stacked(columns, list(columns)))
             given = [name for name in columns if name != self.label_column]
-            return self.check_inputs(stacked(columns, self.feature_order(given, "the named columns")))
+            return self.check_inputs(stacked(columns, self._feature_order(given, "the named columns")))
         if self.feature_names is not None and not self._warned_positional:
             self._warned_positional = True
             names = self.feature_names
             warnings.warn(
                 f"this predictor reads {len(names)} named features ({', '.join(names[:6])}{', ...' * (len(names) > 6)}); an array is "
                 "taken by position in that order: pass a DataFrame, a pyarrow Table or a dict of columns to match them by name",
-                stacklevel=caller_level(),
+                stacklevel=_caller_level(),
             )
         return self.check_inputs(x)
 
     def predict_proba(self, x, *, batch_size: int = PREDICT_BATCH, progress=None) -> torch.Tensor:
         """Softmax probabilities ``[n, K]`` (float64, CPU) of raw inputs ``x`` (numpy or torch,
-        ``[n, *shape]``, or named columns: ``raw_inputs``), computed in chunks of ``batch_size`` on
+        ``[n, *shape]``, or named columns: ``_raw_inputs``), computed in chunks of ``batch_size`` on
         the predictor's device.  ``progress(done)`` is called after each chunk."""
-        return self.ordered_proba(self.raw_inputs(x), batch_size=batch_size, progress=progress)
+        return self.ordered_proba(self._raw_inputs(x), batch_size=batch_size, progress=progress)
 
     @torch.no_grad()
     def ordered_proba(self, x, *, batch_size: int = PREDICT_BATCH, progress=None) -> torch.Tensor:
@@ -574,7 +574,7 @@ class Predictor:
         The mask is a torch tensor for torch inputs, a numpy array otherwise."""
         probs = self.predict_proba(x, batch_size=batch_size)
         sets = self.sets_from_proba(probs, score, calibration=calibration, example_ids=example_ids, non_empty=non_empty)
-        if numpy_out(x):
+        if _numpy_out(x):
             return PredictionSets(sets.mask.numpy(), sets.lists)
         return sets
 
@@ -595,7 +595,7 @@ class Predictor:
         if non_empty:
             empty = ~mask.any(dim=1)
             mask[empty, probs[empty].argmax(dim=1)] = True
-        return PredictionSets(mask, mask_lists(mask))
+        return PredictionSets(mask, _mask_lists(mask))
 
     def p_values(
         self, x, score: str = "hps", *, calibration: str | None = None, example_ids=None, smoothed: bool = False,
@@ -610,7 +610,7 @@ class Predictor:
         id), exactly uniform; its sets {p > alpha} are randomised and are not the threshold sets."""
         probs = self.predict_proba(x, batch_size=batch_size)
         values = self.p_values_from_proba(probs, score, calibration=calibration, example_ids=example_ids, smoothed=smoothed)
-        return values.numpy() if numpy_out(x) else values
+        return values.numpy() if _numpy_out(x) else values
 
     def p_values_from_proba(
         self, probs: torch.Tensor, score: str = "hps", *, calibration: str | None = None, example_ids=None, smoothed: bool = False
@@ -631,7 +631,7 @@ class Predictor:
     def calibration_scores(self, score: str) -> list[list[float]]:
         """The label scores of the calibration points behind ``score``'s thresholds, one ascending
         list per class: what p-values are counted against."""
-        entry = self.calibrated_entry(score)
+        entry = self._calibrated_entry(score)
         if "calibration_scores" not in entry:
             raise PredictorError("this predictor records no calibration scores (written before p-values); recalibrate(x_cal, y_cal) "
                                  "gives them")
@@ -657,7 +657,7 @@ class Predictor:
             raise ValueError(f"calibration must be one of {', '.join(SET_RULES)}; got {calibration!r}")
         return calibration
 
-    def calibrated_entry(self, score: str) -> dict:
+    def _calibrated_entry(self, score: str) -> dict:
         """predictor.json's entry of a calibrated score (``PredictorError`` naming those there are)."""
         kind = check_score(score)
         if kind not in self.info["scores"]:
@@ -669,7 +669,7 @@ class Predictor:
 
     def threshold(self, score: str) -> float:
         """The marginal threshold q of ``score``."""
-        return _threshold(self.calibrated_entry(score)["threshold"])
+        return _threshold(self._calibrated_entry(score)["threshold"])
 
     def score_matrix(self, probs: torch.Tensor, score: str, example_ids=None) -> torch.Tensor:
         """S(x, y) of every class, ``[n, K]``, with the uniforms of ``example_ids``."""
@@ -706,8 +706,8 @@ class Predictor:
         The guarantee needs points the model never trained on, exchangeable with the inputs to come:
         on training points the model is more confident than on new ones, q comes out too small and
         coverage falls short (measured on digits: 0.944 at a 0.95 target)."""
-        labels = self.label_indices(y_cal)
-        raw = self.raw_inputs(x_cal)
+        labels = self._label_indices(y_cal)
+        raw = self._raw_inputs(x_cal)
         probs = self.ordered_proba(raw)
         if len(labels) != len(probs):
             raise InputError(f"y_cal must hold one label per input: {len(probs)} inputs, {len(labels)} labels")
@@ -727,8 +727,8 @@ class Predictor:
         (``dpsm_ray.conformal.risk``), so that E[cost of Y if Y is not in C(X)] <= level on new points
         exchangeable with these.  Its sets are {y : S(x, y) <= lambda} unless asked otherwise
         (``calibration="risk"``)."""
-        labels = self.label_indices(y_cal)
-        probs = self.ordered_proba(self.raw_inputs(x_cal))
+        labels = self._label_indices(y_cal)
+        probs = self.ordered_proba(self._raw_inputs(x_cal))
         if len(labels) != len(probs):
             raise InputError(f"y_cal must hold one label per input: {len(probs)} inputs, {len(labels)} labels")
         return self.calibrated_risk(probs, labels, self.class_costs(costs), level, self.alpha if alpha is None else alpha,
@@ -760,7 +760,7 @@ class Predictor:
             entry["risk_threshold"] = _json_thresholds(torch.tensor([crc_threshold(own, labels, costs, level)]))[0]
         info["risk"] = {"costs": costs.tolist(), "level": level}
         info["calibration"]["by"] = "risk"
-        info["format_version"] = CALIBRATION_FORMATS["risk"]
+        info["format_version"] = _CALIBRATION_FORMATS["risk"]
         return calibrated
 
     def calibrated(
@@ -816,7 +816,7 @@ class Predictor:
         accuracy = float((probs.argmax(dim=1) == labels).double().mean()) if len(labels) else None
         calibration = {"data": data, "points": len(labels), "by": by, "accuracy": accuracy}
         info.update(alpha=alpha, scores=scores, calibration=calibration, test=None,
-                    format_version=CALIBRATION_FORMATS[by])
+                    format_version=_CALIBRATION_FORMATS[by])
         return Predictor(self.model, info, device=self.device)
 
     def measure(
@@ -839,7 +839,7 @@ class Predictor:
 
     def evaluate(self, x, y, *, calibration: str | None = None, example_ids=None) -> dict[str, dict[str, float]]:
         """Coverage and mean set size of every calibrated score on labelled raw inputs."""
-        return self.measure(self.predict_proba(x), self.label_indices(y), calibration=calibration, example_ids=example_ids)
+        return self.measure(self.predict_proba(x), self._label_indices(y), calibration=calibration, example_ids=example_ids)
 
     def with_test(self, measured: dict, points: int, data: str, accuracy: float | None = None) -> Predictor:
         """This predictor with ``measured`` (``measure``'s result on ``points`` test points,
@@ -849,7 +849,7 @@ class Predictor:
         return Predictor(self.model, info, device=self.device)
 
 
-def caller_level() -> int:
+def _caller_level() -> int:
     """The ``stacklevel`` of a warning raised in the function that calls this, that names the first
     caller outside this module (a user's ``predict_sets`` or ``predict_proba`` alike)."""
     import sys
@@ -860,15 +860,15 @@ def caller_level() -> int:
     return level
 
 
-PREPARED = {"none": "passed as they are", "card": "standardised as the dataset's card prepares them"}
+_PREPARED = {"none": "passed as they are", "card": "standardised as the dataset's card prepares them"}
 
 
-def unprepared(spec: InputSpec) -> InputSpec:
+def _unprepared(spec: InputSpec) -> InputSpec:
     """``spec`` with its standardisation taken out: a raw input reaches the model as it is (float32)."""
     return InputSpec(spec.shape, 1.0, 0.0, 1.0, spec.raw, spec.image)
 
 
-def check_architecture(model: torch.nn.Module, architecture: str, num_classes: int, input_shape) -> None:
+def _check_architecture(model: torch.nn.Module, architecture: str, num_classes: int, input_shape) -> None:
     """ValueError naming the first parameter or buffer where ``model`` is not ``architecture``
     (built by ``dpsm_ray.cards.build_model``) -- a missing or extra name, or another shape -- so
     that a saved predictor rebuilds the same network its weights fit."""
@@ -889,7 +889,7 @@ def check_architecture(model: torch.nn.Module, architecture: str, num_classes: i
                          "builds yours (a PKG.MODULE:FACTORY of your code, or a model card)")
 
 
-def numpy_out(x) -> bool:
+def _numpy_out(x) -> bool:
     """Whether results for inputs ``x`` are numpy arrays: for numpy, pandas, pyarrow and dict
     inputs (torch tensors and lists give torch tensors)."""
     from collections.abc import Mapping
@@ -897,7 +897,7 @@ def numpy_out(x) -> bool:
     return type(x).__module__.split(".")[0] in ("numpy", "pandas", "pyarrow") or isinstance(x, Mapping)
 
 
-def named_columns(x) -> dict | None:
+def _named_columns(x) -> dict | None:
     """Named inputs as ``{column name: 1-D numpy array}``: a pandas DataFrame, a pyarrow Table or
     a dict of columns; None for anything else (arrays, tensors, lists)."""
     from collections.abc import Mapping
@@ -966,7 +966,7 @@ def _ascending_numbers(values) -> bool:
             and all(a <= b for a, b in zip(values, values[1:])))
 
 
-def as_number_tensor(x, what: str) -> torch.Tensor:
+def _as_number_tensor(x, what: str) -> torch.Tensor:
     """``x`` (a torch tensor, numpy array or nested list) as a CPU tensor of a real dtype."""
     if isinstance(x, torch.Tensor):
         tensor = x.detach().cpu()
@@ -988,7 +988,7 @@ def as_number_tensor(x, what: str) -> torch.Tensor:
 
 
 def check_labels(y, num_classes: int) -> torch.Tensor:
-    labels = as_number_tensor(y, "labels")
+    labels = _as_number_tensor(y, "labels")
     if labels.ndim != 1:
         raise InputError(f"labels must be one integer per input, shape [n]; got {list(labels.shape)}")
     if labels.is_floating_point():
@@ -1003,13 +1003,13 @@ def check_labels(y, num_classes: int) -> torch.Tensor:
 def check_ids(example_ids, n: int) -> torch.Tensor:
     if example_ids is None:
         return torch.arange(n)
-    ids = as_number_tensor(example_ids, "example ids")
+    ids = _as_number_tensor(example_ids, "example ids")
     if ids.is_floating_point() or ids.shape != (n,):
         raise InputError(f"example ids must be {n} integers, one per input; got {'floats' if ids.is_floating_point() else list(ids.shape)}")
     return ids.to(torch.int64)
 
 
-def mask_lists(mask: torch.Tensor) -> list[list[int]]:
+def _mask_lists(mask: torch.Tensor) -> list[list[int]]:
     """The classes in each row of a boolean ``[n, K]`` mask, ascending."""
     columns = mask.nonzero()[:, 1].tolist()
     lists, start = [], 0
@@ -1019,7 +1019,7 @@ def mask_lists(mask: torch.Tensor) -> list[list[int]]:
     return lists
 
 
-def known_model(spec: str) -> bool:
+def _known_model(spec: str) -> bool:
     try:
         model_card(spec)
     except ValueError:
@@ -1027,7 +1027,7 @@ def known_model(spec: str) -> bool:
     return True
 
 
-def check_info(info, where: str) -> None:
+def _check_info(info, where: str) -> None:
     """Raise ``PredictorError`` naming ``where`` and the field unless ``info`` is a predictor.json
     payload this version reads."""
     def need(ok: bool, field: str, allowed: str) -> None:
@@ -1045,11 +1045,11 @@ def check_info(info, where: str) -> None:
     if version > FORMAT_VERSION:
         raise PredictorError(f"{where}: format_version {version} is newer than this dpsm_ray {__version__} reads (up to {FORMAT_VERSION}); "
                              f"upgrade dpsm_ray (the predictor was written by dpsm_ray {info.get('package_version')})")
-    missing = [field for field in INFO_FIELDS if field not in info]
+    missing = [field for field in _INFO_FIELDS if field not in info]
     need(not missing, missing[0] if missing else "", "is missing")
     model = info["model"]
     need(
-        isinstance(model, dict) and isinstance(model.get("architecture"), str) and known_model(model["architecture"]),
+        isinstance(model, dict) and isinstance(model.get("architecture"), str) and _known_model(model["architecture"]),
         "model.architecture",
         f"must be one of {model_choices()} (a model card of your own: register_model it before loading); got"
         f" {model.get('architecture') if isinstance(model, dict) else None!r}",
@@ -1066,9 +1066,9 @@ def check_info(info, where: str) -> None:
          "feature_names", "must be null or one distinct string per input feature")
     need(info.get("label_column") is None or isinstance(info["label_column"], str), "label_column", "must be null or a string")
     preparation = info.get("input_preparation")
-    need(preparation is None or (isinstance(preparation, dict) and preparation.get("how") in PREPARATIONS
+    need(preparation is None or (isinstance(preparation, dict) and preparation.get("how") in _PREPARATIONS
                                  and isinstance(preparation.get("card"), dict)),
-         "input_preparation", f"must be null or {{\"how\": {' or '.join(map(repr, PREPARATIONS))}, \"card\": {{...}}}}")
+         "input_preparation", f"must be null or {{\"how\": {' or '.join(map(repr, _PREPARATIONS))}, \"card\": {{...}}}}")
     names = info["class_names"]
     need(names is None or (isinstance(names, list) and len(names) == model["num_classes"] and all(isinstance(n, str) for n in names)),
          "class_names", f"must be null or {model['num_classes']} strings")

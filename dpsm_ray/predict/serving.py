@@ -15,7 +15,7 @@ predictor's own), ``ids`` (integers drawing the randomised scores' uniforms, def
 ``probabilities``, ``p_values`` (each input's conformal p-value of every class) and ``non_empty``
 (the top class in every empty set: ``Predictor.predict_sets``) are optional.  A bad request gets
 a 4xx status and ``{"error": "<one line>"}``; the replica goes on serving.  ``answer`` is the whole
-request logic, without Ray (``parse_request``, a forward pass, ``respond``); ``PredictorServer``
+request logic, without Ray (``_parse_request``, a forward pass, ``_respond``); ``PredictorServer``
 puts it on a Serve replica, its forward passes shared.
 
 **Under load** a replica takes up to ``--max-ongoing`` requests at once and joins the inputs of
@@ -58,13 +58,13 @@ from typing import NamedTuple
 from dpsm_ray.conformal import CALIBRATIONS
 from dpsm_ray.predict.predictor import InputError, Predictor, PredictorError, check_ids
 
-MAX_BODY_BYTES = 64 * 2**20  # 64 MiB: 4096 CIFAR images as JSON numbers take ~40 MiB
-QUOTED_CALIBRATIONS = ", ".join(f'"{name}"' for name in CALIBRATIONS)  # as JSON writes them
-REQUEST_FIELDS = ("inputs", "score", "calibration", "ids", "probabilities", "p_values", "non_empty")
-TOKEN_FILE = "serve-token"  # under the cache folder, when --token-file is not given
-MIN_TOKEN_CHARS = 16
+_MAX_BODY_BYTES = 64 * 2**20  # 64 MiB: 4096 CIFAR images as JSON numbers take ~40 MiB
+_QUOTED_CALIBRATIONS = ", ".join(f'"{name}"' for name in CALIBRATIONS)  # as JSON writes them
+_REQUEST_FIELDS = ("inputs", "score", "calibration", "ids", "probabilities", "p_values", "non_empty")
+_TOKEN_FILE = "serve-token"  # under the cache folder, when --token-file is not given
+_MIN_TOKEN_CHARS = 16
 REFUSALS_HELD = 200  # refusal lines the RefusalLog holds between two drains; the rest are counted
-REFUSALS_EVERY_S = 0.5  # how often the serve command prints the refusal lines
+_REFUSALS_EVERY_S = 0.5  # how often the serve command prints the refusal lines
 
 
 def is_loopback(host: str) -> bool:
@@ -88,22 +88,22 @@ def serve_token(host: str, token_file: str | os.PathLike | None, no_token: bool)
     if token_file is None:
         if is_loopback(host):
             return None, None
-        token_file = cache_home() / TOKEN_FILE
+        token_file = cache_home() / _TOKEN_FILE
     path = Path(token_file).expanduser()
-    return (read_token(path) if path.exists() else new_token(path)), path
+    return (_read_token(path) if path.exists() else _new_token(path)), path
 
 
-def read_token(path: Path) -> str:
+def _read_token(path: Path) -> str:
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         raise ValueError(f"--token-file {path}: others may read it (mode {mode:o}); chmod 600 {path}, or give another file")
     token = path.read_text(encoding="utf-8").strip()
-    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
-        raise ValueError(f"--token-file {path}: holds no token (one line of at least {MIN_TOKEN_CHARS} characters without spaces)")
+    if len(token) < _MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+        raise ValueError(f"--token-file {path}: holds no token (one line of at least {_MIN_TOKEN_CHARS} characters without spaces)")
     return token
 
 
-def new_token(path: Path) -> str:
+def _new_token(path: Path) -> str:
     """A random token written to ``path``, readable by its owner only, whole or not at all."""
     token = secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +145,7 @@ class Parsed(NamedTuple):
     p_values: bool
 
 
-def parse_request(predictor: Predictor, body: bytes, max_batch: int) -> Parsed | tuple[int, dict]:
+def _parse_request(predictor: Predictor, body: bytes, max_batch: int) -> Parsed | tuple[int, dict]:
     """The request in ``body``, checked as a whole before it joins a forward pass, or ``(4xx
     status, {"error": "<one line>"})``."""
     import numpy as np
@@ -156,9 +156,9 @@ def parse_request(predictor: Predictor, body: bytes, max_batch: int) -> Parsed |
         return 400, {"error": f"the body is not JSON ({str(error)[:120]}); send {{\"inputs\": [...]}}"}
     if not isinstance(request, dict) or "inputs" not in request:
         return 400, {"error": "the body must be a JSON object with an \"inputs\" field: {\"inputs\": [[...], ...]}"}
-    unknown = sorted(set(request) - set(REQUEST_FIELDS))
+    unknown = sorted(set(request) - set(_REQUEST_FIELDS))
     if unknown:
-        return 400, {"error": f"unknown field {unknown[0]!r}; the fields are {', '.join(REQUEST_FIELDS)}"}
+        return 400, {"error": f"unknown field {unknown[0]!r}; the fields are {', '.join(_REQUEST_FIELDS)}"}
     inputs, score = request["inputs"], request.get("score", "hps")
     if not isinstance(inputs, list):
         return 400, {"error": f"\"inputs\" must be a list of inputs; got {type(inputs).__name__}"}
@@ -176,7 +176,7 @@ def parse_request(predictor: Predictor, body: bytes, max_batch: int) -> Parsed |
     except PredictorError as error:
         return 400, {"error": str(error)}
     except ValueError:
-        return 400, {"error": f"\"calibration\" must be one of {QUOTED_CALIBRATIONS}; got {request.get('calibration')!r}"}
+        return 400, {"error": f"\"calibration\" must be one of {_QUOTED_CALIBRATIONS}; got {request.get('calibration')!r}"}
     try:
         # objects of feature names (a predictor trained on a table), or arrays in the model's order
         rows = predictor.check_inputs(predictor.named_inputs(inputs) if isinstance(inputs[0], dict) else np.asarray(inputs))
@@ -194,7 +194,7 @@ def parse_request(predictor: Predictor, body: bytes, max_batch: int) -> Parsed |
                   request.get("p_values", False))
 
 
-def respond(predictor: Predictor, request: Parsed, probs) -> tuple[int, dict]:
+def _respond(predictor: Predictor, request: Parsed, probs) -> tuple[int, dict]:
     """``(200, payload)`` of a checked request from its inputs' softmax rows ``probs``."""
     sets = predictor.sets_from_proba(probs, request.score, calibration=request.calibration, example_ids=request.ids,
                                      non_empty=request.non_empty)
@@ -224,10 +224,10 @@ def respond(predictor: Predictor, request: Parsed, probs) -> tuple[int, dict]:
 def answer(predictor: Predictor, body: bytes, max_batch: int) -> tuple[int, dict]:
     """``(HTTP status, JSON payload)`` of a POST /predict with ``body``, its inputs in a forward
     pass of their own."""
-    request = parse_request(predictor, body, max_batch)
+    request = _parse_request(predictor, body, max_batch)
     if not isinstance(request, Parsed):
         return request
-    return respond(predictor, request, predictor.ordered_proba(request.inputs))
+    return _respond(predictor, request, predictor.ordered_proba(request.inputs))
 
 
 def health(predictor: Predictor, max_batch: int) -> dict:
@@ -331,7 +331,7 @@ class RefusalLog:
         return lines, dropped
 
 
-def printable(text: str, limit: int = 240) -> str:
+def _printable(text: str, limit: int = 240) -> str:
     """``text`` safe for a terminal: control characters escaped, at most ``limit`` characters."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -366,15 +366,15 @@ class PredictorServer:
 
     async def predict(self, body: bytes) -> tuple[int, dict]:
         """``answer``'s ``(status, payload)``, the forward pass shared with concurrent requests."""
-        request = parse_request(self.predictor, body, self.max_batch)
+        request = _parse_request(self.predictor, body, self.max_batch)
         if not isinstance(request, Parsed):
             return request
-        return respond(self.predictor, request, await self.batcher(request.inputs))
+        return _respond(self.predictor, request, await self.batcher(request.inputs))
 
     def refused(self, request, path: str, status: int, error: str) -> None:
         """One line naming a refused request (never its body or headers), in the replica's log and on the serve command's terminal."""
         client = request.client.host if request.client else "?"
-        line = f"refused {printable(request.method, 16)} {printable(path or '/', 120)} from {client}: {status} {printable(error)}"
+        line = f"refused {_printable(request.method, 16)} {_printable(path or '/', 120)} from {client}: {status} {_printable(error)}"
         logging.getLogger("dpsm_ray.serve").warning("%s", line)
         if self.refusals is not None:
             self.refusals.record.remote(line)
@@ -412,8 +412,8 @@ class PredictorServer:
         body = bytearray()
         async for part in request.stream():
             body += part
-            if len(body) > MAX_BODY_BYTES:
-                return 413, {"error": f"the body exceeds {MAX_BODY_BYTES // 2**20} MiB"}
+            if len(body) > _MAX_BODY_BYTES:
+                return 413, {"error": f"the body exceeds {_MAX_BODY_BYTES // 2**20} MiB"}
         return await self.predict(bytes(body))
 
 
@@ -505,12 +505,12 @@ def serve_predictor(
         elif not is_loopback(host):
             log(f"warning: no token (--no-token): anyone who can reach {host}:{port} can query the model and occupy its replicas")
         while True:
-            time.sleep(REFUSALS_EVERY_S)
-            print_refusals(refusals, log)
+            time.sleep(_REFUSALS_EVERY_S)
+            _print_refusals(refusals, log)
     except KeyboardInterrupt:
         if refusals is not None:  # the refusals of the last moments
             try:
-                print_refusals(refusals, log, timeout_s=2)
+                _print_refusals(refusals, log, timeout_s=2)
             except (KeyboardInterrupt, ray.exceptions.RayError):
                 pass
         log("stopping")
@@ -524,7 +524,7 @@ def serve_predictor(
                 ray.shutdown()
 
 
-def print_refusals(refusals, log, timeout_s: float | None = None) -> None:
+def _print_refusals(refusals, log, timeout_s: float | None = None) -> None:
     """Print the lines the ``RefusalLog`` actor ``refusals`` holds, and how many it left out."""
     import ray
 

@@ -37,7 +37,7 @@ from dpsm_ray.storage.layout import OPTUNA_DB, CoverageFloor
 from dpsm_ray.results.tables import calibration_rows, figure_name, method_order, ordered
 
 FORMATS = ("png", "pdf")
-PNG_DPI = 200  # report.md's images: a page-wide figure 1300 pixels across, its 7 pt text 19 pixels high
+_PNG_DPI = 200  # report.md's images: a page-wide figure 1300 pixels across, its 7 pt text 19 pixels high
 # widths in inches: a two-column paper's column is 3.3-3.5 in, a one-column page's text 6.5-7 in
 # (report.tex's: letter paper less 2 cm margins, 6.9 in)
 COLUMN_WIDTH = 3.4
@@ -55,13 +55,13 @@ FIGURE_STYLE = {
     "lines.markersize": 4,
     "axes.linewidth": 0.6,
 }
-LABEL_CHARS = 34  # a y-label or panel title longer than this is wrapped onto a second line
+_LABEL_CHARS = 34  # a y-label or panel title longer than this is wrapped onto a second line
 # a panel whose series' typical values differ by more than this factor gets a log y-axis
-LOG_RATIO = 10.0
-COVERAGE_LABEL = "test coverage (fraction of test points)"
-SIZE_LABEL = "average prediction set size (classes)"
+_LOG_RATIO = 10.0
+_COVERAGE_LABEL = "test coverage (fraction of test points)"
+_SIZE_LABEL = "average prediction set size (classes)"
 # epochs.parquet columns the curves average over a method's runs
-EPOCH_CURVES = ("upper_loss", "lower_loss", "q_error", "q_error_train", "upper_gap", "lower_gap", "train_set_size_q", "val_set_size")
+_EPOCH_CURVES = ("upper_loss", "lower_loss", "q_error", "q_error_train", "upper_gap", "lower_gap", "train_set_size_q", "val_set_size")
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ class Style:
 STYLES = {"base": Style("tab:gray", "x"), **{card.name: Style(card.colour, card.marker) for card in BUILT_IN_METHODS.values()}}
 
 # methods without a fixed style (a new objective): colours and markers no fixed one uses
-FALLBACK_COLORS = ("tab:purple", "tab:pink", "tab:olive", "tab:cyan")
-FALLBACK_MARKERS = ("P", "*", "h", "X")
+_FALLBACK_COLORS = ("tab:purple", "tab:pink", "tab:olive", "tab:cyan")
+_FALLBACK_MARKERS = ("P", "*", "h", "X")
 
 
 def method_style(method: str) -> Style:
@@ -86,7 +86,8 @@ def method_style(method: str) -> Style:
     if method in method_names() and method_card(method).colour and method_card(method).marker:
         return Style(method_card(method).colour, method_card(method).marker)
     digest = int(hashlib.sha256(method.encode()).hexdigest(), 16)
-    return Style(FALLBACK_COLORS[digest % len(FALLBACK_COLORS)], FALLBACK_MARKERS[(digest // len(FALLBACK_COLORS)) % len(FALLBACK_MARKERS)])
+    colours, markers = _FALLBACK_COLORS, _FALLBACK_MARKERS
+    return Style(colours[digest % len(colours)], markers[(digest // len(colours)) % len(markers)])
 
 
 def name_of(method: str) -> str:
@@ -101,12 +102,12 @@ def y_scale(series: list) -> str:
     values = [v[np.isfinite(v)] for v in values]
     typical = [float(np.median(np.abs(v))) for v in values if v.size]
     typical = [t for t in typical if t > 0]
-    if len(typical) < 2 or max(typical) <= LOG_RATIO * min(typical):
+    if len(typical) < 2 or max(typical) <= _LOG_RATIO * min(typical):
         return "linear"
     return "log" if all((v > 0).all() for v in values if v.size) else "symlog"
 
 
-def apply_scale(axes, series: list) -> str:
+def _apply_scale(axes, series: list) -> str:
     scale = y_scale(series)
     if scale == "symlog":
         typical = [float(np.median(np.abs(v[np.isfinite(v)]))) for v in map(np.asarray, series) if np.isfinite(v).any()]
@@ -119,14 +120,14 @@ def apply_scale(axes, series: list) -> str:
     return scale
 
 
-SCALE_WORDS = {
+_SCALE_WORDS = {
     "log": "a log scale: its series differ by more than 10x",
     "symlog": "a symmetric log scale: its series differ by more than 10x and reach 0",
 }
 
 
-def scale_note(scale: str) -> str:
-    return f" (on {SCALE_WORDS[scale]})" if scale in SCALE_WORDS else ""
+def _scale_note(scale: str) -> str:
+    return f" (on {_SCALE_WORDS[scale]})" if scale in _SCALE_WORDS else ""
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def figure_style():
         yield
 
 
-def styled(drawing: Iterator) -> Iterator:
+def _styled(drawing: Iterator) -> Iterator:
     """``drawing``'s figures, each drawn in ``figure_style``: the generator runs in the style up
     to each figure it hands out and the caller gets the figure with its own settings back (a
     ``with`` inside the generator would hold the style while the caller runs)."""
@@ -168,12 +169,12 @@ def styled(drawing: Iterator) -> Iterator:
         yield drawn
 
 
-def wrapped(text: str, width: int = LABEL_CHARS) -> str:
+def _wrapped(text: str, width: int = _LABEL_CHARS) -> str:
     """``text`` on lines of at most ``width`` characters (an axis label along a short axis)."""
     return "\n".join(textwrap.wrap(text, width)) if len(text) > width else text
 
 
-def method_handles(methods: list[str], kind: str = "line") -> list:
+def _method_handles(methods: list[str], kind: str = "line") -> list:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -182,13 +183,13 @@ def method_handles(methods: list[str], kind: str = "line") -> list:
     return [Line2D([], [], color=method_style(m).color, marker=method_style(m).marker, label=name_of(m)) for m in methods]
 
 
-def target_handle(alpha: float):
+def _target_handle(alpha: float):
     from matplotlib.lines import Line2D
 
     return Line2D([], [], color="black", linestyle="--", linewidth=1, label=f"1 − α = {1 - alpha:g}")
 
 
-def legend_below(fig, handles: list) -> None:
+def _legend_below(fig, handles: list) -> None:
     """The legend under the panels, in as few rows as the figure's width allows: each column
     as wide as the longest entry (its line and a gap, 2.8 em, and its text at ~0.55 em a
     character), 2 em between columns, 1 em of frame."""
@@ -226,7 +227,7 @@ def line(ax, part: pd.DataFrame, column: str, method: str, **options) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def counts_text(evals: pd.DataFrame, methods: list[str]) -> str:
+def _counts_text(evals: pd.DataFrame, methods: list[str]) -> str:
     """How many models and re-splits are behind each box of ``evals`` (per score)."""
     per = {m: (evals[evals.method == m].run_id.nunique(), evals[evals.method == m].split.nunique()) for m in methods}
     if len(set(per.values())) == 1:
@@ -252,81 +253,81 @@ def change_text(part: pd.DataFrame, column: str, towards_zero: bool = False) -> 
     return f"{'grew' if last > first else 'fell' if last < first else 'stayed'} {span}"
 
 
-def panel_notes(scales: list[str]) -> str:
+def _panel_notes(scales: list[str]) -> str:
     """The captions' words on which of a figure's panels have a log axis."""
-    named = [f"{side} panel on {SCALE_WORDS[scale]}" for side, scale in zip(("left", "right"), scales) if scale in SCALE_WORDS]
+    named = [f"{side} panel on {_SCALE_WORDS[scale]}" for side, scale in zip(("left", "right"), scales) if scale in _SCALE_WORDS]
     return f" ({'; '.join(named)})" if named else ""
 
 
-Q_INIT_WORDS = {"dataset": "Q_n of the starting model's D1 scores", "zero": "0", "random": "Unif(0, 1) from the run seed"}
+_Q_INIT_WORDS = {"dataset": "Q_n of the starting model's D1 scores", "zero": "0", "random": "Unif(0, 1) from the run seed"}
 
 
-def panels_width(panels: int) -> float:
+def _panels_width(panels: int) -> float:
     return COLUMN_WIDTH if panels == 1 else PAGE_WIDTH
 
 
 def draw_figures(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> Iterator[tuple[Figure, object]]:
     """Every figure the rows have the columns for (older result files lack some), as
     ``(Figure, matplotlib figure)``; the caller saves (``save``) and closes each."""
-    return styled(drawings(evals, epochs, classes, context))
+    return _styled(_drawings(evals, epochs, classes, context))
 
 
-def drawings(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> Iterator[tuple[Figure, object]]:
+def _drawings(evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> Iterator[tuple[Figure, object]]:
     """``draw_figures``'s figures in the report's order, each drawn when the caller asks for it."""
     import matplotlib
 
     matplotlib.use("Agg")
     evals = calibration_rows(evals)  # the paper's figures: marginal calibration
-    yield coverage_box_figure(evals, context.alpha)
-    yield apss_box_figure(evals)
+    yield _coverage_box_figure(evals, context.alpha)
+    yield _apss_box_figure(evals)
     if not epochs.empty:  # load() has kept a sweep's final stage only: the curves of the chosen configurations
         curves = epoch_curves(epochs)
-        yield losses_figure(curves, context)
+        yield _losses_figure(curves, context)
         if curves.quantile_methods and {"upper_gap", "lower_gap"} <= set(curves.columns):
-            yield loss_gaps_figure(curves)
+            yield _loss_gaps_figure(curves)
         if curves.quantile_methods:
             yield q_error_figure(curves, context)
         if curves.quantile_methods and "train_set_size_q" in curves.columns:
-            yield set_size_gap_figure(curves)
+            yield _set_size_gap_figure(curves)
     for calibration in CALIBRATIONS:
         if not calibration_rows(classes, calibration).empty:
-            yield class_coverage_figure(calibration_rows(classes, calibration), context.alpha, calibration)
+            yield _class_coverage_figure(calibration_rows(classes, calibration), context.alpha, calibration)
 
 
 # --- box plots: one panel per score, one box per method -----------------------------------------
 
 
-def box_row(axes, data: dict, methods: list[str], scores: list[str], label: str, target: float | None) -> str:
+def _box_row(axes, data: dict, methods: list[str], scores: list[str], label: str, target: float | None) -> str:
     """A row of panels, one per score, of ``data`` (score -> one array per method), on one y
     scale, a dashed line at ``target`` if given, ``label`` on the first; returns the scale."""
-    scale = apply_scale(axes, [v for s in scores for v in data[s]])
+    scale = _apply_scale(axes, [v for s in scores for v in data[s]])
     for ax, score in zip(axes, scores):
         boxes(ax, data[score], methods)
         if target is not None:
             ax.axhline(target, color="black", linestyle="--", linewidth=1)
         ax.set_title(score.upper())
-    axes[0].set_ylabel(wrapped(label + ("" if scale == "linear" else f", {scale} scale")))
+    axes[0].set_ylabel(_wrapped(label + ("" if scale == "linear" else f", {scale} scale")))
     return scale
 
 
-def evals_boxes(evals: pd.DataFrame, metric: str, label: str, alpha: float | None = None) -> tuple[object, str]:
+def _evals_boxes(evals: pd.DataFrame, metric: str, label: str, alpha: float | None = None) -> tuple[object, str]:
     """``evals``' ``metric`` in a row of box panels, a dashed 1 − ``alpha`` (if given) in them and
     in the legend; returns the figure and its y scale."""
     import matplotlib.pyplot as plt
 
     methods = ordered(evals["method"], method_order())
     scores = ordered(evals["score"], score_names())
-    fig, axes = plt.subplots(1, len(scores), figsize=(panels_width(len(scores)), 2.8), squeeze=False, sharey=True, layout="constrained")
+    fig, axes = plt.subplots(1, len(scores), figsize=(_panels_width(len(scores)), 2.8), squeeze=False, sharey=True, layout="constrained")
     data = {s: [evals[(evals.method == m) & (evals.score == s)][metric].to_numpy() for m in methods] for s in scores}
-    scale = box_row(axes[0], data, methods, scores, label, None if alpha is None else 1 - alpha)
-    legend_below(fig, method_handles(methods, "box") + ([target_handle(alpha)] if alpha is not None else []))
+    scale = _box_row(axes[0], data, methods, scores, label, None if alpha is None else 1 - alpha)
+    _legend_below(fig, _method_handles(methods, "box") + ([_target_handle(alpha)] if alpha is not None else []))
     return fig, scale
 
 
-def coverage_box_figure(evals: pd.DataFrame, alpha: float) -> tuple[Figure, object]:
+def _coverage_box_figure(evals: pd.DataFrame, alpha: float) -> tuple[Figure, object]:
     """Paper figure 1, top: the final models' test coverage per score against 1 − α."""
-    fig, _ = evals_boxes(evals, "coverage", COVERAGE_LABEL, alpha)
-    counts = counts_text(evals, ordered(evals["method"], method_order()))
+    fig, _ = _evals_boxes(evals, "coverage", _COVERAGE_LABEL, alpha)
+    counts = _counts_text(evals, ordered(evals["method"], method_order()))
     means = evals.groupby(["method", "score"])["coverage"].mean()
     low, high = means.idxmin(), means.idxmax()
     caption = (
@@ -337,10 +338,10 @@ def coverage_box_figure(evals: pd.DataFrame, alpha: float) -> tuple[Figure, obje
     return Figure("coverage_box", "Coverage", caption), fig
 
 
-def apss_box_figure(evals: pd.DataFrame) -> tuple[Figure, object]:
+def _apss_box_figure(evals: pd.DataFrame) -> tuple[Figure, object]:
     """Paper figure 1, bottom: the final models' average prediction set size per score."""
-    fig, scale = evals_boxes(evals, "set_size", SIZE_LABEL)
-    counts = counts_text(evals, ordered(evals["method"], method_order()))
+    fig, scale = _evals_boxes(evals, "set_size", _SIZE_LABEL)
+    counts = _counts_text(evals, ordered(evals["method"], method_order()))
     means = evals.groupby(["method", "score"])["set_size"].mean()
     lowest = "; ".join(
         f"{s.upper()} {name_of(means.xs(s, level='score').idxmin())} ({means.xs(s, level='score').min():.3f})"
@@ -348,12 +349,12 @@ def apss_box_figure(evals: pd.DataFrame) -> tuple[Figure, object]:
     )
     caption = (
         "Test average prediction set size per score (paper figure 1, bottom; lower is better at equal"
-        f" coverage){scale_note(scale)}; {counts}. Lowest mean: {lowest}."
+        f" coverage){_scale_note(scale)}; {counts}. Lowest mean: {lowest}."
     )
     return Figure("apss_box", "Average prediction set size", caption), fig
 
 
-def class_coverage_figure(classes: pd.DataFrame, alpha: float, calibration: str = "marginal") -> tuple[Figure, object]:
+def _class_coverage_figure(classes: pd.DataFrame, alpha: float, calibration: str = "marginal") -> tuple[Figure, object]:
     """Paper figures 5-6: each class's coverage (top row) and set size (bottom row) per score, of
     the sets of one ``calibration`` (``class``: a threshold per class)."""
     import matplotlib.pyplot as plt
@@ -362,14 +363,14 @@ def class_coverage_figure(classes: pd.DataFrame, alpha: float, calibration: str 
     per_class = classes.groupby(["method", "score", "run_id", "label"])[["coverage", "set_size"]].mean().reset_index()
     methods = ordered(per_class["method"], method_order())
     scores = ordered(per_class["score"], score_names())
-    fig, axes = plt.subplots(2, len(scores), figsize=(panels_width(len(scores)), 4.6), squeeze=False, sharey="row", layout="constrained")
-    for row, (metric, label) in enumerate((("coverage", "class-conditional test coverage"), ("set_size", "class-wise " + SIZE_LABEL))):
+    fig, axes = plt.subplots(2, len(scores), figsize=(_panels_width(len(scores)), 4.6), squeeze=False, sharey="row", layout="constrained")
+    for row, (metric, label) in enumerate((("coverage", "class-conditional test coverage"), ("set_size", "class-wise " + _SIZE_LABEL))):
         data = {
             s: [per_class[(per_class.method == m) & (per_class.score == s)][metric].dropna().to_numpy() for m in methods]
             for s in scores
         }
-        box_row(axes[row], data, methods, scores, label, 1 - alpha if metric == "coverage" else None)
-    legend_below(fig, method_handles(methods, "box") + [target_handle(alpha)])
+        _box_row(axes[row], data, methods, scores, label, 1 - alpha if metric == "coverage" else None)
+    _legend_below(fig, _method_handles(methods, "box") + [_target_handle(alpha)])
     shape = per_class.groupby("method").agg(models=("run_id", "nunique"), labels=("label", "nunique"))
     splits = classes.groupby("method").split.nunique()
     behind = "; ".join(f"{name_of(m)} {shape.labels[m]} classes x {shape.models[m]} models" for m in methods)
@@ -412,7 +413,7 @@ class Curves:
 
 
 def epoch_curves(epochs: pd.DataFrame) -> Curves:
-    columns = [c for c in EPOCH_CURVES if c in epochs.columns]
+    columns = [c for c in _EPOCH_CURVES if c in epochs.columns]
     mean = epochs.groupby(["method", "epoch"], sort=True)[columns].mean().reset_index()
     methods = ordered(mean["method"], method_order())
     # the methods whose runs wrote the quantile diagnostics (an objective's training_quantiles): no list of names
@@ -430,7 +431,7 @@ def learns_quantile(method: str) -> bool:
     return method_card(method).objective_class().learned_quantile is not Objective.learned_quantile
 
 
-def losses_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
+def _losses_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
     """Paper figure 2(a)(b): the upper-level (training) loss and the lower-level pinball loss per epoch."""
     import matplotlib.pyplot as plt
 
@@ -440,15 +441,15 @@ def losses_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
         line(upper, curves.of(method), "upper_loss", method)
     for method in lower_methods:
         line(lower, curves.of(method), "lower_loss", method)
-    upper_scale = apply_scale(upper, [curves.of(m).upper_loss.to_numpy() for m in curves.methods])
-    lower_scale = apply_scale(lower, [curves.of(m).lower_loss.to_numpy() for m in lower_methods])
-    upper.set_ylabel(wrapped("upper-level loss CE + λ·L_c (training batches)"))
-    lower.set_ylabel(wrapped("lower-level pinball loss at q / τ (training batches)"))
+    upper_scale = _apply_scale(upper, [curves.of(m).upper_loss.to_numpy() for m in curves.methods])
+    lower_scale = _apply_scale(lower, [curves.of(m).lower_loss.to_numpy() for m in lower_methods])
+    upper.set_ylabel(_wrapped("upper-level loss CE + λ·L_c (training batches)"))
+    lower.set_ylabel(_wrapped("lower-level pinball loss at q / τ (training batches)"))
     upper.set_title("Upper-level loss")
     lower.set_title("Lower-level loss" + ("" if lower_methods else ": no method with a quantile"))
     for ax in (upper, lower):
         ax.set_xlabel("epoch")
-    legend_below(fig, method_handles(curves.methods))
+    _legend_below(fig, _method_handles(curves.methods))
     weights = context.conformal_weight or {}
     weight_text = (
         "; λ of the chosen configurations: " + ", ".join(f"{name_of(m)} {weights[m]}" for m in curves.methods if m in weights)
@@ -458,13 +459,13 @@ def losses_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
     runs_text = ", ".join(f"{name_of(m)} {curves.runs[m]}" for m in curves.methods)
     caption = (
         "Epoch means of the training objective (left) and of the pinball loss at q (DPSM) or the batch τ (ConfTr)"
-        f" (right){panel_notes([upper_scale, lower_scale])} on the training batches, averaged over each method's final models"
+        f" (right){_panel_notes([upper_scale, lower_scale])} on the training batches, averaged over each method's final models"
         f" ({runs_text}) (paper figure 2(a)(b)){weight_text}."
     )
     return Figure("losses", "Training losses", caption), fig
 
 
-def loss_gaps_figure(curves: Curves) -> tuple[Figure, object]:
+def _loss_gaps_figure(curves: Curves) -> tuple[Figure, object]:
     """Paper figure 2(c)(d): the upper and lower losses at the learned quantile minus at Q_n."""
     import matplotlib.pyplot as plt
 
@@ -473,15 +474,15 @@ def loss_gaps_figure(curves: Curves) -> tuple[Figure, object]:
     for method in methods:
         line(upper, curves.of(method), "upper_gap", method)
         line(lower, curves.of(method), "lower_gap", method)
-    scales = [apply_scale(ax, [curves.of(m)[c].to_numpy() for m in methods]) for ax, c in ((upper, "upper_gap"), (lower, "lower_gap"))]
+    scales = [_apply_scale(ax, [curves.of(m)[c].to_numpy() for m in methods]) for ax, c in ((upper, "upper_gap"), (lower, "lower_gap"))]
     for ax in (upper, lower):
         ax.axhline(0, color="black", linestyle=":", linewidth=1)
         ax.set_xlabel("epoch")
-    upper.set_ylabel(wrapped("upper loss at q − at Q_n (training split)"))
-    lower.set_ylabel(wrapped("pinball loss at q − at Q_n (training split)"))
+    upper.set_ylabel(_wrapped("upper loss at q − at Q_n (training split)"))
+    lower.set_ylabel(_wrapped("pinball loss at q − at Q_n (training split)"))
     upper.set_title("Upper-level gap")
     lower.set_title("Lower-level gap (never negative)")
-    legend_below(fig, method_handles(methods))
+    _legend_below(fig, _method_handles(methods))
     measured = "; ".join(
         f"{name_of(m)}'s upper gap {change_text(curves.of(m), 'upper_gap', towards_zero=True)}, "
         f"its lower gap {change_text(curves.of(m), 'lower_gap', towards_zero=True)}"
@@ -489,7 +490,7 @@ def loss_gaps_figure(curves: Curves) -> tuple[Figure, object]:
     )
     caption = (
         "The upper and lower losses over the training split at the learned quantile minus at its Q_n (paper figure 2(c)(d); "
-        f"the paper's DPSM gaps fall towards 0){panel_notes(scales)}. Measured here: {measured}."
+        f"the paper's DPSM gaps fall towards 0){_panel_notes(scales)}. Measured here: {measured}."
     )
     return Figure("loss_gaps", "Optimisation gaps", caption), fig
 
@@ -509,31 +510,31 @@ def q_error_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
             series.append(part.q_error_train.to_numpy())
         line(ax, part, "q_error", method, linestyle="--", label=None)
         series.append(part.q_error.to_numpy())
-    scale = apply_scale(ax, series)
+    scale = _apply_scale(ax, series)
     ax.set_xlabel("epoch")
     ax.set_ylabel("|q − Q_n| (HPS score units)")
     ax.set_title("Quantile estimation error")
     keys = [Line2D([], [], color="black", label="Q_n of training split")] if "q_error_train" in curves.columns else []
     keys.append(Line2D([], [], color="black", linestyle="--", label="Q_n of D1"))
-    legend_below(fig, method_handles(methods) + keys)
+    _legend_below(fig, _method_handles(methods) + keys)
     column = "q_error_train" if "q_error_train" in curves.columns else "q_error"
     measured = "; ".join(
         f"{name_of(m)} ({'learned q' if learns_quantile(m) else 'batch τ'}) {change_text(curves.of(m), column)}" for m in methods
     )
     start = "".join(
-        f" {name_of(m)}'s q_0: {', '.join(f'{v} ({Q_INIT_WORDS.get(v, v)})' for v in (context.q_init or {})[m])}."
+        f" {name_of(m)}'s q_0: {', '.join(f'{v} ({_Q_INIT_WORDS.get(v, v)})' for v in (context.q_init or {})[m])}."
         if (context.q_init or {}).get(m) else f" {name_of(m)}'s q_0: not recorded in these files."
         for m in methods if learns_quantile(m)
     )
     caption = (
         "|q − Q_n| with Q_n over the whole training split (solid, paper figure 3(a)) and over D1, the half q is fitted on"
-        f" (dashed){scale_note(scale)}; ConfTr's is the mean over its batch quantiles τ.{start} Against Q_n of the"
+        f" (dashed){_scale_note(scale)}; ConfTr's is the mean over its batch quantiles τ.{start} Against Q_n of the"
         f" {'training split' if column == 'q_error_train' else 'D1 half'}: {measured}."
     )
     return Figure("q_error", "Quantile estimation error", caption), fig
 
 
-def set_size_gap_figure(curves: Curves) -> tuple[Figure, object]:
+def _set_size_gap_figure(curves: Curves) -> tuple[Figure, object]:
     """Paper figure 3(c): the training split's set size at q against the validation set size, and their difference."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -545,23 +546,23 @@ def set_size_gap_figure(curves: Curves) -> tuple[Figure, object]:
         line(sizes, part, "train_set_size_q", method)
         line(sizes, part, "val_set_size", method, linestyle="--", label=None)
         line(gaps, part.assign(gap=(part.train_set_size_q - part.val_set_size).abs()), "gap", method)
-    size_scale = apply_scale(sizes, [curves.of(m)[c].to_numpy() for m in methods for c in ("train_set_size_q", "val_set_size")])
+    size_scale = _apply_scale(sizes, [curves.of(m)[c].to_numpy() for m in methods for c in ("train_set_size_q", "val_set_size")])
     for ax in (sizes, gaps):
         ax.set_xlabel("epoch")
     sizes.set_ylabel("average set size (classes)")
-    gaps.set_ylabel(wrapped("|training − validation| set size (classes)"))
-    sizes.set_title(wrapped("Training split at q (solid), validation (dashed)"))
+    gaps.set_ylabel(_wrapped("|training − validation| set size (classes)"))
+    sizes.set_title(_wrapped("Training split at q (solid), validation (dashed)"))
     gaps.set_title("Their difference")
     keys = [
         Line2D([], [], color="black", label="training split at q"),
         Line2D([], [], color="black", linestyle="--", label="validation split"),
     ]
-    legend_below(fig, method_handles(methods) + keys)
+    _legend_below(fig, _method_handles(methods) + keys)
     last = curves.mean.sort_values("epoch").groupby("method").tail(1).set_index("method")
     measured = ", ".join(f"{name_of(m)} {abs(last.train_set_size_q[m] - last.val_set_size[m]):.3f}" for m in methods)
     caption = (
         "The training split's hard set size at the learned quantile against the validation set size (paper figure 3(c), its"
-        f" learning-bound proxy; the paper has DPSM's gap below ConfTr's){scale_note(size_scale)}. Gap at the last epoch:"
+        f" learning-bound proxy; the paper has DPSM's gap below ConfTr's){_scale_note(size_scale)}. Gap at the last epoch:"
         f" {measured}."
     )
     return Figure("set_size_gap", "Training against validation set size", caption), fig
@@ -599,10 +600,10 @@ def search_figures(results: Path, sweep: dict | None) -> tuple[Iterator[tuple[Fi
 
 def draw_search(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
     """``search_figures``'s figures, as ``(Figure, matplotlib figure)``; the caller saves and closes each."""
-    return styled(search_drawings(results, sweep))
+    return _styled(_search_drawings(results, sweep))
 
 
-def search_drawings(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
+def _search_drawings(results: Path, sweep: dict) -> Iterator[tuple[Figure, object]]:
     """``draw_search``'s figures, method by method in the paper's order: its history, then its importances."""
     import matplotlib
 
@@ -624,13 +625,13 @@ def search_drawings(results: Path, sweep: dict) -> Iterator[tuple[Figure, object
             complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
             if not complete:
                 continue
-            yield history_figure(study, method, trials, floor)
+            yield _history_figure(study, method, trials, floor)
             params = sorted({p for t in complete for p in t.params})
             if len(complete) >= 3 and len(params) >= 2:
-                yield importance_figure(study, method, complete, params)
+                yield _importance_figure(study, method, complete, params)
 
 
-def history_figure(study, method: str, trials: list, floor: float) -> tuple[Figure, object]:
+def _history_figure(study, method: str, trials: list, floor: float) -> tuple[Figure, object]:
     """Optuna's optimisation history of ``method``'s study (``trials``: all of them), restyled: each
     complete trial's validation set size, the infeasible ones (coverage below ``floor``) crossed."""
     import matplotlib
@@ -644,7 +645,7 @@ def history_figure(study, method: str, trials: list, floor: float) -> tuple[Figu
     with matplotlib.rc_context(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ax = plot_optimization_history(study, target_name="validation set size (classes)")
-    restyle_history(ax, method, floor)
+    _restyle_history(ax, method, floor)
     ax.figure.set_size_inches(COLUMN_WIDTH, 2.6)
     ax.figure.set_layout_engine("constrained")
     caption = (
@@ -655,7 +656,7 @@ def history_figure(study, method: str, trials: list, floor: float) -> tuple[Figu
     return Figure(f"search_{method}", f"Search: {name_of(method)}", caption), ax.figure
 
 
-def importance_figure(study, method: str, complete: list, params: list[str]) -> tuple[Figure, object]:
+def _importance_figure(study, method: str, complete: list, params: list[str]) -> tuple[Figure, object]:
     """Optuna's parameter importances for ``method``'s study (``complete``: its complete trials), restyled."""
     import matplotlib
     from optuna.visualization.matplotlib import plot_param_importances
@@ -663,7 +664,7 @@ def importance_figure(study, method: str, complete: list, params: list[str]) -> 
     with matplotlib.rc_context(), warnings.catch_warnings():  # as history_figure's: Optuna's ggplot style for its plot only
         warnings.simplefilter("ignore")
         ax = plot_param_importances(study, target_name="validation set size")
-    restyle_importances(ax, method)
+    _restyle_importances(ax, method)
     ax.figure.set_size_inches(COLUMN_WIDTH, 1.0 + 0.3 * len(params))
     ax.figure.set_layout_engine("constrained")
     caption = (
@@ -674,10 +675,10 @@ def importance_figure(study, method: str, complete: list, params: list[str]) -> 
     return Figure(f"importance_{method}", f"Parameter importance: {name_of(method)}", caption), ax.figure
 
 
-OPTUNA_INFEASIBLE = "#cccccc"  # how plot_optimization_history draws infeasible trials (unlabelled)
+_OPTUNA_INFEASIBLE = "#cccccc"  # how plot_optimization_history draws infeasible trials (unlabelled)
 
 
-def restyle_history(ax, method: str, floor: float) -> None:
+def _restyle_history(ax, method: str, floor: float) -> None:
     """Optuna's history plot in the method's colour and marker, infeasible trials crossed in black."""
     from matplotlib.colors import to_rgba
     from matplotlib.lines import Line2D
@@ -685,7 +686,7 @@ def restyle_history(ax, method: str, floor: float) -> None:
     style = method_style(method)
     handles = [Line2D([], [], marker="o", color=style.color, linestyle="", label=f"{name_of(method)} trial (complete)")]
     for collection in list(ax.collections):
-        if to_rgba(collection.get_facecolor()[0] if len(collection.get_facecolor()) else "none") == to_rgba(OPTUNA_INFEASIBLE):
+        if to_rgba(collection.get_facecolor()[0] if len(collection.get_facecolor()) else "none") == to_rgba(_OPTUNA_INFEASIBLE):
             collection.set_visible(False)
             points = collection.get_offsets()
             if len(points):
@@ -704,15 +705,15 @@ def restyle_history(ax, method: str, floor: float) -> None:
         legend.remove()
     for drawn in ax.lines:  # the best value so far holds until a better trial: a step, not a slope
         drawn.set_drawstyle("steps-post")
-    number_from_one(ax)
-    plain_axes(ax)
+    _number_from_one(ax)
+    _plain_axes(ax)
     ax.set_title(f"{name_of(method)}: Optuna search")
     ax.set_xlabel("trial")
-    ax.set_ylabel(wrapped(ax.get_ylabel()))
+    ax.set_ylabel(_wrapped(ax.get_ylabel()))
     ax.legend(handles=handles)
 
 
-def number_from_one(ax) -> None:
+def _number_from_one(ax) -> None:
     """Optuna draws trial n at x = n, from 0; the console, trials.parquet's pick ("search trial 1")
     and the report count trials from 1: every point and line moves one to the right."""
     for collection in ax.collections:
@@ -727,7 +728,7 @@ def number_from_one(ax) -> None:
         ax.set_xlim(xs.min() - pad, xs.max() + pad)
 
 
-def plain_axes(ax, integer_x: bool = True) -> None:
+def _plain_axes(ax, integer_x: bool = True) -> None:
     """Optuna's plots drawn like the report's others: white, a black frame and black text in the
     report's sizes (Optuna draws in ggplot's style, 10 pt and larger), whole trial numbers, and no
     marker on the frame."""
@@ -748,10 +749,10 @@ def plain_axes(ax, integer_x: bool = True) -> None:
     ax.margins(x=0.06, y=0.1)
 
 
-def restyle_importances(ax, method: str) -> None:
+def _restyle_importances(ax, method: str) -> None:
     for bar in ax.patches:
         bar.set_facecolor(method_style(method).color)
-    plain_axes(ax, integer_x=False)
+    _plain_axes(ax, integer_x=False)
     for text in ax.texts:  # Optuna's value labels sit on the bars' ends: a little gap, in black
         text.set_color("black")
         text.set_fontsize(FIGURE_STYLE["xtick.labelsize"])
@@ -775,6 +776,6 @@ def save(fig, out: Path, name: str) -> None:
 
     with figure_style():
         for suffix in FORMATS:
-            atomic_write(out / f"{name}.{suffix}", lambda handle: fig.savefig(handle, format=suffix, dpi=PNG_DPI))
+            atomic_write(out / f"{name}.{suffix}", lambda handle: fig.savefig(handle, format=suffix, dpi=_PNG_DPI))
             fig.set_layout_engine("none")
     plt.close(fig)

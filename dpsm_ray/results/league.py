@@ -20,11 +20,11 @@ from dpsm_ray.results.stats import T_LEVEL, paired_change
 from dpsm_ray.results.runs import model_rows
 from dpsm_ray.results.tables import calibration_rows, method_name
 
-REFERENCE = REFERENCE_METHOD  # every method is compared with CE fine-tuned, searched as carefully
+_REFERENCE = REFERENCE_METHOD  # every method is compared with CE fine-tuned, searched as carefully
 SCORES = ("hps", "aps", "raps")
-DECIDING = ("hps", "aps")  # the criterion's scores
+_DECIDING = ("hps", "aps")  # the criterion's scores
 COVERAGE_TOLERANCE = 0.005  # coverage outside 1 - alpha +- this does not count as smaller
-MARGIN = -5.0  # percent: a gain that matters (the size the DPSM paper reports outside Caltech-101)
+_MARGIN = -5.0  # percent: a gain that matters (the size the DPSM paper reports outside Caltech-101)
 COMPACT_EVALS = ("method", "seed", "score", "split", "set_size", "coverage", "accuracy")
 COMPACT_FAILED = ("method", "seed", "error")
 
@@ -81,12 +81,12 @@ def verdict(changes: dict, coverage: float, alpha: float) -> str:
     """The criterion's verdict of one method against CE (docs/league.md)."""
     if not abs(coverage - (1 - alpha)) <= COVERAGE_TOLERANCE:
         return f"coverage {coverage:.4f} outside {1 - alpha:g} +- {COVERAGE_TOLERANCE:g}: not counted"
-    deciding = [changes[score] for score in DECIDING]
+    deciding = [changes[score] for score in _DECIDING]
     if any(math.isnan(c["high"]) for c in deciding):
         return "no interval (fewer than two seeds)"
     if any(c["low"] > 0 for c in deciding):
         return "worse than CE"
-    if all(c["high"] < MARGIN for c in deciding):
+    if all(c["high"] < _MARGIN for c in deciding):
         return "beats CE, by a margin that matters"
     if all(c["high"] < 0 for c in deciding):
         return "beats CE"
@@ -110,8 +110,8 @@ def analyse_league(evals, failed, alpha: float, dataset: str | None = None, sear
             "size": {s: (float(mine[mine.score == s].set_size.mean()), float(mine[mine.score == s].set_size.std()))
                      for s in SCORES if (mine.score == s).any()},
         }
-        if method not in (REFERENCE, BASE_MODEL) and REFERENCE in methods:
-            row["changes"] = {s: paired_change(evals, method, REFERENCE, s, by="method") for s in SCORES if (mine.score == s).any()}
+        if method not in (_REFERENCE, BASE_MODEL) and _REFERENCE in methods:
+            row["changes"] = {s: paired_change(evals, method, _REFERENCE, s, by="method") for s in SCORES if (mine.score == s).any()}
             row["verdict"] = verdict(row["changes"], row["coverage"], alpha)
         rows.append(row)
     ranked = sorted((r for r in rows if r["method"] != BASE_MODEL), key=lambda r: r["size"]["hps"][0])
@@ -148,7 +148,7 @@ def league_section(evals, trials, alpha: float, sweep: dict | None) -> list[str]
     """report.md's ``## The league`` for a sweep that re-trained CE and at least two other methods
     (docs/league.md), else nothing."""
     trained = set(evals.method) - {BASE_MODEL} if not evals.empty else set()
-    if REFERENCE not in trained or len(trained) < 3:
+    if _REFERENCE not in trained or len(trained) < 3:
         return []
     failed = trials[(trials.stage == "final") & (trials.status == "failed")] if "stage" in trials else trials.iloc[:0]
     analysis = analyse_league(evals, failed, alpha, (sweep or {}).get("base", {}).get("dataset"))
@@ -170,7 +170,7 @@ def against_other_ce(evals, study_evals, alpha: float, arm: str = "searched_ce")
     pooled = pooled[pooled.seed.isin(shared)]
     found = []
     for method in sorted(set(evals.method) - {BASE_MODEL}):
-        changes = {score: paired_change(pooled, method, "other_ce", score, by="method") for score in DECIDING}
+        changes = {score: paired_change(pooled, method, "other_ce", score, by="method") for score in _DECIDING}
         coverage = float(pooled[(pooled.method == method) & (pooled.score == "hps")].coverage.mean())
         found.append({"method": method, "changes": changes, "verdict": verdict(changes, coverage, alpha)})
     return {"arm": arm, "seeds": shared, "rows": found}
@@ -203,17 +203,17 @@ def with_other_ce(compact: tuple, other: tuple) -> tuple[tuple, list[int]]:
         raise ValueError(f"the other league ran {their_dataset} at alpha {their_alpha:g}, this one {dataset} at alpha {alpha:g}")
 
     shared = shared_base_seeds(evals, their_evals)
-    if not shared or not (their_evals.method == REFERENCE).any():
-        raise ValueError(f"the other league shares no CE base model with this one (equal base rows), or has no {REFERENCE} rows")
+    if not shared or not (their_evals.method == _REFERENCE).any():
+        raise ValueError(f"the other league shares no CE base model with this one (equal base rows), or has no {_REFERENCE} rows")
 
     def swapped(frame, their_frame):
-        joined = pd.concat([frame[frame.method != REFERENCE], their_frame[their_frame.method == REFERENCE]])
+        joined = pd.concat([frame[frame.method != _REFERENCE], their_frame[their_frame.method == _REFERENCE]])
         return joined[joined.seed.isin(shared)] if "seed" in joined else joined
 
     merged_search = None
     if search is not None and their_search is not None:
         (record, picks), (their_record, their_picks) = search, their_search
-        merged_search = (swapped(record, their_record), {**picks, REFERENCE: their_picks[REFERENCE]})
+        merged_search = (swapped(record, their_record), {**picks, _REFERENCE: their_picks[_REFERENCE]})
     return (swapped(evals, their_evals), swapped(failed, their_failed), alpha, dataset, merged_search), shared
 
 
@@ -230,29 +230,29 @@ def against_unpaired_ce(evals, other_evals, alpha: float) -> dict:
     found = []
     for method in sorted(set(evals.method) - {BASE_MODEL}):
         mine = evals[evals.method == method]
-        changes = {score: unpaired_change(per_seed(evals, method, score), per_seed(other_evals, REFERENCE, score)) for score in DECIDING}
+        changes = {score: unpaired_change(per_seed(evals, method, score), per_seed(other_evals, _REFERENCE, score)) for score in _DECIDING}
         coverage = float(mine[mine.score == "hps"].coverage.mean())
-        size = {score: float(mine[mine.score == score].set_size.mean()) for score in DECIDING}
+        size = {score: float(mine[mine.score == score].set_size.mean()) for score in _DECIDING}
         found.append({"method": method, "changes": changes, "verdict": verdict(changes, coverage, alpha), "size": size})
-    reference = {score: float(other_evals[(other_evals.method == REFERENCE) & (other_evals.score == score)].set_size.mean())
-                 for score in DECIDING}
+    reference = {score: float(other_evals[(other_evals.method == _REFERENCE) & (other_evals.score == score)].set_size.mean())
+                 for score in _DECIDING}
     return {"rows": sorted(found, key=lambda row: row["size"]["hps"]), "reference": reference,
-            "seeds": (int(evals.seed.nunique()), int(other_evals[other_evals.method == REFERENCE].seed.nunique()))}
+            "seeds": (int(evals.seed.nunique()), int(other_evals[other_evals.method == _REFERENCE].seed.nunique()))}
 
 
 def against_unpaired_ce_markdown(comparison: dict, source: str) -> str:
     """``against_unpaired_ce``'s table."""
     mine, theirs = comparison["seeds"]
     reference = comparison["reference"]
-    header = ["method", *(f"{score.upper()}" for score in DECIDING), *(f"{score.upper()} vs that CE" for score in DECIDING),
+    header = ["method", *(f"{score.upper()}" for score in _DECIDING), *(f"{score.upper()} vs that CE" for score in _DECIDING),
               "the criterion's words"]
     lines = [f"Each method against CE of {source} (HPS {reference['hps']:.3f}, APS {reference['aps']:.3f}), whose {theirs} seeds were "
              f"fine-tuned from other CE base models than these {mine}: nothing pairs a seed, so each change is of the means over seeds, "
              f"mean [{T_LEVEL:.0%} interval, unpaired: the log ratio's delta-method variance, Welch's degrees of freedom].", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in comparison["rows"]:
-        name = method_name(row["method"]) + (" (this league's)" if row["method"] == REFERENCE else "")
-        cells = [name, *(f"{row['size'][s]:.3f}" for s in DECIDING), *(change_text(row["changes"][s]) for s in DECIDING), row["verdict"]]
+        name = method_name(row["method"]) + (" (this league's)" if row["method"] == _REFERENCE else "")
+        cells = [name, *(f"{row['size'][s]:.3f}" for s in _DECIDING), *(change_text(row["changes"][s]) for s in _DECIDING), row["verdict"]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -260,13 +260,13 @@ def against_unpaired_ce_markdown(comparison: dict, source: str) -> str:
 def against_other_ce_markdown(comparison: dict, source: str) -> str:
     """``against_other_ce``'s table, as docs/league.md quotes it."""
     seeds = comparison["seeds"]
-    header = ["method", *(f"{score.upper()} vs that CE" for score in DECIDING), "verdict against it"]
+    header = ["method", *(f"{score.upper()} vs that CE" for score in _DECIDING), "verdict against it"]
     lines = [f"Each method against `{comparison['arm']}` of {source}, paired per seed over the {len(seeds)} seeds whose CE base "
              f"models the two share (seeds {seeds_text(seeds)}: their base rows are equal), mean [{T_LEVEL:.0%} t interval].", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in comparison["rows"]:
-        name = method_name(row["method"]) + (" (this league's, 2 trials)" if row["method"] == REFERENCE else "")
-        lines.append("| " + " | ".join([name, *(change_text(row["changes"][s]) for s in DECIDING), row["verdict"]]) + " |")
+        name = method_name(row["method"]) + (" (this league's, 2 trials)" if row["method"] == _REFERENCE else "")
+        lines.append("| " + " | ".join([name, *(change_text(row["changes"][s]) for s in _DECIDING), row["verdict"]]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -296,11 +296,11 @@ def league_markdown(analysis: dict) -> str:
     def cells(row: dict, ranked: bool) -> list[str]:
         size = [f"{row['size'][s][0]:.3f} ± {row['size'][s][1]:.3f}" if s in row["size"] else "—" for s in SCORES]
         changes = row.get("changes", {})
-        compared = [change_text(changes[s]) if s in changes else "—" for s in DECIDING]
-        detectable = " / ".join(f"{changes[s]['detectable']:.1f}%" for s in DECIDING) if changes else "—"
+        compared = [change_text(changes[s]) if s in changes else "—" for s in _DECIDING]
+        detectable = " / ".join(f"{changes[s]['detectable']:.1f}%" for s in _DECIDING) if changes else "—"
         name = method_name(row["method"]) if ranked else "CE base model (not fine-tuned; not ranked)"
         return [name, str(row["models"]), *size, f"{row['coverage']:.4f}", f"{row['accuracy']:.4f}", *compared, detectable,
-                row.get("verdict", "the reference" if row["method"] == REFERENCE else "—")]
+                row.get("verdict", "the reference" if row["method"] == _REFERENCE else "—")]
 
     for row in analysis["ranked"]:
         lines.append("| " + " | ".join(cells(row, True)) + " |")

@@ -18,7 +18,7 @@ from dpsm_ray.results.tables import method_name, method_order, ordered
 # The configuration fields the chosen-configuration table shows, with the paper's symbols; a
 # method that does not read a field (its card's fields, dpsm_ray/cards/methods.py) shows "—" there.
 PARAMETERS = SETTING_LABELS  # the fields marked with a ``label`` (dpsm_ray/config.py), in their order
-UNUSED = "—"
+_UNUSED = "—"
 # a search's record (``search.csv`` in a compact copy): one row per search trial, then the knobs it searched and its error
 COMPACT_SEARCH = ("method", "trial", "status", "feasible", "val_set_size", "val_coverage", "epochs_completed")
 
@@ -45,7 +45,7 @@ def searched_fields(sweep: dict | None, method: str) -> list[str]:
     return list(method_card(method).knobs)
 
 
-def search_records(trials, sweep: dict | None):
+def _search_records(trials, sweep: dict | None):
     """One row per search trial, by method and trial (counted from 1, as the console counts them):
     its status, feasibility, validation set size and coverage, the epochs it ran, the values of the
     knobs its method searched (``provenance.searched_fields``) and its error, if any."""
@@ -60,10 +60,10 @@ def search_records(trials, sweep: dict | None):
 
 
 def write_search_record(reader, path) -> None:
-    """``search_records`` of the sweep ``reader`` (a ``Results``) reads, written to ``path`` as CSV (whole or not at all)."""
+    """``_search_records`` of the sweep ``reader`` (a ``Results``) reads, written to ``path`` as CSV (whole or not at all)."""
     from dpsm_ray.files import write_text
 
-    write_text(path, search_records(reader.trials, reader.sweep).to_csv(index=False, float_format="%.17g"))
+    write_text(path, _search_records(reader.trials, reader.sweep).to_csv(index=False, float_format="%.17g"))
 
 
 def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[list[list[str]], list[str]] | None:
@@ -84,12 +84,12 @@ def chosen_configurations(trials: pd.DataFrame, sweep: dict | None) -> tuple[lis
         for method in trained:
             value = configs[method].get(field)
             if not reads(method, field):
-                cells.append(UNUSED)
+                cells.append(_UNUSED)
             elif field == "quantile_lr" and value is None:
                 cells.append("default (2 / steps per epoch)")
             else:
                 cells.append(f"**{value_text(value)}**" if field in searched_fields(sweep, method) else value_text(value))
-        if any(c != UNUSED for c in cells):
+        if any(c != _UNUSED for c in cells):
             rows.append([label, *cells])
     notes = []
     picks = search_picks(trials, sweep)
@@ -130,13 +130,13 @@ def search_outcomes(trials: pd.DataFrame, sweep: dict | None) -> list[list[str]]
         counts = outcome_counts(mine)
         rows.append([
             method_name(method), f"{len(knobs)} ({', '.join(knobs)})" if knobs else "0", str(len(mine)),
-            *(str(counts[outcome]) for outcome in OUTCOMES), pick,
+            *(str(counts[outcome]) for outcome in _OUTCOMES), pick,
             ", ".join(f"{lr:.3g}" for lr in sorted(mine.lr.dropna())) if "lr" in mine else "—",
         ])
     return rows
 
 
-OUTCOMES = ("feasible", "infeasible", "stopped", "failed")  # how a search trial ends
+_OUTCOMES = ("feasible", "infeasible", "stopped", "failed")  # how a search trial ends
 
 
 def outcome_counts(search: pd.DataFrame) -> dict[str, int]:
@@ -158,13 +158,13 @@ def search_picks(trials: pd.DataFrame, sweep: dict | None) -> dict:
         ran = final[final.method == method]
         if not ran.empty:
             config = json.loads(ran.sort_values("seed").iloc[0].config_json)
-            pick = picked_trial(search[search.method == method], config, searched_fields(sweep, method))
+            pick = _picked_trial(search[search.method == method], config, searched_fields(sweep, method))
             if pick is not None:
                 picks[method] = pick
     return picks
 
 
-def picked_trial(search: pd.DataFrame, config: dict, fields: list[str]):
+def _picked_trial(search: pd.DataFrame, config: dict, fields: list[str]):
     """The search trial whose searched values the final configuration carries (the pick)."""
     for trial in search.sort_values("trial_index").itertuples():
         ran = json.loads(trial.config_json)

@@ -44,8 +44,8 @@ from dpsm_ray.results.tables import (
 )
 
 # the metrics two scores must agree on, on every evaluation, to be called identical
-AGREEING = ("coverage", "set_size", "covgap", "sscv", "wsc")
-NOT_SIGNIFICANT = "not significant"
+_AGREEING = ("coverage", "set_size", "covgap", "sscv", "wsc")
+_NOT_SIGNIFICANT = "not significant"
 
 
 # --- DPSM against the baselines ------------------------------------------------------------
@@ -76,11 +76,11 @@ def comparisons(evals: pd.DataFrame, metric: str = "set_size") -> list[dict]:
     return found
 
 
-def interval_cell(change: dict, short: bool = True) -> str:
+def _interval_cell(change: dict, short: bool = True) -> str:
     """``-3.21% [-8.10, 1.68] n.s.``: the mean change and its interval (n.s.: the interval holds 0)."""
     if change["seeds"] < 2:
         return f"{change['mean']:+.2f}% (1 seed: no interval)"
-    mark = "" if change["significant"] else (" n.s." if short else f" ({NOT_SIGNIFICANT})")
+    mark = "" if change["significant"] else (" n.s." if short else f" ({_NOT_SIGNIFICANT})")
     return f"{change['mean']:+.2f}% [{change['low']:+.2f}, {change['high']:+.2f}]{mark}".replace("-", "−")
 
 
@@ -96,46 +96,46 @@ def paper_table(evals: pd.DataFrame, metric: str = "set_size", digits: int = 2) 
     for label in ("best baseline", "the CE base model"):
         part = {c["score"]: c for c in found if c["label"] == label}
         if part:
-            rows.append([f"DPSM vs {label}", *(interval_cell(part[s]) if s in part else "n/a" for s in scores)])
+            rows.append([f"DPSM vs {label}", *(_interval_cell(part[s]) if s in part else "n/a" for s in scores)])
     return rows
 
 
-def comparison_table(found: list[dict]) -> list[list[str]]:
+def _comparison_table(found: list[dict]) -> list[list[str]]:
     rows = [["DPSM against", "score", "per-seed change (%)", "mean", f"{T_LEVEL:.0%} t interval", "n (seeds)", "significant?"]]
     for change in sorted(found, key=lambda c: c["label"] != "best baseline"):  # stable: scores stay in order
         interval = "none (1 seed)" if change["seeds"] < 2 else f"[{change['low']:+.2f}, {change['high']:+.2f}]"
         against = "the CE base model" if change["against"] == "base" else f"{method_name(change['against'])} (best baseline)"
         rows.append([against, change["score"].upper(),
                      ", ".join(f"{v:+.2f}" for v in change["per_seed"]), f"{change['mean']:+.2f}%", interval, str(change["seeds"]),
-                     "yes" if change["significant"] else NOT_SIGNIFICANT])
+                     "yes" if change["significant"] else _NOT_SIGNIFICANT])
     return rows[:1] + [[c.replace("-", "−") for c in row] for row in rows[1:]]
 
 
-def comparison_caption(found: list[dict]) -> str:
+def _comparison_caption(found: list[dict]) -> str:
     seeds = sorted({c["seeds"] for c in found})
     return (
         "DPSM's percent change of the mean set size against a method, per seed (both from that seed's base model, on the same "
         f"calibration/test re-splits), then the mean and a Student t {T_LEVEL:.0%} interval over n = {'/'.join(map(str, seeds))} seeds; "
-        f"{NOT_SIGNIFICANT} (n.s. in the table above) where the interval holds 0. The best baseline is the one with the lowest mean "
+        f"{_NOT_SIGNIFICANT} (n.s. in the table above) where the interval holds 0. The best baseline is the one with the lowest mean "
         "set size for that score, the CE base model excluded; negative: DPSM's sets are smaller."
     )
 
 
 # evals.parquet's columns added later, shown where a sweep wrote them (older results keep their tables)
-LATER_DETAILS = {"empty_rate": ("empty sets", 3), "singleton_rate": ("singletons", 3), "classes_under": ("classes below 1 − α", 1),
+_LATER_DETAILS = {"empty_rate": ("empty sets", 3), "singleton_rate": ("singletons", 3), "classes_under": ("classes below 1 − α", 1),
                  "ece": ("ECE", 3)}
 
 
 def details_table(evals: pd.DataFrame) -> list[list[str]]:
-    later = [name for name in LATER_DETAILS if name in evals and evals[name].notna().any()]
-    rows = [["method", "score", "coverage", "set size", "CovGap %", "SSCV", "WSC", "accuracy", *(LATER_DETAILS[n][0] for n in later),
+    later = [name for name in _LATER_DETAILS if name in evals and evals[name].notna().any()]
+    rows = [["method", "score", "coverage", "set size", "CovGap %", "SSCV", "WSC", "accuracy", *(_LATER_DETAILS[n][0] for n in later),
              "models"]]
     for method in ordered(evals["method"], method_order()):
         for score in ordered(evals["score"], score_names()):
             part = evals[(evals.method == method) & (evals.score == score)]
             rows.append([
                 method_name(method), score.upper(), cell(part.coverage, 3), cell(part.set_size, 2), cell(part.covgap, 2),
-                cell(part.sscv, 3), cell(part.wsc, 3), cell(part.accuracy, 3), *(cell(part[n], LATER_DETAILS[n][1]) for n in later),
+                cell(part.sscv, 3), cell(part.wsc, 3), cell(part.accuracy, 3), *(cell(part[n], _LATER_DETAILS[n][1]) for n in later),
                 str(part.run_id.nunique()),
             ])
     return rows
@@ -144,7 +144,7 @@ def details_table(evals: pd.DataFrame) -> list[list[str]]:
 # --- marginal and class-conditional calibration -------------------------------------------------
 
 
-def calibration_table(evals: pd.DataFrame, classes: pd.DataFrame, alpha: float) -> list[list[str]]:
+def _calibration_table(evals: pd.DataFrame, classes: pd.DataFrame, alpha: float) -> list[list[str]]:
     """Per method and score, each calibration in the rows: coverage, set size and CovGap (mean ± std
     over models and re-splits, evals.parquet) and, from classes.parquet, the lowest class coverage
     and how many classes fall short of 1 - alpha (each class's coverage averaged over every model
@@ -166,7 +166,7 @@ def calibration_table(evals: pd.DataFrame, classes: pd.DataFrame, alpha: float) 
     return rows
 
 
-def calibration_caption(alpha: float) -> str:
+def _calibration_caption(alpha: float) -> str:
     return (
         "Marginal calibration (one threshold per score) against class-conditional calibration (a threshold per class, from that "
         f"class's calibration points alone): coverage, set size and CovGap as in the tables above; lowest class coverage and the "
@@ -188,7 +188,7 @@ def identical_scores(evals: pd.DataFrame, classes: pd.DataFrame) -> list[tuple[s
     pairs = []
     for i, first in enumerate(scores):
         for second in scores[i + 1:]:
-            if agree(evals, first, second, ["run_id", "split"], AGREEING) and (
+            if agree(evals, first, second, ["run_id", "split"], _AGREEING) and (
                 classes.empty or agree(classes, first, second, ["run_id", "split", "label"], ("coverage", "set_size"))
             ):
                 pairs.append((first, second))
@@ -203,13 +203,13 @@ def agree(frame: pd.DataFrame, first: str, second: str, key: list[str], columns)
     return bool(((a == b) | (a.isna() & b.isna())).all().all())
 
 
-def class_count(classes: pd.DataFrame) -> int | None:
+def _class_count(classes: pd.DataFrame) -> int | None:
     """K, from classes.parquet (a row for every class, with or without test points); None
     without it (older files)."""
     return None if classes.empty else int(classes.label.nunique())
 
 
-def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: pd.DataFrame) -> str | None:
+def _identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: pd.DataFrame) -> str | None:
     """The report's one note on scores that give identical results: which, on how many
     evaluations, and for APS and RAPS why they may; None when no two agree.  With K <= k_reg
     classes RAPS's penalty is 0 for every label, RAPS is APS by construction, and one clause says so."""
@@ -223,7 +223,7 @@ def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: p
         elif second not in group:
             group.append(second)
     raps = score_card("raps").parameters
-    classes_seen = class_count(classes)
+    classes_seen = _class_count(classes)
     evaluations = len(evals[evals.score == pairs[0][0]][["run_id", "split"]].drop_duplicates())
     notes = []
     for group in groups:
@@ -242,11 +242,11 @@ def identical_note(pairs: list[tuple[str, str]], evals: pd.DataFrame, classes: p
     return " ".join(notes)
 
 
-def chance_note(evals: pd.DataFrame, classes: pd.DataFrame) -> str | None:
+def _chance_note(evals: pd.DataFrame, classes: pd.DataFrame) -> str | None:
     """The report's warning when final models are at or near chance (``tables.chance_warning``:
     accuracy at most a few points above 1/K, or every set of every score holding every class),
     per method with its least accurate such model's reason; None when none is, or K is unknown."""
-    classes_seen = class_count(classes)
+    classes_seen = _class_count(classes)
     if classes_seen is None or classes_seen < 2:
         return None
     per_model = evals.groupby(["method", "run_id"]).agg(accuracy=("accuracy", "mean"))
@@ -267,7 +267,7 @@ def chance_note(evals: pd.DataFrame, classes: pd.DataFrame) -> str | None:
 # --- the report ----------------------------------------------------------------------------
 
 
-def run_context(results: Path, trials: pd.DataFrame, alpha: float) -> Context:
+def _run_context(results: Path, trials: pd.DataFrame, alpha: float) -> Context:
     """What the figures' captions take from trials.parquet's final rows, or from a single run's
     config.json."""
     if trials.empty or "stage" not in trials:
@@ -292,18 +292,18 @@ def run_context(results: Path, trials: pd.DataFrame, alpha: float) -> Context:
     return Context(alpha, q_init=values("q_init"), conformal_weight=weights)
 
 
-def console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> tuple[str, tuple]:
+def _console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> tuple[str, tuple]:
     """The tables printed at the end of a sweep (``brief``: the headline ones) or by ``dpsm-ray
     report``, and their parts for report.md and report.tex: of the marginal rows, and the two
     calibrations side by side where class-conditional rows are there too."""
     alpha = float(evals.alpha.iloc[0])
     others = any(not calibration_rows(evals, calibration).empty for calibration in CALIBRATIONS[1:])
-    both = calibration_table(evals, classes, alpha) if others else None
+    both = _calibration_table(evals, classes, alpha) if others else None
     heading = calibrations_heading(evals)
     evals, classes = calibration_rows(evals), calibration_rows(classes)
     size, details, found = paper_table(evals), details_table(evals), comparisons(evals)
-    note = identical_note(identical_scores(evals, classes), evals, classes)  # said once, under the first table
-    chance = chance_note(evals, classes)
+    note = _identical_note(identical_scores(evals, classes), evals, classes)  # said once, under the first table
+    chance = _chance_note(evals, classes)
     missing = (
         "n/a: no value; a WSC is n/a when no held-out test point fell in its worst slab (too few test points)."
         if any("n/a" in row for row in details[1:])
@@ -316,7 +316,8 @@ def console_tables(evals: pd.DataFrame, classes: pd.DataFrame, brief: bool) -> t
         *([f"note: {note}"] if note else []),
         "",
         *(
-            [f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)", render_columns(comparison_table(found)), ""]
+            [f"DPSM against the baselines, per seed ({T_LEVEL:.0%} t interval over the seeds)",
+             render_columns(_comparison_table(found)), ""]
             if found and not brief
             else []
         ),
@@ -337,10 +338,10 @@ def headline(results_dir: str | os.PathLike) -> str:
     """What the end of a sweep printed -- its headline tables, from the Parquet files alone --
     without drawing or writing anything (a finished sweep asked again shows this)."""
     reader = Results(results_dir)
-    return console_tables(reader.final("evals"), reader.final("classes"), brief=True)[0]
+    return _console_tables(reader.final("evals"), reader.final("classes"), brief=True)[0]
 
 
-def data_warning(results: Path, sweep: dict | None) -> str | None:
+def _data_warning(results: Path, sweep: dict | None) -> str | None:
     """Why the results in ``results`` no longer describe the data they name (the data's record in
     ``sweep.json``, or a run's ``settings.json``, against the data there now), else None."""
     from dpsm_ray.cards import data_change
@@ -374,11 +375,11 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
         raise FileNotFoundError(f"no evaluation rows in {reader.path('evals')}: is this a finished run or sweep directory?")
     alpha = float(evals.alpha.iloc[0])
     epochs, classes, trials, sweep = reader.final("epochs"), reader.final("classes"), reader.trials, reader.sweep
-    changed = data_warning(results, sweep)
+    changed = _data_warning(results, sweep)
     if changed:
         log(f"warning: {changed}")
-    search_written = drawing_search_figures(results, sweep)  # while this process writes the rest
-    text, (size, details, found, note, chance, missing, both) = console_tables(evals, classes, brief)
+    search_written = _drawing_search_figures(results, sweep)  # while this process writes the rest
+    text, (size, details, found, note, chance, missing, both) = _console_tables(evals, classes, brief)
     log(text)
     size_caption = (
         f"Average prediction set size at α = {alpha:g}: mean ± std over every final model and calibration/test re-split."
@@ -392,30 +393,30 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     tex = [*([rf"\textbf{{Warning:}} {latex_text(chance)}"] if chance else []),
            latex_table(size, size_caption, "set-size", note=f"Note: {note}" if note else None)]
     if found:
-        md += ["## DPSM against the baselines", "", markdown(comparison_table(found)), "", comparison_caption(found), ""]
-        tex.append(latex_table(comparison_table(found), comparison_caption(found), "paired", align="llrrrrl"))
+        md += ["## DPSM against the baselines", "", markdown(_comparison_table(found)), "", _comparison_caption(found), ""]
+        tex.append(latex_table(_comparison_table(found), _comparison_caption(found), "paired", align="llrrrrl"))
     md += league_section(calibration_rows(evals), trials, alpha, sweep)
     md += ["## All metrics", "", markdown(details), "", details_note, ""]
     tex.append(latex_table(details, f"All metrics. {details_note}", "metrics"))
     if both:
-        md += [f"## {calibrations_heading(evals)}", "", markdown(both), "", calibration_caption(alpha), ""]
-        tex.append(latex_table(both, calibration_caption(alpha), "calibrations", align="lllrrrrr"))
+        md += [f"## {calibrations_heading(evals)}", "", markdown(both), "", _calibration_caption(alpha), ""]
+        tex.append(latex_table(both, _calibration_caption(alpha), "calibrations", align="lllrrrrr"))
 
-    more_md, more_tex = provenance_sections(trials, sweep, evals)
+    more_md, more_tex = _provenance_sections(trials, sweep, evals)
     md += more_md
     tex += more_tex
-    md += predictors_section(results, log, brief)
+    md += _predictors_section(results, log, brief)
 
-    figures = write_figures(results, evals, epochs, classes, run_context(results, trials, alpha))
+    figures = _write_figures(results, evals, epochs, classes, _run_context(results, trials, alpha))
     search_written, search_note = search_written()
     for figure in figures:
-        md += markdown_figure(figure, "##")
+        md += _markdown_figure(figure, "##")
     md += ["## Search", "", search_note, ""]
     for figure in search_written:
-        md += markdown_figure(figure, "###")
-    tex += [latex_figure(f) for f in [*figures, *search_written]]
+        md += _markdown_figure(figure, "###")
+    tex += [_latex_figure(f) for f in [*figures, *search_written]]
     write_text(results / "report.md", "\n".join(md))
-    write_text(results / "report.tex", latex_document(results.name, tex, search_note))
+    write_text(results / "report.tex", _latex_document(results.name, tex, search_note))
     log(
         f"report written to {results / 'report.md'} and {results / 'report.tex'} with {len(figures) + len(search_written)} figures (PNG and"
         f" PDF) in {results / 'figures'}"
@@ -423,7 +424,7 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     return text
 
 
-def provenance_sections(trials: pd.DataFrame, sweep: dict | None, evals: pd.DataFrame) -> tuple[list[str], list[str]]:
+def _provenance_sections(trials: pd.DataFrame, sweep: dict | None, evals: pd.DataFrame) -> tuple[list[str], list[str]]:
     """The report's sections on where its numbers came from -- the chosen configurations, the
     searches, the sweep's settings, the versions -- as markdown lines and LaTeX tables."""
     md, tex = [], []
@@ -481,18 +482,18 @@ def provenance_sections(trials: pd.DataFrame, sweep: dict | None, evals: pd.Data
     return md, tex
 
 
-def write_figures(results: Path, evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> list[Figure]:
-    return write_drawn(results, draw_figures(evals, epochs, classes, context))
+def _write_figures(results: Path, evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> list[Figure]:
+    return _write_drawn(results, draw_figures(evals, epochs, classes, context))
 
 
-def write_search_figures(results: Path, sweep: dict | None) -> tuple[list[Figure], str]:
+def _write_search_figures(results: Path, sweep: dict | None) -> tuple[list[Figure], str]:
     """The search figures, drawn and written, and the sentence saying what was drawn or why not."""
     drawn, note = search_figures(results, sweep)
-    return (write_drawn(results, drawn) if drawn is not None else []), note
+    return (_write_drawn(results, drawn) if drawn is not None else []), note
 
 
-def drawing_search_figures(results: Path, sweep: dict | None) -> Callable[[], tuple[list[Figure], str]]:
-    """Start ``write_search_figures`` in a second Python process, which draws them while this one
+def _drawing_search_figures(results: Path, sweep: dict | None) -> Callable[[], tuple[list[Figure], str]]:
+    """Start ``_write_search_figures`` in a second Python process, which draws them while this one
     draws the others (a digits sweep's report: 11.9 s -> 8.6 s on 2 cores); returns the
     wait for them.  Drawn here instead, when waited for: on one core, with methods registered
     outside the package (a fresh process would not know their names), or when that process failed
@@ -506,10 +507,10 @@ def drawing_search_figures(results: Path, sweep: dict | None) -> Callable[[], tu
         return lambda: ([], note)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if cores < 2 or cards.outside_cards():  # a child process would not know them
-        return lambda: write_search_figures(results, sweep)
+        return lambda: _write_search_figures(results, sweep)
     package_root = str(Path(__file__).resolve().parents[2])  # the child imports this very dpsm_ray
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    code = "import sys; from dpsm_ray.results.report import print_search_figures; print_search_figures(sys.argv[1])"
+    code = "import sys; from dpsm_ray.results.report import _print_search_figures; _print_search_figures(sys.argv[1])"
     child = subprocess.Popen(
         [sys.executable, "-c", code, str(results)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
     )
@@ -517,22 +518,22 @@ def drawing_search_figures(results: Path, sweep: dict | None) -> Callable[[], tu
     def wait() -> tuple[list[Figure], str]:
         out, _ = child.communicate()
         if child.returncode != 0:
-            return write_search_figures(results, sweep)
+            return _write_search_figures(results, sweep)
         return [Figure(**figure) for figure in json.loads(out)], note
 
     return wait
 
 
-def print_search_figures(results: str) -> None:
-    """``write_search_figures`` for ``drawing_search_figures``'s second process: the figures
+def _print_search_figures(results: str) -> None:
+    """``_write_search_figures`` for ``_drawing_search_figures``'s second process: the figures
     written, as JSON on stdout."""
     import dataclasses
 
-    figures, _ = write_search_figures(Path(results), Results(results).sweep)
+    figures, _ = _write_search_figures(Path(results), Results(results).sweep)
     print(json.dumps([dataclasses.asdict(figure) for figure in figures]))
 
 
-def write_drawn(results: Path, drawn) -> list[Figure]:
+def _write_drawn(results: Path, drawn) -> list[Figure]:
     out = results / "figures"
     out.mkdir(exist_ok=True)
     written = []
@@ -542,13 +543,13 @@ def write_drawn(results: Path, drawn) -> list[Figure]:
     return written
 
 
-def markdown_figure(figure: Figure, heading: str) -> list[str]:
+def _markdown_figure(figure: Figure, heading: str) -> list[str]:
     """A figure's lines in report.md: its title under ``heading``, its caption, the PNG and the PDF's path."""
     image = f"![{figure.title}](figures/{figure.name}.png)"
     return [f"{heading} {figure.title}", "", figure.caption, "", image, "", f"PDF: `figures/{figure.name}.pdf`", ""]
 
 
-def latex_figure(figure: Figure) -> str:
+def _latex_figure(figure: Figure) -> str:
     return "\n".join([
         r"\begin{figure}[htbp]",
         r"\centering",
@@ -559,7 +560,7 @@ def latex_figure(figure: Figure) -> str:
     ])
 
 
-def latex_document(name: str, parts: list[str], search_note: str) -> str:
+def _latex_document(name: str, parts: list[str], search_note: str) -> str:
     """report.tex: every table (booktabs) and figure (its PDF) of report.md, ready for pdflatex."""
     head = [
         r"\documentclass{article}",
@@ -575,7 +576,7 @@ def latex_document(name: str, parts: list[str], search_note: str) -> str:
     return "\n".join([*head, *(p + "\n" for p in parts), latex_text(search_note), "", r"\end{document}", ""])
 
 
-def predictors_section(results: Path, log, brief: bool = False) -> list[str]:
+def _predictors_section(results: Path, log, brief: bool = False) -> list[str]:
     """report.md's lines on the sweep's predictors (``dpsm_ray.predict.export``): the one chosen per
     method, with its validation and test figures; none for a sweep without predictors."""
     index = read_index(results)

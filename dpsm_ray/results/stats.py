@@ -18,14 +18,14 @@ def t_interval(values: list[float], level: float = T_LEVEL) -> tuple[float, floa
     fewer than two)."""
     from scipy.special import stdtrit  # the t distribution's quantile (scipy.stats.t.ppf's), 0.1 s to import against scipy.stats's 0.5 s
 
-    n, mean, sd = len(values), *mean_sd(values)
+    n, mean, sd = len(values), *_mean_sd(values)
     if n < 2:
         return mean, math.nan, math.nan
     half = stdtrit(n - 1, (1 + level) / 2) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
+def _mean_sd(values: list[float]) -> tuple[float, float]:
     """The mean and the sample standard deviation (n - 1) of ``values``; NaN where undefined."""
     n = len(values)
     mean = sum(values) / n if n else math.nan
@@ -42,7 +42,7 @@ def detectable_effect(values: list[float], level: float = T_LEVEL, power: float 
     t(power, n - 1)) * SD / sqrt(n) (the usual normal-shift approximation; NaN for fewer than two)."""
     from scipy.special import stdtrit
 
-    n, (_, sd) = len(values), mean_sd(values)
+    n, (_, sd) = len(values), _mean_sd(values)
     if n < 2:
         return math.nan
     return (stdtrit(n - 1, (1 + level) / 2) + stdtrit(n - 1, power)) * sd / math.sqrt(n)
@@ -88,7 +88,7 @@ def unpaired_change(values: list[float], reference: list[float], level: float = 
     than two of either."""
     from scipy.special import stdtrit
 
-    (m1, s1), (m2, s2), n1, n2 = mean_sd(values), mean_sd(reference), len(values), len(reference)
+    (m1, s1), (m2, s2), n1, n2 = _mean_sd(values), _mean_sd(reference), len(values), len(reference)
     mean = 100 * (m1 / m2 - 1)
     if n1 < 2 or n2 < 2:
         return {"mean": mean, "low": math.nan, "high": math.nan}

@@ -20,7 +20,7 @@ from dpsm_ray.storage.layout import BASE_MODELS, Results
 from dpsm_ray.results.runs import COMPACT_RUNS, GRADIENTS, LIKE_FOR_LIKE, LIKE_FOR_LIKE_D1, model_rows
 from dpsm_ray.results.stats import T_LEVEL, paired_change, per_seed_change, summary
 
-REFERENCES = (REFERENCE_METHOD, BASE_MODEL)  # every arm is compared with CE fine-tuned (the arm "ce") and with the base model
+_REFERENCES = (REFERENCE_METHOD, BASE_MODEL)  # every arm is compared with CE fine-tuned (the arm "ce") and with the base model
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ COMPACT_EVALS = ("stage", "seed", "score", "split", "set_size", "coverage", "cov
 COMPACT_FAILED = ("stage", "seed", "error")  # the trials that ended without a model (a diverged loss, a crash)
 
 
-def write_compact(study: Study, results: Path) -> Path:
+def _write_compact(study: Study, results: Path) -> Path:
     """``results/compact/``: ``evals.csv`` and ``runs.csv`` from the study's Parquet files,
     ``failed.csv`` (each trial that ended without a model, with its error) and ``arms.json`` (each
     arm's name, title and settings, in order) -- what ``analyse_tables`` reads, so the tables
@@ -175,7 +175,7 @@ def read_study_folders(folders) -> tuple:
             if arm.name in source:
                 first, kept = source[arm.name]
                 if set(rows.seed) & set(kept.seed):
-                    if not rows_equal(rows, kept):
+                    if not _rows_equal(rows, kept):
                         raise ValueError(f"arm {arm.name} is in {first} and in {folder} with different evaluation rows: "
                                          "they are not the same models; report them apart")
                     continue
@@ -191,7 +191,7 @@ def read_study_folders(folders) -> tuple:
             pd.concat(failed, ignore_index=True), alphas)
 
 
-def rows_equal(one, other) -> bool:
+def _rows_equal(one, other) -> bool:
     """The same evaluation rows (set sizes, coverages, accuracies of each seed, score and re-split);
     a league keeps no CovGap, so that column is left out."""
     keys, values = ["stage", "seed", "score", "split"], ["set_size", "coverage", "accuracy"]
@@ -203,7 +203,7 @@ def analyse(study: Study, results: Path) -> dict:
     """Write the compact results, and ``fidelity.json`` / ``fidelity.md`` from them."""
     from dpsm_ray.files import write_json, write_text
 
-    evals, runs, _, failed = read_compact(write_compact(study, results))
+    evals, runs, _, failed = read_compact(_write_compact(study, results))
     analysis = analyse_tables(study, evals, runs, failed)
     write_json(results / "fidelity.json", analysis)
     write_text(results / "fidelity.md", markdown_report(analysis) + "\n")
@@ -227,7 +227,7 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
         row["accuracy"] = float(part.accuracy.mean())
         table.append(row)
     names = [arm.name for arm in present]
-    comparisons = [paired_change(evals, arm, against, score) for against in REFERENCES if against in names
+    comparisons = [paired_change(evals, arm, against, score) for against in _REFERENCES if against in names
                    for arm in names if arm != against for score in scores]
     comparisons += [{**paired_change(evals, arm, against, score), "own": True} for arm, against in study.comparisons
                     if arm in names and against in names for score in scores]
@@ -264,7 +264,7 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
         "comparisons": comparisons,
         "diagnostics": diagnostics,
         "gradients": gradients,
-        "batch": batch_gaps(study, evals, runs, scores),
+        "batch": _batch_gaps(study, evals, runs, scores),
         "failed": failures,
         "absent": [arm for arm in named if arm not in names and arm not in ended],  # no model and no failed trial: cut, or run elsewhere
     }
@@ -274,38 +274,38 @@ def analyse_tables(study: Study, evals, runs, failed=None) -> dict:
 
 # The pre-registered criterion (docs/fidelity.md, "The decisive test"): the margin DPSM must beat the
 # best searched baseline by, and how far from 1 - alpha an arm's coverage may be and still count.
-CLAIM_MARGIN = 5.0
-CRITERION_SCORES = ("hps", "aps")  # the scores the criterion judges (docs/fidelity.md)
+_CLAIM_MARGIN = 5.0
+_CRITERION_SCORES = ("hps", "aps")  # the scores the criterion judges (docs/fidelity.md)
 COVERAGE_TOLERANCE = 0.005
 
 
-def decisive_claim(changes) -> str:
+def _decisive_claim(changes) -> str:
     """The decisive test's and round two's rule: each mean at least 5% below, each interval below 0."""
-    if all(c["coverage_ok"] and c["mean"] <= -CLAIM_MARGIN and c["high"] < 0 for c in changes):
+    if all(c["coverage_ok"] and c["mean"] <= -_CLAIM_MARGIN and c["high"] < 0 for c in changes):
         return "supported"
-    return "contradicted" if any(c["low"] > -CLAIM_MARGIN for c in changes) else "inconclusive"
+    return "contradicted" if any(c["low"] > -_CLAIM_MARGIN for c in changes) else "inconclusive"
 
 
-def round_three_claim(changes) -> str:
+def _round_three_claim(changes) -> str:
     """Round three's rule (docs/fidelity.md, its criterion): each interval's upper end below -5% and
     the mean change negative within each backbone; of the paper's size if each mean is also below
     -25%; contradicted if an interval's lower end is above -5%."""
     changes = list(changes)
-    if all(c["coverage_ok"] and c["high"] < -CLAIM_MARGIN and all(mean < 0 for mean in c["within"]) for c in changes):
-        return "supported, of the paper's size" if all(c["mean"] < -PAPER_SIZE for c in changes) else "supported"
-    return "contradicted" if any(c["low"] > -CLAIM_MARGIN for c in changes) else "inconclusive"
+    if all(c["coverage_ok"] and c["high"] < -_CLAIM_MARGIN and all(mean < 0 for mean in c["within"]) for c in changes):
+        return "supported, of the paper's size" if all(c["mean"] < -_PAPER_SIZE for c in changes) else "supported"
+    return "contradicted" if any(c["low"] > -_CLAIM_MARGIN for c in changes) else "inconclusive"
 
 
-PAPER_SIZE = 25.0  # half the paper's 50.0% mean gain on Caltech-101: round three's "of the paper's size"
-CLAIM_RULES = {"decisive": decisive_claim, "round_three": round_three_claim}
-CLAIM_TEXT = {
-    "decisive": f"searched DPSM at least {CLAIM_MARGIN:g}% smaller than the best searched baseline, HPS and APS, interval below 0",
-    "round_three": (f"searched DPSM's interval against the best searched baseline below -{CLAIM_MARGIN:g}%, HPS and APS, and "
-                    f"its mean change negative within each backbone; of the paper's size if both means are below -{PAPER_SIZE:g}%"),
+_PAPER_SIZE = 25.0  # half the paper's 50.0% mean gain on Caltech-101: round three's "of the paper's size"
+_CLAIM_RULES = {"decisive": _decisive_claim, "round_three": _round_three_claim}
+_CLAIM_TEXT = {
+    "decisive": f"searched DPSM at least {_CLAIM_MARGIN:g}% smaller than the best searched baseline, HPS and APS, interval below 0",
+    "round_three": (f"searched DPSM's interval against the best searched baseline below -{_CLAIM_MARGIN:g}%, HPS and APS, and "
+                    f"its mean change negative within each backbone; of the paper's size if both means are below -{_PAPER_SIZE:g}%"),
 }
 
 
-def within_mean(evals, arm: str, against: str, score: str, seeds) -> float:
+def _within_mean(evals, arm: str, against: str, score: str, seeds) -> float:
     """The mean per-seed change of ``arm`` against ``against`` over ``seeds`` (NaN if none of them has both)."""
     changes = per_seed_change(evals, arm, against, score)
     changes = changes[changes.index.isin(list(seeds))].dropna()
@@ -323,24 +323,24 @@ def verdicts(study: Study, analysis: dict, evals) -> dict:
 
     result = {}
     claimant, baselines = (study.claim[0], [arm for arm in study.claim[1:] if arm in rows]) if study.claim else (None, [])
-    if claimant in rows and baselines and all(s in rows[claimant] for s in CRITERION_SCORES):
+    if claimant in rows and baselines and all(s in rows[claimant] for s in _CRITERION_SCORES):
         claim = {}
-        for score in CRITERION_SCORES:
+        for score in _CRITERION_SCORES:
             best = min(baselines, key=lambda arm: rows[arm][score]["set_size"])
             change = paired_change(evals, claimant, best, score)
             claim[score] = {"against": best, **change, "coverage_ok": covered(claimant, score)}
-            claim[score]["within"] = [within_mean(evals, claimant, best, score, seeds) for seeds in study.seed_groups]
-        result["claim"] = {**claim, "rule": study.claim_rule, "verdict": CLAIM_RULES[study.claim_rule](claim.values())}
+            claim[score]["within"] = [_within_mean(evals, claimant, best, score, seeds) for seeds in study.seed_groups]
+        result["claim"] = {**claim, "rule": study.claim_rule, "verdict": _CLAIM_RULES[study.claim_rule](claim.values())}
     triples = [t for t in study.mechanism if set(t) <= set(rows)]
     if triples:
         arm, *others = min(triples, key=lambda t: rows[t[0]]["hps"]["set_size"])
-        changes = {f"{score}_{other}": paired_change(evals, arm, other, score) for score in CRITERION_SCORES for other in others}
-        holds = all(c["high"] < 0 for c in changes.values()) and all(covered(arm, score) for score in CRITERION_SCORES)
+        changes = {f"{score}_{other}": paired_change(evals, arm, other, score) for score in _CRITERION_SCORES for other in others}
+        holds = all(c["high"] < 0 for c in changes.values()) and all(covered(arm, score) for score in _CRITERION_SCORES)
         result["mechanism"] = {"arm": arm, "against": others, "changes": changes, "verdict": "holds" if holds else "not shown"}
     return result
 
 
-def batch_gaps(study: Study, evals, runs, scores: list[str]) -> dict | None:
+def _batch_gaps(study: Study, evals, runs, scores: list[str]) -> dict | None:
     """The batch-size prediction (docs/fidelity.md): per batch, the per-seed gap of ConfTr over DPSM
     in set size, 100 (ConfTr - DPSM) / ConfTr, and the change of that gap from the largest batch to
     the smallest, per seed; beside them both methods' quantile errors."""
@@ -374,7 +374,7 @@ def batch_gaps(study: Study, evals, runs, scores: list[str]) -> dict | None:
     return result
 
 
-def fmt(value, digits: int = 2) -> str:
+def _fmt(value, digits: int = 2) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
@@ -382,32 +382,32 @@ def interval_text(change: dict) -> str:
     if change["seeds"] < 2:  # one paired seed (the other arm's failed): a number, no interval
         return "n/a (no seed)" if change["seeds"] == 0 else f"{change['mean']:+.1f}% (1 seed: no interval)"
     marker = "" if change["significant"] else " (n.s.)"
-    return f"{change['mean']:+.1f}% [{fmt(change['low'], 1)}, {fmt(change['high'], 1)}]{marker}"
+    return f"{change['mean']:+.1f}% [{_fmt(change['low'], 1)}, {_fmt(change['high'], 1)}]{marker}"
 
 
 def detectable_text(change: dict) -> str:
-    return "n/a" if change["seeds"] < 2 else f"±{fmt(change['detectable'], 1)}%"
+    return "n/a" if change["seeds"] < 2 else f"±{_fmt(change['detectable'], 1)}%"
 
 
 def markdown_report(analysis: dict) -> str:
     """A study's analysis as markdown: its arms' table, then each part the analysis holds."""
     scores = [s for s in score_names() if analysis["table"] and s in analysis["table"][0]]
-    lines, outside = arms_table(analysis, scores)
+    lines, outside = _arms_table(analysis, scores)
     flagged_arms = {arm for arm, _, _ in outside}
 
     def mark(arm: str) -> str:
         return f"{arm} (outside)" if arm in flagged_arms else arm
 
-    lines += lost_lines(analysis)
-    lines += comparison_lines(analysis, scores, mark)
-    lines += batch_lines(analysis)
-    lines += verdict_lines(analysis)
-    lines += diagnostic_lines(analysis, mark)
-    lines += gradient_lines(analysis, mark)
+    lines += _lost_lines(analysis)
+    lines += _comparison_lines(analysis, scores, mark)
+    lines += _batch_lines(analysis)
+    lines += _verdict_lines(analysis)
+    lines += _diagnostic_lines(analysis, mark)
+    lines += _gradient_lines(analysis, mark)
     return "\n".join(lines)
 
 
-def arms_table(analysis: dict, scores: list[str]) -> tuple[list[str], list[tuple[str, str, float]]]:
+def _arms_table(analysis: dict, scores: list[str]) -> tuple[list[str], list[tuple[str, str, float]]]:
     """The arms' set sizes and coverages, and the (arm, score, coverage) outside the precondition."""
     from dpsm_ray.results.report import markdown
 
@@ -418,11 +418,11 @@ def arms_table(analysis: dict, scores: list[str]) -> tuple[list[str], list[tuple
     outside = []  # (arm, score, coverage) outside the criterion's precondition
     for row in analysis["table"]:
         models = str(row["models"]) if row["models"] == seeds else f"{row['models']} of {seeds}"
-        sizes = [f"{fmt(row[s]['set_size'])} ± {fmt(row[s]['set_size_std'])}" for s in scores]
+        sizes = [f"{_fmt(row[s]['set_size'])} ± {_fmt(row[s]['set_size_std'])}" for s in scores]
         flagged = [s for s in scores if abs(row[s]["coverage"] - (1 - analysis["alpha"])) > COVERAGE_TOLERANCE]
         outside += [(row["arm"], s, row[s]["coverage"]) for s in flagged]
-        coverages = [fmt(row[s]["coverage"], 3) + (" (outside)" if s in flagged else "") for s in scores]
-        rows.append([f"{row['title']} (`{row['arm']}`)", models, *sizes, *coverages, fmt(row["accuracy"], 3)])
+        coverages = [_fmt(row[s]["coverage"], 3) + (" (outside)" if s in flagged else "") for s in scores]
+        rows.append([f"{row['title']} (`{row['arm']}`)", models, *sizes, *coverages, _fmt(row["accuracy"], 3)])
     lines += [markdown(rows), ""]
     if outside:
         said = "; ".join(f"`{arm}` {score.upper()} {coverage:.4f}" for arm, score, coverage in outside)
@@ -431,7 +431,7 @@ def arms_table(analysis: dict, scores: list[str]) -> tuple[list[str], list[tuple
     return lines, outside
 
 
-def lost_lines(analysis: dict) -> list[str]:
+def _lost_lines(analysis: dict) -> list[str]:
     """The trials that ended without a model, and the arms the comparisons name that are absent."""
     lines = []
     if analysis["failed"]:
@@ -447,13 +447,13 @@ def lost_lines(analysis: dict) -> list[str]:
     return lines
 
 
-def comparison_lines(analysis: dict, scores: list[str], mark) -> list[str]:
+def _comparison_lines(analysis: dict, scores: list[str], mark) -> list[str]:
     """Each arm against the references, then the study's own comparisons."""
     from dpsm_ray.results.report import markdown
 
     lines = []
     detectable = [f"{s.upper()} detectable" for s in scores]
-    for against in REFERENCES:
+    for against in _REFERENCES:
         part = [c for c in analysis["comparisons"] if c["against"] == against and not c.get("own")]
         if not part:
             continue
@@ -487,7 +487,7 @@ def comparison_lines(analysis: dict, scores: list[str], mark) -> list[str]:
     return lines
 
 
-def batch_lines(analysis: dict) -> list[str]:
+def _batch_lines(analysis: dict) -> list[str]:
     """The batch-size prediction, where the study makes it."""
     from dpsm_ray.results.report import markdown
 
@@ -510,22 +510,22 @@ def batch_lines(analysis: dict) -> list[str]:
                          interval_text(part["difference"]), detectable_text(part["difference"]), verdict])
         lines += [markdown(rows), ""]
         rows = [["batch", "DPSM \\|q - Q_n\\|", "ConfTr \\|Q_batch - Q_n\\|"]]
-        rows += [[str(e["batch"]), fmt(e["learned_q_error_train"], 4), fmt(e["batch_q_error_train"], 4)] for e in batch["errors"]]
+        rows += [[str(e["batch"]), _fmt(e["learned_q_error_train"], 4), _fmt(e["batch_q_error_train"], 4)] for e in batch["errors"]]
         lines += [markdown(rows), ""]
     return lines
 
 
-def verdict_lines(analysis: dict) -> list[str]:
+def _verdict_lines(analysis: dict) -> list[str]:
     """The claim's and the mechanism's verdicts."""
     lines = []
     verdict = analysis.get("verdicts", {})
     if "claim" in verdict:
         claim = verdict["claim"]
-        rule = CLAIM_TEXT[claim.get("rule", "decisive")]
+        rule = _CLAIM_TEXT[claim.get("rule", "decisive")]
 
         def within(change: dict) -> str:
             means = change.get("within") or []
-            text = [f"{fmt(mean, 1)}%" if math.isfinite(mean) else "n/a (no seed)" for mean in means]
+            text = [f"{_fmt(mean, 1)}%" if math.isfinite(mean) else "n/a (no seed)" for mean in means]
             return f", within each backbone {' and '.join(text)}" if means else ""
 
         lines += [
@@ -534,7 +534,7 @@ def verdict_lines(analysis: dict) -> list[str]:
                 f"{s.upper()}: against `{claim[s]['against']}` {interval_text(claim[s])}{within(claim[s])}, "
                 f"detectable {detectable_text(claim[s])}"
                 + ("" if claim[s]["coverage_ok"] else ", coverage outside the tolerance")
-                for s in CRITERION_SCORES
+                for s in _CRITERION_SCORES
             )
             + ".",
             "",
@@ -552,7 +552,7 @@ def verdict_lines(analysis: dict) -> list[str]:
     return lines
 
 
-def diagnostic_lines(analysis: dict, mark) -> list[str]:
+def _diagnostic_lines(analysis: dict, mark) -> list[str]:
     """The quantile diagnostics, and the quantile error like for like."""
     from dpsm_ray.results.report import markdown
 
@@ -566,8 +566,8 @@ def diagnostic_lines(analysis: dict, mark) -> list[str]:
             "",
         ]
         rows = [["arm", "q", "Q_n train", "\\|q - Q_n\\|", "\\|q - Q_n\\| all epochs", "train size at q", "val size"]]
-        rows += [[mark(d["arm"]), fmt(d["q"], 4), fmt(d["q_dataset_train"], 4), fmt(d["q_error_train"], 4),
-                  fmt(d["q_error_train_all_epochs"], 4), fmt(d["train_set_size_q"]), fmt(d["val_set_size"])]
+        rows += [[mark(d["arm"]), _fmt(d["q"], 4), _fmt(d["q_dataset_train"], 4), _fmt(d["q_error_train"], 4),
+                  _fmt(d["q_error_train_all_epochs"], 4), _fmt(d["train_set_size_q"]), _fmt(d["val_set_size"])]
                  for d in analysis["diagnostics"]]
         lines += [markdown(rows), ""]
     like = [d for d in analysis["diagnostics"] if not math.isnan(d.get("q_error_train_mode", math.nan))]
@@ -581,17 +581,17 @@ def diagnostic_lines(analysis: dict, mark) -> list[str]:
             "",
         ]
         rows = [["arm", "\\|q - Q_n\\| eval mode", "\\|q - Q_n\\| train mode", "Q_n eval mode", "Q_n train mode"]]
-        rows += [[mark(d["arm"]), fmt(d["q_error_train"], 4), fmt(d["q_error_train_mode"], 4), fmt(d["q_dataset_train"], 4),
-                  fmt(d["q_dataset_train_mode"], 4)] for d in like]
+        rows += [[mark(d["arm"]), _fmt(d["q_error_train"], 4), _fmt(d["q_error_train_mode"], 4), _fmt(d["q_dataset_train"], 4),
+                  _fmt(d["q_dataset_train_mode"], 4)] for d in like]
         if any(not math.isnan(d.get("q_error_train_mode_d1", math.nan)) for d in like):  # results since D1's were measured
             rows[0] += ["\\|q - Q_n\\| train mode, D1", "Q_n train mode, D1"]
             for row, d in zip(rows[1:], like):
-                row += [fmt(d.get("q_error_train_mode_d1", math.nan), 4), fmt(d.get("q_dataset_train_mode_d1", math.nan), 4)]
+                row += [_fmt(d.get("q_error_train_mode_d1", math.nan), 4), _fmt(d.get("q_dataset_train_mode_d1", math.nan), 4)]
         lines += [markdown(rows), ""]
     return lines
 
 
-def gradient_lines(analysis: dict, mark) -> list[str]:
+def _gradient_lines(analysis: dict, mark) -> list[str]:
     """Whether the size term is active: the gradient norms."""
     from dpsm_ray.results.report import markdown
 
@@ -606,8 +606,8 @@ def gradient_lines(analysis: dict, mark) -> list[str]:
         ]
         rows = [["arm", "CE first", "size first", "size / CE first", "CE middle", "size middle", "size / CE middle"]]
         for g in analysis["gradients"]:
-            ratio = lambda when: fmt(g[f"size_grad_norm_{when}"] / g[f"ce_grad_norm_{when}"], 3) if g[f"ce_grad_norm_{when}"] else "n/a"
-            rows.append([mark(g["arm"]), fmt(g["ce_grad_norm_first"], 3), fmt(g["size_grad_norm_first"], 3), ratio("first"),
-                         fmt(g["ce_grad_norm_middle"], 3), fmt(g["size_grad_norm_middle"], 3), ratio("middle")])
+            ratio = lambda when: _fmt(g[f"size_grad_norm_{when}"] / g[f"ce_grad_norm_{when}"], 3) if g[f"ce_grad_norm_{when}"] else "n/a"
+            rows.append([mark(g["arm"]), _fmt(g["ce_grad_norm_first"], 3), _fmt(g["size_grad_norm_first"], 3), ratio("first"),
+                         _fmt(g["ce_grad_norm_middle"], 3), _fmt(g["size_grad_norm_middle"], 3), ratio("middle")])
         lines += [markdown(rows), ""]
     return lines

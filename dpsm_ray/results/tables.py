@@ -7,7 +7,7 @@ import pandas as pd
 
 from dpsm_ray.cards import BASE_MODEL, method_cards
 
-METRICS = ("coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
+_METRICS = ("coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
 CHANCE_MARGIN = 0.05  # "near chance": test accuracy at most 5 points above 1/K
 
 
@@ -29,10 +29,10 @@ def chance_warning(accuracy: float, num_classes: int, set_size: float | None = N
 
 def summarise(evals: pd.DataFrame, by: tuple[str, ...] = ("score",)) -> pd.DataFrame:
     """Mean and standard deviation of every metric per group, as ``metric`` / ``metric_std`` columns."""
-    grouped = evals.groupby(list(by), sort=False)[list(METRICS)]
+    grouped = evals.groupby(list(by), sort=False)[list(_METRICS)]
     means, stds = grouped.mean(), grouped.std(ddof=1).fillna(0.0)
     out = means.copy()
-    for metric in METRICS:
+    for metric in _METRICS:
         out[f"{metric}_std"] = stds[metric]
     return out.reset_index()
 
@@ -44,8 +44,8 @@ def format_summary(summary: pd.DataFrame, by: tuple[str, ...] = ("score",)) -> s
     lines = []
     for _, row in summary.iterrows():
         cells = [str(row[key]) for key in by]
-        digits = {m: 2 if m == "covgap" else 3 for m in METRICS}
-        cells += ["n/a" if pd.isna(row[m]) else f"{row[m]:.{digits[m]}f} ± {row[m + '_std']:.{digits[m]}f}" for m in METRICS]
+        digits = {m: 2 if m == "covgap" else 3 for m in _METRICS}
+        cells += ["n/a" if pd.isna(row[m]) else f"{row[m]:.{digits[m]}f} ± {row[m + '_std']:.{digits[m]}f}" for m in _METRICS]
         lines.append(cells)
     return render_columns([headers, ["-" * len(h) for h in headers], *lines])
 
@@ -62,7 +62,7 @@ def render_columns(lines: list[list[str]]) -> str:
 
 # --- the report's tables ------------------------------------------------------------------------
 
-BASE_TITLES = ("CE (base model, as in the paper's table)", "CE base")  # the table's, the figures'
+_BASE_TITLES = ("CE (base model, as in the paper's table)", "CE base")  # the table's, the figures'
 
 
 def method_order() -> tuple[str, ...]:
@@ -73,14 +73,14 @@ def method_order() -> tuple[str, ...]:
 def method_name(method: str) -> str:
     """A method's title in the tables (its card's); an unknown method its own name."""
     if method == BASE_MODEL:
-        return BASE_TITLES[0]
+        return _BASE_TITLES[0]
     return next((card.title for card in method_cards() if card.name == method), method)
 
 
 def figure_name(method: str) -> str:
     """A method's tick label and legend entry: its card's short title, or its title."""
     if method == BASE_MODEL:
-        return BASE_TITLES[1]
+        return _BASE_TITLES[1]
     return next((card.short_title or card.title for card in method_cards() if card.name == method), method)
 def ordered(values, order) -> list:
     present = list(dict.fromkeys(values))
@@ -102,7 +102,7 @@ def markdown(rows: list[list[str]]) -> str:
 
 
 # Unicode the tables hold and LaTeX's default fonts lack, as LaTeX
-LATEX_SYMBOLS = {
+_LATEX_SYMBOLS = {
     "±": r"$\pm$",
     "−": "$-$",
     "↓": r"$\downarrow$",
@@ -134,7 +134,7 @@ def latex_text(text: str) -> str:
         escaped = escaped.replace(char, "\\" + char)
     escaped = escaped.replace("\0", r"\textbackslash{}")
     escaped = escaped.replace("~", r"\textasciitilde{}").replace("^", r"\textasciicircum{}").replace("|", r"\textbar{}")
-    for symbol, latex in LATEX_SYMBOLS.items():
+    for symbol, latex in _LATEX_SYMBOLS.items():
         escaped = escaped.replace(symbol, latex)
     escaped = re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", escaped)
     return re.sub(r"`(.+?)`", r"\\texttt{\1}", escaped)

@@ -83,7 +83,7 @@ def write_run_settings(directory: Path, config: dict, data: dict) -> None:
 
 
 # TrainConfig fields that may hold a path inside the results directory
-RESULT_PATHS = ("init_checkpoint", "cache_dir")
+_RESULT_PATHS = ("init_checkpoint", "cache_dir")
 
 
 class UnreadableResults(ValueError):
@@ -115,7 +115,7 @@ def read_sweep(results: Path) -> dict | None:
         return None
 
 
-VERSIONED = ("dpsm_ray", "torch", "ray", "optuna")
+_VERSIONED = ("dpsm_ray", "torch", "ray", "optuna")
 
 
 def package_versions() -> dict[str, str]:
@@ -125,7 +125,7 @@ def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}
-    for name in VERSIONED:
+    for name in _VERSIONED:
         try:
             found[name] = version(name)
         except PackageNotFoundError:
@@ -201,7 +201,7 @@ class Ledger:
     def relative(self, record: dict) -> dict:
         """``record`` with its configuration's paths inside the results directory made relative."""
         config = dict(record.get("config") or {})
-        for name in RESULT_PATHS:
+        for name in _RESULT_PATHS:
             value = config.get(name)
             if isinstance(value, str) and Path(value).is_relative_to(self.results):
                 config[name] = str(Path(value).relative_to(self.results))
@@ -209,7 +209,7 @@ class Ledger:
 
     def absolute(self, record: dict) -> dict:
         config = dict(record.get("config") or {})
-        for name in RESULT_PATHS:
+        for name in _RESULT_PATHS:
             value = config.get(name)
             if isinstance(value, str) and not os.path.isabs(value):
                 config[name] = str(self.results / value)
@@ -243,7 +243,7 @@ class ResultsLock:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = describe_holder(parse_holder(handle.read().strip()))
+            holder = describe_holder(_parse_holder(handle.read().strip()))
             handle.close()
             raise ResultsInUse(
                 f"{self.path.parent} is in use by another sweep driver ({holder}); wait for it to finish or stop it first"
@@ -255,7 +255,7 @@ class ResultsLock:
         handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}))
         handle.flush()
         self._handle = handle
-        return parse_holder(previous)
+        return _parse_holder(previous)
 
     def release(self) -> None:
         if self._handle is not None:
@@ -275,7 +275,7 @@ class ResultsLock:
         self.release()
 
 
-def parse_holder(text: str) -> dict | None:
+def _parse_holder(text: str) -> dict | None:
     try:
         holder = json.loads(text)
     except ValueError:

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from dpsm_ray.config import TRIAL_COLUMNS, field_type
 
-ARROW_TYPES = {
+_ARROW_TYPES = {
     "float": pa.float64(),
     "int": pa.int64(),
     "str": pa.string(),
@@ -124,7 +124,7 @@ TRIALS = {
     "epochs_completed": pa.int64(),
     "wall_seconds": pa.float64(),
     # the configuration: the fields marked ``column`` (dpsm_ray/config.py), null where a method does not read one
-    **{name: ARROW_TYPES[field_type(name)] for name in TRIAL_COLUMNS},
+    **{name: _ARROW_TYPES[field_type(name)] for name in TRIAL_COLUMNS},
     "config_json": pa.string(),  # the whole TrainConfig
 }
 

@@ -34,7 +34,7 @@ def trials_per_gpu(model: str) -> int:
     return model_card(model).trials_per_gpu
 
 
-def packing_help() -> str:
+def _packing_help() -> str:
     """Each model's default packing, grouped: "4 for mlp, ...; 1 for resnet50, densenet121"."""
     groups: dict[int, list[str]] = {}
     for card in model_cards():
@@ -43,7 +43,7 @@ def packing_help() -> str:
     return "; ".join(f"{count} for {', '.join(names)}" for count, names in sorted(groups.items(), reverse=True))
 
 
-def packed_gpus_per_worker(values: dict, explicit: bool, packing: str) -> float:
+def _packed_gpus_per_worker(values: dict, explicit: bool, packing: str) -> float:
     """GPUs each trial's worker asks Ray for: the script's or user's ``gpus_per_worker`` when
     explicit, else a whole GPU divided by the packing factor (``auto`` or a number), for
     single-worker GPU trials."""
@@ -63,7 +63,7 @@ def packed_gpus_per_worker(values: dict, explicit: bool, packing: str) -> float:
     return 1 / factor
 
 
-def parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
+def _parse_axis_values(text: str, option: str) -> tuple[str, tuple]:
     """``lr=0.01,0.1`` or ``milestones=25+40,3`` -> ("lr", (0.01, 0.1)) / ("milestones", ((25, 40), (3,)))."""
     axis, _, values = text.partition("=")
     axis = knob_name(axis, f"{option} {text}")
@@ -87,14 +87,14 @@ GENERIC_DEFAULTS = {"trials": 8, "final_seeds": 3, "config": {}}
 def build_parser(name: str, description: str, defaults: dict) -> argparse.ArgumentParser:
     prog = "dpsm-ray sweep" if name == GENERIC else f"sweeps/{name}.py"
     parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
-    add_sweep_options(parser, name, defaults)
-    add_search_options(parser, defaults)
+    _add_sweep_options(parser, name, defaults)
+    _add_search_options(parser, defaults)
     add_running_options(parser, defaults)
     add_config_options(parser, fields_marked("sweep"), defaults["config"])
     return parser
 
 
-def add_sweep_options(parser: argparse.ArgumentParser, name: str, defaults: dict) -> None:
+def _add_sweep_options(parser: argparse.ArgumentParser, name: str, defaults: dict) -> None:
     """What the sweep is: its config file, directory, budget, methods, seeds and coverage slack."""
     add = parser.add_argument
     add("--version", action="version", version=version_line("dpsm_ray"))
@@ -146,7 +146,7 @@ def add_sweep_options(parser: argparse.ArgumentParser, name: str, defaults: dict
     )
 
 
-def add_search_options(parser: argparse.ArgumentParser, defaults: dict) -> None:
+def _add_search_options(parser: argparse.ArgumentParser, defaults: dict) -> None:
     """How each method is searched: Optuna's ranges, sampler and scheduler, or the paper's grid."""
     add = parser.add_argument
     add(
@@ -269,7 +269,7 @@ def add_running_options(parser: argparse.ArgumentParser, defaults: dict) -> None
         default="auto",
         metavar="N|auto",
         help="single-worker GPU trials packed on one GPU (each asks for 1/N of it); auto: the model card's ("
-        + packing_help()
+        + _packing_help()
         + "); --gpus-per-worker overrides (default: %(default)s)",
     )
 
@@ -282,17 +282,17 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
     offered = config_options()
     values = {**defaults["config"], **getattr(args, "base_fields", {}), **{k: v for k, v in vars(args).items() if k in offered}}
     values.update(seed=args.seed, download=args.download)
-    values["gpus_per_worker"] = packed_gpus_per_worker(values, "gpus_per_worker" in vars(args), args.trials_per_gpu)
+    values["gpus_per_worker"] = _packed_gpus_per_worker(values, "gpus_per_worker" in vars(args), args.trials_per_gpu)
     base = TrainConfig.from_dict(values)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     ranges = tuple(parse_range(text) for text in args.range)
     fixed = {}
     for text in args.fix:
-        axis, parsed = parse_axis_values(text, "--fix")
+        axis, parsed = _parse_axis_values(text, "--fix")
         if len(parsed) != 1:
             raise ValueError(f"--fix {text!r}: give exactly one value (use --subset for several)")
         fixed[axis] = parsed[0]
-    subsets = dict(parse_axis_values(text, "--subset") for text in args.subset)
+    subsets = dict(_parse_axis_values(text, "--subset") for text in args.subset)
     if (fixed or subsets or args.grid_budget is not None) and not args.grid:
         raise ValueError("--fix/--subset/--grid-budget apply to --grid paper")
     workers = base.workers
@@ -365,7 +365,7 @@ def run(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace, de
         try:
             results = run_sweep(spec, Path(args.results_dir), resume=args.resume, log=Progress(lambda line: print(line, flush=True)))
         except SweepFinished as error:  # the command run a second time: show what the first one made
-            return show_finished(Path(args.results_dir), str(error), parser.prog)
+            return _show_finished(Path(args.results_dir), str(error), parser.prog)
     print(f"sweep finished in {time.perf_counter() - started:.0f}s; results in {results}", file=sys.stdout)
     return 0
 
@@ -388,7 +388,7 @@ def default_results_dir(name: str, dataset: str, methods: tuple[str, ...], defau
     return f"results/{stem}"
 
 
-def show_finished(results: Path, why: str, prog: str) -> int:
+def _show_finished(results: Path, why: str, prog: str) -> int:
     """A finished sweep's headline tables, as its end printed them (from its Parquet files, nothing
     drawn or written), and how to run another."""
     from dpsm_ray.storage.layout import FINISHED_FILE

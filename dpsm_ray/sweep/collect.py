@@ -20,7 +20,7 @@ from dpsm_ray.train.loop import EPOCH_COLUMNS
 
 # The files a sweep writes (docs/results.md) and the TrainConfig fields each trials.parquet row spells
 # out: null where the row's method does not read the field (its card's fields: CE's lambda and T).
-FILES = {"trials": TRIALS, "epochs": EPOCHS, "evals": EVALS, "classes": CLASSES}
+_FILES = {"trials": TRIALS, "epochs": EPOCHS, "evals": EVALS, "classes": CLASSES}
 
 
 def collect(sweep: str, floor: CoverageFloor, ledger: Ledger, stage: str, name: str) -> dict[str, list[dict]]:
@@ -58,10 +58,10 @@ def collect(sweep: str, floor: CoverageFloor, ledger: Ledger, stage: str, name: 
 def config_columns(config: TrainConfig) -> dict:
     """trials.parquet's configuration columns of ``config`` (the fields marked ``column``): a field
     its method does not read is null (a value there was never used, and a reader would take it for one)."""
-    return {column: value_of(getattr(config, column)) if reads(config.method, column) else None for column in TRIAL_COLUMNS}
+    return {column: _value_of(getattr(config, column)) if reads(config.method, column) else None for column in TRIAL_COLUMNS}
 
 
-def value_of(value):
+def _value_of(value):
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -69,11 +69,11 @@ def write_results(results: Path, sweep: str, floor: CoverageFloor, stages: list[
     """Rewrite every one of FILES from the records of ``stages`` so far: ``(label in the files,
     stage name under runs/)`` -- a sweep's searches and final stage, or a study's arms."""
     ledger = Ledger(results)
-    rows = {name: [] for name in FILES}
+    rows = {name: [] for name in _FILES}
     for stage, name in stages:
         for file, part in collect(sweep, floor, ledger, stage, name).items():
             rows[file] += part
-    for file, schema in FILES.items():
+    for file, schema in _FILES.items():
         write_parquet(results / PARQUET[file], rows[file], schema)
 
 

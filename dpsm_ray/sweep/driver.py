@@ -71,7 +71,7 @@ def run_sweep(spec: SweepSpec, results_dir: str | os.PathLike, *, resume: bool =
         settings = check_results_dir(spec, results, resume)
         for line in calibration_warnings(spec.base):
             log(f"warning: {line}")
-        before_ray(results, spec.trial_demand(), spec.address, log)
+        _before_ray(results, spec.trial_demand(), spec.address, log)
         return drive(spec, results, settings, resume, log, search_only)
 
 
@@ -100,7 +100,7 @@ def holding(results: Path, config: TrainConfig, log):
         lock.release()
 
 
-def before_ray(results: Path, demand: dict, address: str | None, log) -> None:
+def _before_ray(results: Path, demand: dict, address: str | None, log) -> None:
     """Once the directory is held: what an interrupted write left removed, and the trials' demand
     checked against what the machine or cluster could ever give (before Ray starts)."""
     for leftover in remove_temporaries(results, skip=(TUNE,)):  # no writer is running: the lock says so
@@ -108,17 +108,17 @@ def before_ray(results: Path, demand: dict, address: str | None, log) -> None:
     check_before_start(demand, address)
 
 
-def start_ray(demand: dict, address: str | None, resource_timeout: float, worker_output: bool, log) -> None:
+def _start_ray(demand: dict, address: str | None, resource_timeout: float, worker_output: bool, log) -> None:
     """Ray started (or attached to) with the progress output the drivers print, and the room for
     one trial waited for."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # a failed trial is one FAILED line; its traceback stays in error.txt
-    quiet_libraries()
+    _quiet_libraries()
     ensure_ray(address, worker_output=worker_output)
     check_capacity(demand, timeout_s=resource_timeout, log=log)
 
 
-def run_in_tune(
+def _run_in_tune(
     stages: list,
     results: Path,
     *,
@@ -158,11 +158,11 @@ def run_in_tune(
 
 def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, search_only: bool) -> Path:
     if spec.arms:
-        return drive_arms(spec, results, settings, resume, log)
-    return drive_search(spec, results, settings, resume, log, search_only)
+        return _drive_arms(spec, results, settings, resume, log)
+    return _drive_search(spec, results, settings, resume, log, search_only)
 
 
-def rebuild_if_changed(results: Path, log) -> None:
+def _rebuild_if_changed(results: Path, log) -> None:
     """A resumed sweep's Parquet files that changed after they were written are rebuilt from the
     run records (their manifest removed, rewritten with them)."""
     from dpsm_ray.storage.layout import MANIFEST
@@ -175,7 +175,7 @@ def rebuild_if_changed(results: Path, log) -> None:
         (results / MANIFEST).unlink(missing_ok=True)
 
 
-def drive_arms(spec: SweepSpec, results: Path, settings: dict, resume: bool, log) -> Path:
+def _drive_arms(spec: SweepSpec, results: Path, settings: dict, resume: bool, log) -> Path:
     """A study: each arm a stage of given points (its seeds), in one Tune experiment -- the first arm
     alone, its trials training each seed's base model (into the cache), then the others beside each
     other, from those models.  Its Parquet files are written as a sweep's; its analysis is the
@@ -185,8 +185,8 @@ def drive_arms(spec: SweepSpec, results: Path, settings: dict, resume: bool, log
     from dpsm_ray.sweep.stage import Stage
 
     if resume:
-        rebuild_if_changed(results, log)
-    start_ray(spec.trial_demand(), spec.address, spec.resource_timeout, spec.worker_logs, log)
+        _rebuild_if_changed(results, log)
+    _start_ray(spec.trial_demand(), spec.address, spec.resource_timeout, spec.worker_logs, log)
     if not (results / SWEEP_FILE).exists() or read_sweep_settings(results) != settings:
         write_json(results / SWEEP_FILE, settings)  # a new study, or arms added: a later resume must name them too
     stages = [Stage(arm.name, spec.arm_config(arm, results), len(spec.seeds), ("seed",), points=[{"seed": seed} for seed in spec.seeds])
@@ -194,7 +194,7 @@ def drive_arms(spec: SweepSpec, results: Path, settings: dict, resume: bool, log
     for arm in spec.arms:
         log(f"arm {arm.name}: {arm.title}, {len(spec.seeds)} seeds")
     if spec.group_size > 1:
-        log(group_text(spec))
+        log(_group_text(spec))
     log.plan(sum(stage.total for stage in stages))
     arm_stages = [(arm.name, arm.name) for arm in spec.arms]
 
@@ -208,16 +208,16 @@ def drive_arms(spec: SweepSpec, results: Path, settings: dict, resume: bool, log
     return results
 
 
-def drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, search_only: bool) -> Path:
+def _drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, search_only: bool) -> Path:
     from dpsm_ray.predict.export import export_sweep
     from dpsm_ray.results.report import write_report
     from dpsm_ray.sweep.collect import sweep_stages, write_results
 
     if resume:
-        rebuild_if_changed(results, log)
+        _rebuild_if_changed(results, log)
     clock = Stopwatch()  # where this driver's time goes: finished.json's "seconds" (bench/sweep_overhead.py)
     with clock("ray_start"):
-        start_ray(spec.trial_demand(), spec.address, spec.resource_timeout, spec.worker_logs, log)
+        _start_ray(spec.trial_demand(), spec.address, spec.resource_timeout, spec.worker_logs, log)
     if not (results / SWEEP_FILE).exists():  # only now: a sweep refused above leaves no sweep to --resume
         write_json(results / SWEEP_FILE, settings)
     planned_final = len(spec.methods) * spec.final_seeds + (spec.final_seeds if spec.base.init == "base" else 0)
@@ -237,9 +237,9 @@ def drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, l
         else:
             budget = f"{SAMPLER_TITLES[spec.sampler]} trials, {spec.trials_per_knob} per knob of each method{floor} ({each})"
         log(f"search: {budget}, minimising the validation set size (validation coverage >= {spec.coverage_floor:g} as a constraint)"
-            f"{asha_text(spec)}")
+            f"{_asha_text(spec)}")
     if spec.group_size > 1:
-        log(group_text(spec))
+        log(_group_text(spec))
     searches = [search_stage(spec, base.replace(**spec.method_settings(method)), results, settings, log) for method in spec.methods]
 
     def then() -> list:
@@ -282,7 +282,7 @@ def run(spec: SweepSpec, results: Path, stages: list, log, name: str, then=None)
         from dpsm_ray.sweep.tracking import tracking_callbacks
 
         callbacks = tracking_callbacks(spec.tracking, results)
-    run_in_tune(
+    _run_in_tune(
         stages,
         results,
         name=name,
@@ -297,7 +297,7 @@ def run(spec: SweepSpec, results: Path, stages: list, log, name: str, then=None)
     )
 
 
-def quiet_libraries() -> None:
+def _quiet_libraries() -> None:
     """Keep Optuna's and Tune's INFO chatter out of the sweep's progress output."""
     import logging
 
@@ -337,7 +337,7 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
                if config.init == "base" and not cached_weights(config, config.cache_dir).exists()]
     if spec.base.workers > 0 or not missing:
         return {seed: resolve_base_model(config, log) for seed, config in configs.items()}
-    options, held = trial_task_options(spec)
+    options, held = _trial_task_options(spec)
     resolved = {seed: resolve_base_model(config, log) for seed, config in configs.items() if seed not in missing}  # the cached
     if len(missing) == 1:
         log(f"base model: seed {missing[0]} trains as a Ray task holding a trial's resources ({held})")
@@ -346,7 +346,7 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
             f"resources ({held}) each, as many at once as fit")
     lines = Queue(actor_options={"num_cpus": 0}) if len(missing) == 1 else None
     started = time.monotonic()
-    task = ray.remote(train_base_model).options(**options)
+    task = ray.remote(_train_base_model).options(**options)
     outside = cards.outside_cards()  # a dataset or model registered outside the package: the task's process registers it too
     pending = {task.remote(configs[seed].to_dict(), lines, outside): seed for seed in missing}
 
@@ -355,7 +355,7 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
             log(EpochLine(text, **numbers) if numbers else text)
 
     try:  # a task cancelled (interrupted, or another seed failed) resumes from its checkpoint next time
-        with closing(each_ended(pending, poll=said if lines is not None else None)) as ended:
+        with closing(_each_ended(pending, poll=said if lines is not None else None)) as ended:
             for done, (seed, (weights, seconds, host, pid)) in enumerate(ended, 1):
                 resolved[seed] = configs[seed].replace(init_checkpoint=weights)
                 left = f", about {duration_text((time.monotonic() - started) / done * len(pending))} left" if pending else ""
@@ -367,7 +367,7 @@ def with_base_models(spec: SweepSpec, seeds, results: Path, log) -> dict[int, Tr
     return {seed: resolved[seed] for seed in seeds}
 
 
-def each_ended(pending: dict, poll=None):
+def _each_ended(pending: dict, poll=None):
     """``pending``'s Ray tasks (``{ref: key}``, emptied as they end) in the order they end, as
     ``(key, result)``.  A failing task raises its own error (the driver's, not Ray's wrapper of
     it); the tasks still pending when the caller stops -- a failure, an interrupt, an error of its
@@ -392,7 +392,7 @@ def each_ended(pending: dict, poll=None):
             ray.cancel(ref)
 
 
-def trial_task_options(spec: SweepSpec) -> tuple[dict, str]:
+def _trial_task_options(spec: SweepSpec) -> tuple[dict, str]:
     """Ray task options that hold what one of ``spec``'s trials holds (its CPUs, its share of a
     GPU, custom resources), and those resources in words."""
     resources = dict(spec.trial_resources)
@@ -413,20 +413,20 @@ def export_predictors(spec: SweepSpec):
 
         from dpsm_ray.predict.export import ExportProgress
 
-        options, held = trial_task_options(spec)
+        options, held = _trial_task_options(spec)
         log(f"predictors: {len(stale)} Ray task{'s' * (len(stale) > 1)} holding a trial's resources ({held}) each, as many at once as fit")
-        task = ray.remote(exported_where).options(**options)
+        task = ray.remote(_exported_where).options(**options)
         outside = cards.outside_cards()  # cards registered outside the package, which the task's process registers too
         pending = {task.remote(str(results), index, record, sweep, outside): index for index, record in stale.items()}
         progress = ExportProgress(len(stale), log)
-        with closing(each_ended(pending)) as ended:
+        with closing(_each_ended(pending)) as ended:
             for _, (name, host, pid) in ended:
                 progress.ended(name, f" (process {pid} on {host})")
 
     return build
 
 
-def exported_where(results: str, index: int, record: dict, sweep: str, outside=()) -> tuple[str, str, int]:
+def _exported_where(results: str, index: int, record: dict, sweep: str, outside=()) -> tuple[str, str, int]:
     """A Ray task: final trial ``index``'s predictor written (``export_final_model``); its name,
     and where it ran (host, process).  ``outside``: the driver's cards registered outside the
     package, registered here too (as a trial does)."""
@@ -438,13 +438,13 @@ def exported_where(results: str, index: int, record: dict, sweep: str, outside=(
     return export_final_model(results, index, record, sweep), socket.gethostname(), os.getpid()
 
 
-EPOCH_NUMBERS = ("epoch", "epochs", "seconds", "val_set_size", "method")
+_EPOCH_NUMBERS = ("epoch", "epochs", "seconds", "val_set_size", "method")
 
 
-def train_base_model(config: dict, lines, outside=()) -> tuple[str, float, str, int]:
+def _train_base_model(config: dict, lines, outside=()) -> tuple[str, float, str, int]:
     """A Ray task: ``config``'s base model found or trained into its cache (``with_base_models``),
     its log lines put on ``lines`` (a Ray queue, or None); its weights' path, the seconds it took,
-    and where it trained (host, process).  ``outside``: as ``exported_where``'s."""
+    and where it trained (host, process).  ``outside``: as ``_exported_where``'s."""
     import socket
 
     cards.register_cards(outside)
@@ -454,7 +454,7 @@ def train_base_model(config: dict, lines, outside=()) -> tuple[str, float, str, 
 
     def forward(line: str) -> None:
         if lines is not None:  # an epoch line's numbers (a str subclass's attributes) do not pickle with it
-            numbers = {name: getattr(line, name) for name in EPOCH_NUMBERS} if isinstance(line, EpochLine) else None
+            numbers = {name: getattr(line, name) for name in _EPOCH_NUMBERS} if isinstance(line, EpochLine) else None
             lines.put_nowait((str(line), numbers))
 
     started = time.monotonic()
@@ -472,11 +472,11 @@ def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: di
     asha = (spec.grace_period, spec.reduction_factor) if spec.scheduler == "asha" else None
     if spec.grid:
         axes = spec.grid_axes(method)
-        points = method_grid_points(spec, method)
+        points = _method_grid_points(spec, method)
         budget = f", a seeded random {len(points)} of them" if len(points) < grid_size(axes) else ""
         log(
             f"{name}: the paper grid has {grid_size(axes)} configurations"
-            f" ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())}){budget}{asha_text(spec)}"
+            f" ({' x '.join(f'{k} {len(v)}' for k, v in axes.items())}){budget}{_asha_text(spec)}"
         )
         knobs = tuple(k for k, v in axes.items() if len(v) > 1)
         return Stage(name, base, len(points), knobs, points=points, asha=asha, coverage_floor=spec.coverage_floor)
@@ -491,13 +491,13 @@ def search_stage(spec: SweepSpec, base: TrainConfig, results: Path, settings: di
     return Stage(name, base, spec.search_trials(method), knobs, study=study, asha=asha, coverage_floor=spec.coverage_floor)
 
 
-def asha_text(spec: SweepSpec) -> str:
+def _asha_text(spec: SweepSpec) -> str:
     if spec.scheduler != "asha":
         return ""
     return f"; ASHA stops trials early (grace period {spec.grace_period} epochs, reduction factor {spec.reduction_factor})"
 
 
-def group_text(spec: SweepSpec) -> str:
+def _group_text(spec: SweepSpec) -> str:
     """Where a sweep's trials train in groups (``Stage.groups``): stages of given points without
     early stopping, trained in the trial's own process."""
     if spec.base.workers > 0:
@@ -514,10 +514,10 @@ def group_text(spec: SweepSpec) -> str:
 
 def search_size(spec: SweepSpec, method: str) -> int:
     """Trials in ``method``'s search: the Optuna budget, or the grid's (possibly budgeted) points."""
-    return len(method_grid_points(spec, method)) if spec.grid else spec.search_trials(method)
+    return len(_method_grid_points(spec, method)) if spec.grid else spec.search_trials(method)
 
 
-def method_grid_points(spec: SweepSpec, method: str) -> list[dict]:
+def _method_grid_points(spec: SweepSpec, method: str) -> list[dict]:
     """The points of ``method``'s paper grid the sweep runs (all, or ``--grid-budget`` of them chosen by the seed)."""
     return grid_points(spec.grid_axes(method), spec.grid_budget, derive_seed(spec.seed, "grid", method))
 

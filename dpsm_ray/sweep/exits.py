@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 from contextlib import contextmanager
 
-RESUME = "rerun with --resume to continue"
+_RESUME = "rerun with --resume to continue"
 
 
 @contextmanager
-def exit_codes(parser: argparse.ArgumentParser, *, again: str = RESUME, where=None, flag=None):
+def exit_codes(parser: argparse.ArgumentParser, *, again: str = _RESUME, where=None, flag=None):
     """Map what the block raises to one line and an exit status (module docstring).  ``again``:
     how to continue after a stop; ``where()``: the directory whose device a full disk names (None:
     none); ``flag(field)``: the option that sets a config field (default ``--field-name``)."""

@@ -27,21 +27,21 @@ from pathlib import Path
 
 GENERIC = "sweep"  # the name of the sweep ``dpsm-ray sweep`` runs, unless its --config names one
 OPTUNA_STORAGE_ENV = "DPSM_RAY_OPTUNA_STORAGE"  # as dpsm_ray.sweep.spec (not imported: it loads torch)
-STORAGE_OPTIONS = ("results_dir", "data_root", "optuna_storage")
-TRACKERS = ("mlflow",)
+_STORAGE_OPTIONS = ("results_dir", "data_root", "optuna_storage")
+_TRACKERS = ("mlflow",)
 URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # SQLAlchemy's own dialects; third-party ones (cockroachdb, ...) register an entry point
-SQL_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
-ROUTES = (
+_SQL_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
+_ROUTES = (
     "supported: a directory on a file system mounted at the same path on every node (a local disk for one machine, NFS or "
     "similar for a cluster); for --optuna-storage, SQLite (sqlite:////abs/path/optuna.db) or a database URL (postgresql://..., mysql://...)"
 )
 
 
-def database_dialects() -> set[str]:
+def _database_dialects() -> set[str]:
     from importlib.metadata import entry_points
 
-    return set(SQL_DIALECTS) | {entry.name.split(".")[0] for entry in entry_points(group="sqlalchemy.dialects")}
+    return set(_SQL_DIALECTS) | {entry.name.split(".")[0] for entry in entry_points(group="sqlalchemy.dialects")}
 
 
 def masked(url: str) -> str:
@@ -61,15 +61,15 @@ def storage_problem(option: str, value: str | None) -> str | None:
     if match is None:
         return None
     scheme = match.group(1).lower()
-    if option == "optuna_storage" and scheme.split("+")[0] in database_dialects():
+    if option == "optuna_storage" and scheme.split("+")[0] in _database_dialects():
         return None
     flag = "--" + option.replace("_", "-")
-    return f"{flag} {masked(value)}: {scheme}:// is not storage this service can use; {ROUTES}"
+    return f"{flag} {masked(value)}: {scheme}:// is not storage this service can use; {_ROUTES}"
 
 
 def check_storage(values: dict) -> None:
     """Raise ValueError for the first of ``values``' storage options the service cannot use."""
-    for option in STORAGE_OPTIONS:
+    for option in _STORAGE_OPTIONS:
         problem = storage_problem(option, values.get(option))
         if problem is not None:
             raise ValueError(problem)
@@ -81,7 +81,7 @@ def parse_tracking(text: str | None) -> tuple[str, str | None] | None:
     if text is None:
         return None
     tracker, equals, uri = text.partition("=")
-    if tracker not in TRACKERS or (equals and not uri):
+    if tracker not in _TRACKERS or (equals and not uri):
         raise ValueError(f"--tracking {text!r}: expected mlflow or mlflow=URI (e.g. mlflow=http://127.0.0.1:5000)")
     import importlib.util
 
@@ -93,12 +93,12 @@ def parse_tracking(text: str | None) -> tuple[str, str | None] | None:
 # --- config files --------------------------------------------------------------------------
 
 # sweep.json's records of how a sweep ran, not options: ignored in a config file
-RECORDS = ("ledger", "studies", "versions", "trial_resources", "data")
+_RECORDS = ("ledger", "studies", "versions", "trial_resources", "data")
 # sweep.json's base fields that the sweep derives from its options (dpsm_ray.sweep.spec.SweepSpec)
-DERIVED_BASE_FIELDS = ("seed", "evaluate_test", "method", "init_checkpoint", "cache_dir")
+_DERIVED_BASE_FIELDS = ("seed", "evaluate_test", "method", "init_checkpoint", "cache_dir")
 
 
-def read_config_file(path: str | os.PathLike) -> dict:
+def _read_config_file(path: str | os.PathLike) -> dict:
     """A config file's mapping, keys with ``_`` for ``-`` (ValueError naming the file otherwise)."""
     path = Path(path)
     if path.suffix.lower() not in (".yaml", ".yml", ".json"):
@@ -157,14 +157,14 @@ def parse_with_config(parser: argparse.ArgumentParser, name: str, config_options
     if getattr(args, "config", None) is None:
         return args
     try:
-        defaults = config_defaults(parser, name, config_options, read_config_file(args.config), args.config)
+        defaults = _config_defaults(parser, name, config_options, _read_config_file(args.config), args.config)
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     parser.set_defaults(**defaults)
     return parse_strictly(parser, argv)
 
 
-def config_defaults(parser: argparse.ArgumentParser, name: str, config_options, data: dict, path) -> dict:
+def _config_defaults(parser: argparse.ArgumentParser, name: str, config_options, data: dict, path) -> dict:
     """The parser defaults (``dest -> value``) that a config file's mapping ``data`` sets."""
     from dpsm_ray.config import config_specs
 
@@ -173,10 +173,10 @@ def config_defaults(parser: argparse.ArgumentParser, name: str, config_options, 
     where = f"--config {path}"
     defaults: dict = {}
     for key, value in data.items():
-        if key in RECORDS:
+        if key in _RECORDS:
             continue
         if key not in actions and key not in spec_keys:
-            raise ValueError(f"{where}: unknown key {key!r}; did you mean {nearest(key, [*actions, *spec_keys, *RECORDS])!r}?")
+            raise ValueError(f"{where}: unknown key {key!r}; did you mean {nearest(key, [*actions, *spec_keys, *_RECORDS])!r}?")
         if key == "arms":
             if value:
                 raise ValueError(f"{where}: this file describes a study (its arms: {', '.join(value)}); run it with its study's script")
@@ -193,32 +193,32 @@ def config_defaults(parser: argparse.ArgumentParser, name: str, config_options, 
             for field, setting in value.items():
                 if field not in fields:
                     raise ValueError(f"{where}: unknown key 'base.{field}'; did you mean {'base.' + nearest(field, fields)!r}?")
-                if field in DERIVED_BASE_FIELDS or (field == "split_seed" and setting == data.get("seed", 0)):
+                if field in _DERIVED_BASE_FIELDS or (field == "split_seed" and setting == data.get("seed", 0)):
                     continue
                 if field == "download" or field in config_options:
-                    defaults[field] = option_value(actions[field], setting, f"{where}: base.{field}")
+                    defaults[field] = _option_value(actions[field], setting, f"{where}: base.{field}")
                 else:
                     base_fields[field] = setting
             defaults["base_fields"] = base_fields
         elif key == "ranges":  # [[knob, {low, high, log}], ...] -> --range knob=low:high:log
             defaults["range"] = [f"{knob}={r['low']!r}:{r['high']!r}:{'log' if r.get('log', True) else 'linear'}" for knob, r in value]
         elif key == "grid_fixed":  # [[axis, value], ...] -> --fix axis=value
-            defaults["fix"] = [f"{axis}={axis_text(v)}" for axis, v in value]
+            defaults["fix"] = [f"{axis}={_axis_text(v)}" for axis, v in value]
         elif key == "grid_subsets":  # [[axis, [values]], ...] -> --subset axis=v1,v2
-            defaults["subset"] = [f"{axis}={','.join(axis_text(v) for v in values)}" for axis, values in value]
+            defaults["subset"] = [f"{axis}={','.join(_axis_text(v) for v in values)}" for axis, values in value]
         elif key == "optuna_storage" and isinstance(value, str) and "***" in value:
             continue  # sweep.json's record of an external storage, its password masked: give --optuna-storage
         else:
-            defaults[key] = option_value(actions[key], value, f"{where}: {key}")
+            defaults[key] = _option_value(actions[key], value, f"{where}: {key}")
     return defaults
 
 
-def axis_text(value) -> str:
+def _axis_text(value) -> str:
     """A grid value as --fix/--subset take it (milestones as 25+40)."""
     return "+".join(str(v) for v in value) if isinstance(value, (list, tuple)) else repr(value) if isinstance(value, float) else str(value)
 
 
-def option_value(action: argparse.Action, value, where: str):
+def _option_value(action: argparse.Action, value, where: str):
     """A config file's ``value`` for an option, as argparse would have made it from the command line."""
     if value is None:
         return None

@@ -39,7 +39,7 @@ STARTUP_TRIALS = 4
 # as ``trial.constraints == {"0": value}``) and the only one optuna-dashboard shows (0.21,
 # _serializer.py: ``trial_system_attrs.get("constraints", [])``); the ``constraints:<name>`` keys
 # of ``trial.set_constraint`` are invisible to it.  One value: floor - val_coverage, feasible <= 0.
-CONSTRAINTS_KEY = "constraints"
+_CONSTRAINTS_KEY = "constraints"
 
 
 class MethodStudy:
@@ -48,7 +48,7 @@ class MethodStudy:
     Samplers (``sampler``): ``tpe``, Optuna's TPE (multivariate in Optuna 5) after ``STARTUP_TRIALS``
     random ones; ``random``; ``gp``, Optuna's ``GPSampler`` (built for budgets of 10-50 trials) after
     the same random start, with the coverage constraint; ``sobol``, a scrambled Sobol sequence over
-    every knob of ``DEFAULT_RANGES`` seeded by the sweep alone (``sobol_point``), so that trial n of
+    every knob of ``DEFAULT_RANGES`` seeded by the sweep alone (``_sobol_point``), so that trial n of
     every method draws the same value of a knob they share; ``sobol-tpe``, TPE after
     ``STARTUP_TRIALS`` of those Sobol points instead of random ones (every method's start shared)."""
 
@@ -76,7 +76,7 @@ class MethodStudy:
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False,
                                              independent_sampler=optuna.samplers.RandomSampler(seed=seed))
         if self.sampler in ("sobol", "sobol-tpe"):
-            point = sobol_point(self.seed, number)
+            point = _sobol_point(self.seed, number)
             with warnings.catch_warnings():  # experimental since Optuna 2.4, unchanged since
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.samplers.PartialFixedSampler({parameter: point[parameter]}, optuna.samplers.RandomSampler(seed=seed))
@@ -111,7 +111,7 @@ class MethodStudy:
         for key, attribute in attributes.items():
             trial.set_user_attr(key, attribute)
         if status != "failed" and coverage is not None and math.isfinite(coverage) and not self.storage.get_trial(trial_id).constraints:
-            self.storage.set_trial_system_attr(trial_id, CONSTRAINTS_KEY, [floor - coverage])
+            self.storage.set_trial_system_attr(trial_id, _CONSTRAINTS_KEY, [floor - coverage])
         if status == "ok" and value is not None and math.isfinite(value):
             self.study.tell(number, value, skip_if_finished=True)
         else:
@@ -119,7 +119,7 @@ class MethodStudy:
             self.study.tell(number, state=state, skip_if_finished=True)
 
 
-def sobol_point(seed: int, number: int) -> dict[str, float]:
+def _sobol_point(seed: int, number: int) -> dict[str, float]:
     """Point ``number`` of the sweep's scrambled Sobol sequence (scipy's, seeded by the sweep seed
     alone), one coordinate per knob of ``DEFAULT_RANGES``, mapped into its range (log-uniform or
     uniform): the ``sobol`` sampler's trial ``number`` for every method alike."""

@@ -144,7 +144,7 @@ class SweepSpec:
                 f"must be an integer in [0, 2**63 - final_seeds] (the final seeds are seed .. seed + {self.final_seeds - 1})",
             )
         if self.optuna_storage is not None:
-            check_storage_url(self.optuna_storage)
+            _check_storage_url(self.optuna_storage)
         if self.preset is not None and self.preset not in PRESET_NAMES:
             raise ConfigError("preset", self.preset, f"must be one of {', '.join(PRESET_NAMES)}")
         # the search never evaluates on test data; every seed trains on the one split the search
@@ -250,10 +250,10 @@ def search_budget(trials: int, trials_per_knob: int | None, method: str, min_tri
 # sweep without it was written by an earlier version, whose state lived in Tune's pickles
 LEDGER_FORMAT = 1
 # Settings a resumed sweep may change: they do not change what any trial computes.
-RESUMABLE_CHANGES = ("init_checkpoint", "download")
+_RESUMABLE_CHANGES = ("init_checkpoint", "download")
 
 
-def check_storage_url(url: str) -> None:
+def _check_storage_url(url: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -321,7 +321,7 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
     Returns the sweep's ``sweep.json`` content (to be written, for a new sweep)."""
     if (results / SWEEP_FILE).exists():
         stored = read_sweep_file(results)
-        check_same_data(stored, spec.base.dataset, results)
+        _check_same_data(stored, spec.base.dataset, results)
         described = spec.describe()
         differences = settings_differences(stored, described)
         finished = (results / FINISHED_FILE).exists()
@@ -345,8 +345,8 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
         if spec.arms:  # the arms run now and those it has had: a later resume must name them too
             return {**stored, "arms": {**(stored.get("arms") or {}), **described["arms"]}}
         if not spec.grid:
-            check_same_storage(spec, stored.get("optuna_storage"))
-            study_names(optuna_storage_url(spec, results))  # readable, before any Ray work starts
+            _check_same_storage(spec, stored.get("optuna_storage"))
+            _study_names(optuna_storage_url(spec, results))  # readable, before any Ray work starts
         return stored
     if resume:
         raise SweepError(f"--resume: no sweep to resume in {results}")
@@ -354,7 +354,7 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
     if not spec.grid and (
         spec.optuna_storage or (results / OPTUNA_DB).exists()
     ):  # a study of the same name would feed another sweep's trials to TPE
-        taken = set(study_names(optuna_storage_url(spec, results))) & set(planned["studies"].values())
+        taken = set(_study_names(optuna_storage_url(spec, results))) & set(planned["studies"].values())
         if taken:
             raise SweepError(
                 f"the Optuna storage {masked(optuna_storage_url(spec, results))} already holds the studies {', '.join(sorted(taken))}; "
@@ -363,7 +363,7 @@ def check_results_dir(spec: SweepSpec, results: Path, resume: bool) -> dict:
     return planned
 
 
-def check_same_data(stored: dict, dataset: str, results: Path) -> None:
+def _check_same_data(stored: dict, dataset: str, results: Path) -> None:
     """``ResultsDirUnusable`` naming what changed when the data a results directory was made from
     (``sweep.json``'s ``data``) is no longer what ``dataset`` holds: its results would answer for
     other data."""
@@ -378,7 +378,7 @@ def check_same_data(stored: dict, dataset: str, results: Path) -> None:
 
 
 # the option behind each of sweep.json's settings whose option is not named after it
-SETTING_OPTIONS = {
+_SETTING_OPTIONS = {
     "ranges": "--range", "grid_fixed": "--fix", "grid_subsets": "--subset", "trial_resources": "--cpus-per-worker/--gpus-per-worker",
 }
 
@@ -393,12 +393,14 @@ def settings_differences(stored: dict, described: dict) -> list[str]:
     pairs = [(k, stored.get(k), described[k]) for k in sorted(described) if k not in ("base", "arms")]
     stored_arms = stored.get("arms") or {}  # arms may be added, or a subset run: one of the same name must not change
     pairs += [(f"arm {name}", stored_arms[name], settings) for name, settings in sorted(described["arms"].items()) if name in stored_arms]
-    pairs += [(k, stored.get("base", {}).get(k), v) for k, v in sorted(described["base"].items()) if k not in RESUMABLE_CHANGES]
-    return [f"{k if k.startswith('arm ') else SETTING_OPTIONS.get(k, '--' + k.replace('_', '-'))}: {shown(there)} there, {shown(here)} here"
-            for k, there, here in pairs if there != here]
+    pairs += [(k, stored.get("base", {}).get(k), v) for k, v in sorted(described["base"].items()) if k not in _RESUMABLE_CHANGES]
+    def named(k: str) -> str:
+        return k if k.startswith("arm ") else _SETTING_OPTIONS.get(k, "--" + k.replace("_", "-"))
+
+    return [f"{named(k)}: {shown(there)} there, {shown(here)} here" for k, there, here in pairs if there != here]
 
 
-def check_same_storage(spec: SweepSpec, stored: str | None) -> None:
+def _check_same_storage(spec: SweepSpec, stored: str | None) -> None:
     given = masked(spec.optuna_storage) if spec.optuna_storage else None
     if stored is not None and given is None:
         raise SweepError(
@@ -409,7 +411,7 @@ def check_same_storage(spec: SweepSpec, stored: str | None) -> None:
         raise SweepError(f"--optuna-storage {given} is not where this sweep's Optuna studies live ({where}); rerun with the same storage")
 
 
-def study_names(url: str) -> list[str]:
+def _study_names(url: str) -> list[str]:
     """The studies in an Optuna storage (one line naming the storage when it cannot be read)."""
     import optuna
 

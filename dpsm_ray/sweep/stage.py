@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 
-IMPORT_STARTED = time.time()  # a trial's process imports this module (torch, Ray Tune, the loop) before its first trial
+_IMPORT_STARTED = time.time()  # a trial's process imports this module (torch, Ray Tune, the loop) before its first trial
 
 import math
 import shutil
@@ -51,14 +51,14 @@ from dpsm_ray.train.group import error_line, train_group
 from dpsm_ray.train.loop import train
 from dpsm_ray.train.ray_train import FINISHED, MEMBER_FAILED, RESUMED, TuneTrialEnv, trainer_for, trial_device
 
-IMPORTED = time.time()
+_IMPORTED = time.time()
 
 
 class StageInterrupted(RuntimeError):
     """Tune stopped before every trial of a stage ended (Ctrl-C)."""
 
 
-NEARLY_FULL_BYTES = 1 << 20  # less free than this on the results directory's device: full, for a sweep
+_NEARLY_FULL_BYTES = 1 << 20  # less free than this on the results directory's device: full, for a sweep
 
 
 class StageOutOfSpace(RuntimeError):
@@ -92,7 +92,7 @@ def trial_config(params: dict, point: dict | None = None) -> TrainConfig:
     return TrainConfig.from_dict({**params["bases"][point["stage"]], **point["overrides"]})
 
 
-def member_trial_id(trial_id: str, params: dict, point: dict) -> str:
+def _member_trial_id(trial_id: str, params: dict, point: dict) -> str:
     """A trial's id in the ledger: Tune's; a group member's, Tune's with its place in the group
     (trials.parquet's trial_id is one per configuration)."""
     return trial_id if "group" not in params else f"{trial_id}_m{params['group'].index(point)}"
@@ -105,7 +105,7 @@ def run_trial(params: dict, outside=()) -> None:
     started = time.time()
     cards.register_cards(outside)
     if "group" in params:
-        run_group(params, started)
+        _run_group(params, started)
         return
     config = trial_config(params)
     if config.workers == 0:
@@ -130,7 +130,7 @@ def in_process(params: dict, point: dict, started: float) -> tuple[TrainConfig, 
     # when this process started and imported the trial's code (before the first trial it ran),
     # when this trial started and finished, and its seconds per part (the env's clock): what
     # record.json's timings hold (bench/sweep_overhead.py); every report carries them
-    env.extra["timings"] = {"process_started": process_started_at(), "import_started": IMPORT_STARTED, "imported": IMPORTED,
+    env.extra["timings"] = {"process_started": process_started_at(), "import_started": _IMPORT_STARTED, "imported": _IMPORTED,
                             "trial_started": started, "seconds": env.clock.seconds}
     if config.init == "base" and config.init_checkpoint is None:
         from dpsm_ray.train import resolve_base_model
@@ -141,7 +141,7 @@ def in_process(params: dict, point: dict, started: float) -> tuple[TrainConfig, 
     return config, env
 
 
-def run_group(params: dict, started: float) -> None:
+def _run_group(params: dict, started: float) -> None:
     """A trial group: its members side by side in this process (``dpsm_ray.train.group``), each
     ending with the report its lone trial would end with -- its results, or (``MEMBER_FAILED``)
     its error after ``params["retries"]`` restarts from its checkpoint.  A member the ledger
@@ -183,7 +183,7 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
         stages, pending = [*stages, *added], unfinished(added, ledger, log)
     if not pending:
         return
-    stopper = StageStoppers({stage.name: stage_stopper(stage, ledger, ended) for stage, ended in pending})
+    stopper = StageStoppers({stage.name: _stage_stopper(stage, ledger, ended) for stage, ended in pending})
     recorder = LedgerCallback(ledger, [stage for stage, _ in pending], stopper, log)
 
     def next_stages() -> list[tuple[Stage, dict[int, dict]]]:
@@ -196,7 +196,7 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
         stages = [*stages, *added]
         more = unfinished(added, ledger, log)
         for stage, ended in more:
-            stopper.stoppers[stage.name] = stage_stopper(stage, ledger, ended)
+            stopper.stoppers[stage.name] = _stage_stopper(stage, ledger, ended)
             recorder.stages[stage.name] = stage
         return more
 
@@ -216,7 +216,7 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
         param_space={"results": str(results)},
         # the searcher ends the experiment: num_samples -1 is "as many as it proposes"
         tune_config=tune.TuneConfig(
-            search_alg=searcher, num_samples=-1, max_concurrent_trials=concurrency, trial_dirname_creator=trial_dirname, reuse_actors=reuse
+            search_alg=searcher, num_samples=-1, max_concurrent_trials=concurrency, trial_dirname_creator=_trial_dirname, reuse_actors=reuse
         ),
         run_config=tune.RunConfig(
             name=name,
@@ -230,7 +230,7 @@ def run_stages(stages: list[Stage], results: Path, *, name: str, resources: dict
         ),
     )
     try:
-        fit_keeping_ctrl_c(tuner)
+        _fit_keeping_ctrl_c(tuner)
         if searcher.error is not None:
             raise searcher.error
     except Exception as error:
@@ -253,7 +253,7 @@ def unfinished(stages: list[Stage], ledger: Ledger, log: Progress) -> list[tuple
     for stage in stages:
         ended = ledger.records(stage.name)
         for index, record in ended.items():  # a driver killed between a record and its tell
-            tell_study(stage, index, record)
+            _tell_study(stage, index, record)
         log.already_ended(len(ended))
         if len(ended) >= stage.total:
             continue
@@ -344,7 +344,7 @@ class StageSearcher(Searcher):
         """Nothing to restore (see ``save``)."""
 
 
-def stage_stopper(stage: Stage, ledger: Ledger, ended: dict[int, dict]) -> AshaStopper:
+def _stage_stopper(stage: Stage, ledger: Ledger, ended: dict[int, dict]) -> AshaStopper:
     """ASHA for ``stage``'s trials (none without ``stage.asha``), knowing every epoch the ledger
     holds of the trials that started: those that ended, and those an interrupted run left
     part-way."""
@@ -356,7 +356,7 @@ def stage_stopper(stage: Stage, ledger: Ledger, ended: dict[int, dict]) -> AshaS
     return AshaStopper(*(stage.asha or (None, 2)), epochs=longest, history=history)
 
 
-def fit_keeping_ctrl_c(tuner):
+def _fit_keeping_ctrl_c(tuner):
     """``tuner.fit()``, then this process's own Ctrl-C handling back: Tune installs a SIGINT (and
     SIGUSR1) handler that stops its run and never removes it, so without this a Ctrl-C between two
     stages would go to the finished run and be lost."""
@@ -370,7 +370,7 @@ def fit_keeping_ctrl_c(tuner):
             signal.signal(sig, handler)
 
 
-def trial_dirname(trial) -> str:
+def _trial_dirname(trial) -> str:
     point = trial.config["point"]
     return f"trial_{point['stage']}_{point['index']:04d}_{trial.trial_id}"
 
@@ -384,7 +384,7 @@ def out_of_space_line(error: BaseException, seen: str | None, results: Path) -> 
         return disk_full_line(error)
     if seen is not None:
         return seen
-    if shutil.disk_usage(results).free < NEARLY_FULL_BYTES:
+    if shutil.disk_usage(results).free < _NEARLY_FULL_BYTES:
         return str(DiskFullError(results / TUNE))
     return None
 
@@ -395,7 +395,7 @@ def disk_full_line(error: BaseException) -> str:
     return (lines[-1] if lines else "no space left on the results directory's device").removeprefix("dpsm_ray.files.DiskFullError: ")
 
 
-def local_error_text(trial) -> str:
+def _local_error_text(trial) -> str:
     """The trial's error file where Tune wrote it before calling back: ``trial.get_error`` reads
     it from the storage path, where it lands only at the next sync (seen: a trial failing before
     its first report)."""
@@ -557,7 +557,7 @@ class LedgerCallback(tune.Callback):
                 self.out_of_space = disk_full_line(error)
             self.stopper.halt()
             return
-        text = str(error) if error is not None else local_error_text(trial)
+        text = str(error) if error is not None else _local_error_text(trial)
         lines = text.strip().splitlines()
         message = lines[-1][:500] if lines else "error"
         if "group" in trial.config:
@@ -578,7 +578,7 @@ class LedgerCallback(tune.Callback):
         epochs = self.ledger.epochs(stage.name, index)
         metrics = result if status != "failed" else (epochs[-1] if epochs else {})
         record = {
-            "trial_id": member_trial_id(trial.trial_id, trial.config, point),
+            "trial_id": _member_trial_id(trial.trial_id, trial.config, point),
             "status": status,
             # the epochs the trial reported: a Ray Train trial that ASHA stopped may train on for an
             # epoch or two, and write their rows, while its workers are torn down
@@ -596,10 +596,10 @@ class LedgerCallback(tune.Callback):
             "config": trial_config(trial.config, point).to_dict(),
         }
         self.ledger.write_record(stage.name, index, record)
-        tell_study(stage, index, record)
+        _tell_study(stage, index, record)
 
 
-def tell_study(stage: Stage, index: int, record: dict) -> None:
+def _tell_study(stage: Stage, index: int, record: dict) -> None:
     """Tell a search's study how trial ``index`` ended, as its record says (a no-op for a stage
     without a study, and for a trial the study already holds as finished)."""
     if stage.study is None:

@@ -67,7 +67,7 @@ def run_study(study: Study, results_dir: str | os.PathLike, *, resume: bool = Fa
     return analyse(study, results)
 
 
-def report_study(study: Study, results_dir: str | os.PathLike, log=print) -> dict:
+def _report_study(study: Study, results_dir: str | os.PathLike, log=print) -> dict:
     """The analysis of the trials ``results_dir`` holds now -- its Parquet files, ``compact/`` and
     ``fidelity.md`` written from its ledger -- with nothing trained and no Ray started: a study
     stopped part way is reported as far as it got (each arm's model count says how far).
@@ -83,11 +83,11 @@ def report_study(study: Study, results_dir: str | os.PathLike, log=print) -> dic
     with holding(results, study.common, log):
         if settings_differences(stored, spec.describe()):
             raise SweepError(f"the study in {results} was started with other settings; name the options it was run with")
-        write_study_results(study, results)
+        _write_study_results(study, results)
         return analyse(study, results)
 
 
-def write_study_results(study: Study, results: Path) -> None:
+def _write_study_results(study: Study, results: Path) -> None:
     from dpsm_ray.sweep.collect import write_results
 
     write_results(results, study.name, CoverageFloor(study.common.alpha), [(arm.name, arm.name) for arm in study.arms])
@@ -168,7 +168,7 @@ def keep_search_record(sweep_dir: str | None, out: Path) -> None:
         write_search_record(Results(sweep_dir), out / "compact" / "search.csv")
 
 
-def shortened(arms: tuple[Arm, ...], epochs: int, milestones: tuple[int, ...]) -> tuple[Arm, ...]:
+def _shortened(arms: tuple[Arm, ...], epochs: int, milestones: tuple[int, ...]) -> tuple[Arm, ...]:
     """The arms with every trained arm cut to ``epochs`` (smoke runs and CI)."""
     return tuple(
         arm if arm.settings.get("epochs") == 0 else Arm(arm.name, arm.title, {**arm.settings, "epochs": epochs, "milestones": milestones})
@@ -234,7 +234,7 @@ def study_from_args(args, definition: dict, parser) -> Study:
         common["data_root"] = args.data_root
     arms = definition["arms"]
     if args.quick:
-        arms = shortened(arms, definition["quick"]["epochs"], definition["quick"]["milestones"])
+        arms = _shortened(arms, definition["quick"]["epochs"], definition["quick"]["milestones"])
     if args.searched_from:  # after the fixed arms
         expected = TrainConfig.from_dict(  # paths absolute, as the sweep recorded its own
             {**common, **({"epochs": definition["quick"]["epochs"], "milestones": definition["quick"]["milestones"]} if args.quick else {})}
@@ -244,7 +244,8 @@ def study_from_args(args, definition: dict, parser) -> Study:
                                      differing=tuple(definition.get("differing", ())))
         except SweepError as error:
             parser.exit(2, f"{prog}: error: {error}\n")
-        arms = (*arms, *(shortened(searched, definition["quick"]["epochs"], definition["quick"]["milestones"]) if args.quick else searched))
+        quick = definition["quick"]
+        arms = (*arms, *(_shortened(searched, quick["epochs"], quick["milestones"]) if args.quick else searched))
     if args.arms:  # a subset, in the study's order (its tables keep one order however it was run)
         wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
         unknown = [a for a in wanted if a not in {arm.name for arm in arms}]
@@ -319,7 +320,7 @@ def cli(prog: str, description: str, datasets: dict[str, dict], argv=None, *, es
     out = Path(args.out or f"results/{definition.get('prefix', 'fidelity')}-{args.dataset}{'-quick' if args.quick else ''}")
     if args.report_now:
         try:
-            print(markdown_report(report_study(study, out, log=lambda line: print(line, flush=True))))
+            print(markdown_report(_report_study(study, out, log=lambda line: print(line, flush=True))))
         except SweepError as error:
             parser.exit(2, f"{prog}: error: --report-now: {error}\n")
         keep_search_record(args.searched_from, out)

@@ -34,15 +34,15 @@ from dpsm_ray.sweep.options import parse_tracking
 from dpsm_ray.sweep.stage import trial_config
 from dpsm_ray.train.ray_train import FINISHED, RESUMED
 
-FINAL_METRICS = ("coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
+_FINAL_METRICS = ("coverage", "set_size", "covgap", "sscv", "wsc", "accuracy")
 
 
-def tracking_uri(text: str, results: Path) -> str:
+def _tracking_uri(text: str, results: Path) -> str:
     _, uri = parse_tracking(text)
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{results / 'mlflow.db'}"
 
 
-def experiment_name(results: Path) -> str:
+def _experiment_name(results: Path) -> str:
     return str(results)
 
 
@@ -50,11 +50,11 @@ def tracking_callbacks(tracking: str | None, results: Path) -> list:
     """The Tune callbacks that log an experiment's trials (none without ``--tracking``)."""
     if tracking is None:
         return []
-    return [SweepMLflowCallback(tracking_uri(tracking, results), experiment_name(results), results)]
+    return [SweepMLflowCallback(_tracking_uri(tracking, results), _experiment_name(results), results)]
 
 
 # the numbers of an epochs.parquet row, logged per epoch
-EPOCH_METRICS = tuple(name for name, kind in EPOCHS.items() if str(kind) in ("double", "int64") and name not in ("seed", "epoch"))
+_EPOCH_METRICS = tuple(name for name, kind in EPOCHS.items() if str(kind) in ("double", "int64") and name not in ("seed", "epoch"))
 
 
 class SweepMLflowCallback(LoggerCallback):
@@ -96,7 +96,7 @@ class SweepMLflowCallback(LoggerCallback):
         if result.get(FINISHED) or result.get(RESUMED) or "epoch" not in result or trial not in self.runs:
             return  # the last report repeats the last epoch; a resumed one, an epoch logged already
         now = int(time.time() * 1000)
-        metrics = [Metric(name, float(result[name]), now, int(result["epoch"])) for name in EPOCH_METRICS if finite(result.get(name))]
+        metrics = [Metric(name, float(result[name]), now, int(result["epoch"])) for name in _EPOCH_METRICS if finite(result.get(name))]
         if metrics:
             self.mlflow.log_batch(self.runs[trial], metrics=metrics)
 
@@ -111,7 +111,7 @@ class SweepMLflowCallback(LoggerCallback):
             metrics = []
             for score in dict.fromkeys(row["score"] for row in evals):
                 rows = [row for row in evals if row["score"] == score]
-                for name in FINAL_METRICS:
+                for name in _FINAL_METRICS:
                     values = [row[name] for row in rows if finite(row.get(name))]
                     if values:
                         metrics.append(Metric(f"test_{name}_{score}", sum(values) / len(values), now, 0))
@@ -130,10 +130,10 @@ def log_predictors(tracking: str | None, results: Path, index: dict, log=print) 
     sweep's results are written by now: a tracking server that fails here costs a warning only."""
     if tracking is None:
         return
-    uri = tracking_uri(tracking, results)
+    uri = _tracking_uri(tracking, results)
     try:
         client = MlflowClient(uri)
-        experiment = client.get_experiment_by_name(experiment_name(results))
+        experiment = client.get_experiment_by_name(_experiment_name(results))
         if experiment is None:
             return
         for entry in index["predictors"]:

@@ -43,11 +43,11 @@ BASE_RECIPES = {
         "weight_decay": 1e-3,
     },
 }
-SMALL_RECIPE = {"batch_size": 64, "epochs": 30, "lr": 0.05, "milestones": ()}
+_SMALL_RECIPE = {"batch_size": 64, "epochs": 30, "lr": 0.05, "milestones": ()}
 # Knobs that only matter when fine-tuning: reset so that, e.g., every alpha shares one base model.
 # Every method's options (the cards' fields) are among them: a CE run reads none of them, so they
 # leave its cache key as they are, but a reset base config cannot differ by one left over.
-def fine_tuning_defaults() -> dict:
+def _fine_tuning_defaults() -> dict:
     specs = config_specs()
     return {name: specs[name].default
             for name in ("alpha", *sorted(method_fields()), "val_splits", "eval_splits", "eval_scores", "eval_calibrations")}
@@ -57,13 +57,13 @@ def fine_tuning_defaults() -> dict:
 # What only a run's per-epoch diagnostics read: their sample comes from a generator of its own, so
 # the base model's weights are the same whatever it is, and studies that score their diagnostics
 # differently (a league's 10000 examples, round two's whole split) share one base model per seed.
-DIAGNOSTICS_DEFAULTS = {"diagnostic_examples": TrainConfig.__dataclass_fields__["diagnostic_examples"].default}
+_DIAGNOSTICS_DEFAULTS = {"diagnostic_examples": TrainConfig.__dataclass_fields__["diagnostic_examples"].default}
 
 
 def base_config(config: TrainConfig) -> TrainConfig:
     """The CE run whose final weights ``config`` starts from when ``config.init == "base"``."""
     model = config.resolved_model()
-    recipe = dict(BASE_RECIPES.get(model, SMALL_RECIPE))
+    recipe = dict(BASE_RECIPES.get(model, _SMALL_RECIPE))
     for name in ("batch_size", "epochs", "lr", "milestones"):
         override = getattr(config, f"base_{name}")
         if override is not None:
@@ -82,18 +82,18 @@ def base_config(config: TrainConfig) -> TrainConfig:
         base_lr=None,
         base_milestones=None,
         **recipe,
-        **fine_tuning_defaults(),
-        **DIAGNOSTICS_DEFAULTS,
+        **_fine_tuning_defaults(),
+        **_DIAGNOSTICS_DEFAULTS,
     )
 
 
-def default_cache_dir() -> Path:
+def _default_cache_dir() -> Path:
     return cache_home() / BASE_MODELS  # the same layout as a results directory's cache
 
 
 def cache_entry(config: TrainConfig, cache_dir: str | os.PathLike | None = None) -> Path:
     base = base_config(config)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
     # data that can change under the same name (a folder, a table): its files' fingerprint too
     card = dataset_card(base.dataset)
     data = f"-{card.fingerprint(base.dataset)}" if card.fingerprint is not None else ""

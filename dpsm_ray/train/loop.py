@@ -63,10 +63,10 @@ EPOCH_TIMINGS = ("epoch_seconds", "train_seconds", "diagnostics_seconds", "valid
 # Per-epoch columns of epochs.parquet, in order: the schema's (docs/results.md), without the run's key.
 EPOCH_COLUMNS = tuple(name for name in EPOCHS if name not in RUN_KEY)
 # Elements of the largest [thresholds, n, K] block the diagnostics evaluate at once.
-DIAGNOSTIC_BLOCK = 2**24
+_DIAGNOSTIC_BLOCK = 2**24
 # ConfTr's batch quantiles the diagnostics average over: a seeded sample of this many calibration
 # batches (all 859 of a 55k split at batch 128 cost 21 s an epoch on 2 cores, 11x the training)
-DIAGNOSTIC_BATCHES = 64
+_DIAGNOSTIC_BATCHES = 64
 
 
 class DivergedError(RuntimeError):
@@ -127,7 +127,7 @@ def split_batches(
     return list(blocks[:, 0]), list(blocks[:, 1])
 
 
-def exponential_factor(epoch: int, start: int, decay: float) -> float:
+def _exponential_factor(epoch: int, start: int, decay: float) -> float:
     """The exp schedule's lr factor in 0-based ``epoch``: one ``decay`` per epoch from epoch ``start`` on."""
     return decay ** max(0, epoch - start + 1)
 
@@ -141,10 +141,10 @@ def lr_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig):
     if config.lr_schedule == "step":
         return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(config.milestones), gamma=config.lr_decay)
     start = config.milestones[0] if config.milestones else 1
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(exponential_factor, start=start, decay=config.lr_decay))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(_exponential_factor, start=start, decay=config.lr_decay))
 
 
-def shard(n: int, rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
+def _shard(n: int, rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
     """Contiguous shard of ``range(n)`` for ``rank`` and the sizes of all shards (no padding)."""
     parts = torch.arange(n).tensor_split(world)
     return parts[rank], [p.numel() for p in parts]
@@ -162,13 +162,13 @@ def predict(
     """Logits of ``split[positions]`` in eval mode (fp32 logits of a ``precision`` forward, run by
     ``forwards``: eagerly by default), computed in shards over the workers and gathered so every
     position appears exactly once, in order."""
-    return run_to_end(predicting(model, split, positions, num_classes, env, precision, forwards))
+    return _run_to_end(predicting(model, split, positions, num_classes, env, precision, forwards))
 
 
 @torch.no_grad()  # on a generator: only while it runs, never across its yields (a group's other members step then)
 def predicting(model, split: Split, positions, num_classes: int, env, precision: str = "fp32", forwards: Forwards | None = None):
     """``predict``, yielding after each batch: a trial group's members evaluate in turns, as they step."""
-    mine, sizes = shard(positions.numel(), env.collective.rank, env.collective.world_size)
+    mine, sizes = _shard(positions.numel(), env.collective.rank, env.collective.world_size)
     was_training = model.training
     model.eval()
     forwards = forwards or Forwards(precision)
@@ -184,7 +184,7 @@ def predicting(model, split: Split, positions, num_classes: int, env, precision:
     return env.collective.gather_uneven(local, sizes)
 
 
-def label_scores_of(
+def _label_scores_of(
     model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env, precision: str = "fp32"
 ) -> torch.Tensor:
     """HPS scores of the true labels of ``split[positions]`` (eval mode, every worker's shard)."""
@@ -194,10 +194,10 @@ def label_scores_of(
 
 def train(config: TrainConfig, env) -> RunResult:
     """Train one model with ``config.method`` and evaluate it; see the module docstring."""
-    return run_to_end(training(config, env))
+    return _run_to_end(training(config, env))
 
 
-def run_to_end(run: Generator[None, None, T]) -> T:
+def _run_to_end(run: Generator[None, None, T]) -> T:
     """What a generator of this module (``training``, ``predicting``, ...) returns, once it has run to its end."""
     while True:
         try:
@@ -218,7 +218,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
     train_size = len(data.train)
     if config.batch_size > 2 * (train_size // 2):
         raise ConfigError("batch_size", config.batch_size, f"must be at most {2 * (train_size // 2)}, the training split")
-    model = starting_model(config, data)
+    model = _starting_model(config, data)
     fields = {name: getattr(config, name) for name in ("alpha", *method_fields())}
     fields["quantile_lr"] = config.resolved_quantile_lr(train_size)  # gamma per step
     objective = build_objective(config.method, seed=config.seed, collective=env.collective, **fields)
@@ -256,7 +256,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
     )
 
     parts = (model, optimizer, scheduler, objective)
-    start_epoch = resumed_or_started(config, env, parts, data, d1, result)
+    start_epoch = _resumed_or_started(config, env, parts, data, d1, result)
     clock.add("build", time.perf_counter() - build_started)
 
     step = None
@@ -269,7 +269,7 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
         lr = optimizer.param_groups[0]["lr"]
         with clock("train"):
             stats, step = yield from train_epoch(model, objective, data.train, d1, d2, epoch, config, env, make_step, step)
-            sync_buffers(model, env.collective)
+            _sync_buffers(model, env.collective)
             with warnings.catch_warnings():
                 if isinstance(step, GraphStep):  # it updates the weights itself, reading the lr every batch
                     warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
@@ -279,8 +279,8 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
         row = {"epoch": epoch + 1, "lr": lr, "quantile_lr": objective.quantile_lr, **stats, **gradients}
         with clock("evaluate"):
             # each yields after every batch, as the steps do: a trial group's members take turns through their epochs' ends too
-            row.update((yield from diagnosing(model, objective, data, d1, d2, config, env, forwards)))
-            row.update((yield from train_mode_scoring(model, objective, data.train, d1, epoch, config, env, forwards)))
+            row.update((yield from _diagnosing(model, objective, data, d1, d2, config, env, forwards)))
+            row.update((yield from _train_mode_scoring(model, objective, data.train, d1, epoch, config, env, forwards)))
             diagnosed = time.perf_counter()
             row.update((yield from validating(model, data.val, data.num_classes, config, env, forwards)))
         ended = time.perf_counter()
@@ -292,19 +292,19 @@ def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
         )
         result.epochs.append(row)
         last = epoch == config.epochs - 1
-        checkpoint = checkpoint_of(epoch, config, env, parts, result) if last or (epoch + 1) % config.checkpoint_every == 0 else None
-        env.log(progress_line(row, config, objective.uses_quantile))
+        checkpoint = _checkpoint_of(epoch, config, env, parts, result) if last or (epoch + 1) % config.checkpoint_every == 0 else None
+        env.log(_progress_line(row, config, objective.uses_quantile))
         with clock("report"):  # the checkpoint, the epoch rows and Ray's report
             env.report(row, checkpoint, result.epochs)
 
     if config.evaluate_test:
         with clock("final_evaluation"):
-            result.evals, result.classes = yield from evaluating(model, data, config, env, forwards)
+            result.evals, result.classes = yield from _evaluating(model, data, config, env, forwards)
     result.model_state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return result
 
 
-def starting_model(config: TrainConfig, data) -> torch.nn.Module:
+def _starting_model(config: TrainConfig, data) -> torch.nn.Module:
     """The run's model on the CPU with its starting weights: the pretrained backbone it is built
     with, then the base model's weights (``init`` base) or a researcher's (``init`` weights:FILE)."""
     model = build_model(config.resolved_model(), data.num_classes, input_shape=data.input_shape, pretrained_path=config.pretrained_path)
@@ -317,7 +317,7 @@ def starting_model(config: TrainConfig, data) -> torch.nn.Module:
     return model
 
 
-def resumed_or_started(config: TrainConfig, env, parts: tuple, data, d1: torch.Tensor, result: RunResult) -> int:
+def _resumed_or_started(config: TrainConfig, env, parts: tuple, data, d1: torch.Tensor, result: RunResult) -> int:
     """The epoch the run starts at: after its checkpoint's, whose state ``parts`` (model, optimizer,
     scheduler, objective), the RNG streams and ``result``'s epochs take; else 0, the objective's
     state initialised from the starting model's scores."""
@@ -330,7 +330,7 @@ def resumed_or_started(config: TrainConfig, env, parts: tuple, data, d1: torch.T
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         objective.load_state_dict(state["objective"])
-        set_global_rng_state(state["rng"], env.device)
+        _set_global_rng_state(state["rng"], env.device)
         result.epochs = state["epochs"]
         env.log(f"resumed from the checkpoint after epoch {state['epoch'] + 1}")
         return state["epoch"] + 1
@@ -338,7 +338,7 @@ def resumed_or_started(config: TrainConfig, env, parts: tuple, data, d1: torch.T
     # in eval mode without augmentation: q_0 = their Q_n by default
     train_size = len(data.train)
     q_pool = d1 if objective.batch_split == "halves" else torch.arange(train_size)
-    d1_scores = label_scores_of(model, data.train, q_pool, data.num_classes, env, config.precision)
+    d1_scores = _label_scores_of(model, data.train, q_pool, data.num_classes, env, config.precision)
     objective.initialize(d1_scores)
     start = objective.start_line(d1_scores)
     if start is not None:
@@ -346,7 +346,7 @@ def resumed_or_started(config: TrainConfig, env, parts: tuple, data, d1: torch.T
     return 0
 
 
-def checkpoint_of(epoch: int, config: TrainConfig, env, parts: tuple, result: RunResult) -> dict:
+def _checkpoint_of(epoch: int, config: TrainConfig, env, parts: tuple, result: RunResult) -> dict:
     """What resumes the run after ``epoch``: the state of ``parts`` (model, optimizer, scheduler,
     objective), the RNG streams and the epochs' rows so far."""
     model, optimizer, scheduler, objective = parts
@@ -357,12 +357,12 @@ def checkpoint_of(epoch: int, config: TrainConfig, env, parts: tuple, result: Ru
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "objective": objective.state_dict(),
-        "rng": global_rng_state(env.device),
+        "rng": _global_rng_state(env.device),
         "epochs": result.epochs,
     }
 
 
-def global_rng_state(device: torch.device) -> dict:
+def _global_rng_state(device: torch.device) -> dict:
     """torch's global RNG streams (CPU, and this worker's GPU).  Data order and augmentation never
     draw from them, but a model's own randomness (dropout) does: a resumed run restores them so it
     continues exactly where the interrupted one stopped."""
@@ -372,13 +372,13 @@ def global_rng_state(device: torch.device) -> dict:
     return state
 
 
-def set_global_rng_state(state: dict, device: torch.device) -> None:
+def _set_global_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def sync_buffers(model: nn.Module, collective) -> None:
+def _sync_buffers(model: nn.Module, collective) -> None:
     """Give every worker rank 0's buffers (BatchNorm running statistics).
 
     DDP copies rank 0's buffers to the others at the start of each training forward, but the last
@@ -394,7 +394,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
-def epoch_batches(objective: Objective, train_size: int, d1, d2, epoch: int, config: TrainConfig, rank: int, world: int):
+def _epoch_batches(objective: Objective, train_size: int, d1, d2, epoch: int, config: TrainConfig, rank: int, world: int):
     """The epoch's B1 and B2 positions, step by step (this worker's slices), and the seed of their
     augmentation: the halves D1 and D2, or ConfTr's batch split of the whole training split."""
     if objective.batch_split == "batch":
@@ -416,7 +416,7 @@ def train_epoch(
         raise ConfigError(
             "batch_size", config.batch_size, f"must be divisible by 2 * {world} workers: each takes an equal slice of each half"
         )
-    batches1, batches2, augment_seed = epoch_batches(objective, len(train_split), d1, d2, epoch, config, rank, world)
+    batches1, batches2, augment_seed = _epoch_batches(objective, len(train_split), d1, d2, epoch, config, rank, world)
     model.train()
     totals: dict[str, torch.Tensor] = {}
     steps = 0
@@ -467,10 +467,10 @@ def epoch_diagnostics(
     random calibration batches of the run's size, each quantity averaged over them.  Methods
     without a quantile get NaN for every quantity that needs one.
     """
-    return run_to_end(diagnosing(model, objective, data, d1, d2, config, env, forwards))
+    return _run_to_end(_diagnosing(model, objective, data, d1, d2, config, env, forwards))
 
 
-def diagnosing(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env, forwards: Forwards | None = None):
+def _diagnosing(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env, forwards: Forwards | None = None):
     """``epoch_diagnostics``, yielding after each batch of its forward pass."""
     sample = diagnostic_sample(len(data.train), config)
     if sample is not None:  # D1 and D2 as positions within the sample (the whole split where the sample misses one)
@@ -489,7 +489,7 @@ def diagnosing(model, objective: Objective, data: DataSplits, d1, d2, config: Tr
     d1_scores, device = train_scores[d1.to(logits.device)], logits.device
     level = 1 - config.alpha
     q_dataset, q_train = empirical_quantile(d1_scores, level), empirical_quantile(train_scores, level)
-    learned = learned_quantiles(objective, d1_scores, train_scores, config)
+    learned = _learned_quantiles(objective, d1_scores, train_scores, config)
     row = {
         "q_dataset": float(q_dataset),
         "soft_size": float(soft_set_size(scores[d2.to(device)], q_dataset, config.sigmoid_temperature)),
@@ -513,7 +513,7 @@ def diagnosing(model, objective: Objective, data: DataSplits, d1, d2, config: Tr
     if learned is None:
         return row
     learned = learned.to(device)
-    block = max(1, DIAGNOSTIC_BLOCK // scores.numel())
+    block = max(1, _DIAGNOSTIC_BLOCK // scores.numel())
 
     def at_learned(quantity) -> float:
         """``quantity`` (thresholds ``[c]`` -> values ``[c]``) averaged over the learned quantiles."""
@@ -582,7 +582,7 @@ def term_gradient_norms(
     nan = {"ce_grad_norm": math.nan, "size_grad_norm": math.nan}
     if env.collective.world_size > 1:
         return nan
-    batches1, batches2, seed = epoch_batches(objective, len(train_split), d1, d2, epoch, config, 0, 1)  # the epoch's first step's
+    batches1, batches2, seed = _epoch_batches(objective, len(train_split), d1, d2, epoch, config, 0, 1)  # the epoch's first step's
     (x1, y1), (x2, y2) = (next(train_split.batches(b[:1], augment=True, seed=seed)) for b in (batches1, batches2))
     net = unwrap(model)
     weights = [p for p in net.parameters() if p.requires_grad]
@@ -610,10 +610,10 @@ def train_mode_quantiles(
     eval-mode scores.  The ``_d1`` pair holds the same against the Q_n of the sample's D1 part
     alone: what DPSM's lower level fits (its pinball loss sees B1, drawn from D1), and ConfTr's
     B1 with the halves split.  The examples are ``diagnostic_sample``'s; nothing of the run changes."""
-    return run_to_end(train_mode_scoring(model, objective, train_split, d1, epoch, config, env, forwards))
+    return _run_to_end(_train_mode_scoring(model, objective, train_split, d1, epoch, config, env, forwards))
 
 
-def train_mode_scoring(model, objective: Objective, train_split: Split, d1, epoch: int, config: TrainConfig, env, forwards=None):
+def _train_mode_scoring(model, objective: Objective, train_split: Split, d1, epoch: int, config: TrainConfig, env, forwards=None):
     """``train_mode_quantiles``, yielding after each batch of its forward pass."""
     nan = {"q_dataset_train_mode": math.nan, "q_error_train_mode": math.nan, "q_dataset_train_mode_d1": math.nan,
            "q_error_train_mode_d1": math.nan}
@@ -639,7 +639,7 @@ def train_mode_scoring(model, objective: Objective, train_split: Split, d1, epoc
     scores = label_scores(hps_scores(torch.cat(logits)).double(), torch.cat(labels))
     in_d1 = torch.isin(positions, d1).to(scores.device)
     q_train = empirical_quantile(scores, 1 - config.alpha)
-    learned = learned_quantiles(objective, scores[in_d1], scores, config)
+    learned = _learned_quantiles(objective, scores[in_d1], scores, config)
     q_d1 = empirical_quantile(scores[in_d1], 1 - config.alpha) if bool(in_d1.any()) else None
     error = math.nan if learned is None else float((learned.to(scores.device) - q_train).abs().mean())
     error_d1 = math.nan if learned is None or q_d1 is None else float((learned.to(scores.device) - q_d1).abs().mean())
@@ -647,13 +647,13 @@ def train_mode_scoring(model, objective: Objective, train_split: Split, d1, epoc
             "q_dataset_train_mode_d1": math.nan if q_d1 is None else float(q_d1), "q_error_train_mode_d1": error_d1}
 
 
-def learned_quantiles(
+def _learned_quantiles(
     objective: Objective, d1_scores: torch.Tensor, train_scores: torch.Tensor, config: TrainConfig
 ) -> torch.Tensor | None:
     """The quantile(s) a method trains with, at the current model (``Objective.training_quantiles``):
     DPSM's q; ConfTr's batch quantiles; None for CE, CUT and ConfTr as published (whose tau lives
     on the -log p scale, not on the HPS scores these diagnostics use)."""
-    return objective.training_quantiles(d1_scores, train_scores, config.batch_size, generator(config.seed, "q_error"), DIAGNOSTIC_BATCHES)
+    return objective.training_quantiles(d1_scores, train_scores, config.batch_size, generator(config.seed, "q_error"), _DIAGNOSTIC_BATCHES)
 
 
 def validation_metrics(
@@ -661,7 +661,7 @@ def validation_metrics(
 ) -> dict:
     """Split conformal inside the validation split (HPS), averaged over re-splits: what a sweep
     selects on.  The test data is never looked at."""
-    return run_to_end(validating(model, val, num_classes, config, env, forwards))
+    return _run_to_end(validating(model, val, num_classes, config, env, forwards))
 
 
 def validating(model, val: Split, num_classes: int, config: TrainConfig, env, forwards: Forwards | None = None):
@@ -684,10 +684,10 @@ def final_evaluation(
     """The paper's protocol: pool cal and test, re-split at random ``eval_splits`` times keeping
     the calibration size, and evaluate every score: one row per score and re-split, and one per
     score, re-split and class (the class-conditional coverage of the paper's figures 5-6)."""
-    return run_to_end(evaluating(model, data, config, env, forwards))
+    return _run_to_end(_evaluating(model, data, config, env, forwards))
 
 
-def evaluating(model, data: DataSplits, config: TrainConfig, env, forwards: Forwards | None = None):
+def _evaluating(model, data: DataSplits, config: TrainConfig, env, forwards: Forwards | None = None):
     """``final_evaluation``, yielding after each batch of its forward passes."""
     logits = []
     for part in (data.cal, data.test):
@@ -713,7 +713,7 @@ def evaluating(model, data: DataSplits, config: TrainConfig, env, forwards: Forw
     return evaluate(probs, labels, config.alpha, resplits), classes
 
 
-def progress_line(row: dict, config: TrainConfig, uses_quantile: bool) -> EpochLine:
+def _progress_line(row: dict, config: TrainConfig, uses_quantile: bool) -> EpochLine:
     quantile = ""
     if uses_quantile:
         quantile = f"  q {row['q']:.4f}  Q_n {row['q_dataset']:.4f}  |q-Q_n| {row['q_error']:.4f}"

@@ -18,16 +18,16 @@ DPSM_CODE_SHARED = {
     "init": "base", "epochs": 40, "batch_size": 128, "lr": 0.1, "milestones": (25,), "lr_decay": 0.1, "lr_schedule": "step",
     "momentum": 0.9, "weight_decay": 1e-4, "nesterov": False,
 }
-PRESETS = {"official": DPSM_CODE_SHARED}  # each preset's shared schedule; a method's own settings are on its card
-PRESET_NAMES = tuple(PRESETS)
+_PRESETS = {"official": DPSM_CODE_SHARED}  # each preset's shared schedule; a method's own settings are on its card
+PRESET_NAMES = tuple(_PRESETS)
 
 
 def preset_values(name: str, method: str, *, schedule: bool = True) -> dict:
     """The settings preset ``name`` gives ``method``: its shared schedule, then the method's own,
     which win (ConfTr as published has a schedule of its own).  ``schedule=False`` (a sweep) gives
     the method's objective settings only."""
-    if name not in PRESETS:
+    if name not in _PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESET_NAMES)}; got {name!r}")
-    shared = PRESETS[name]
+    shared = _PRESETS[name]
     values = {**shared, **preset_settings(name, method)}
     return values if schedule else {k: v for k, v in values.items() if k not in shared}

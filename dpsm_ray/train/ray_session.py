@@ -87,12 +87,12 @@ def start_embedded(num_cpus: int | None = None, *, worker_output: bool = True, *
     global _embedded_address
     import ray
 
-    embedded_ray_settings()
+    _embedded_ray_settings()
     # Ray's own processes reach its state API (the dashboard) through RAY_API_SERVER_ADDRESS or
     # RAY_ADDRESS, else by scanning the machine for Ray instances, which fails once two run on it:
     # then Ray Train's placement-group cleaner dies and a trial Tune stops keeps its workers'
     # resources.  So the dashboard gets its port here and Ray's processes inherit its address.
-    port = free_local_port()
+    port = _free_local_port()
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
     ray.init(
         address="local", num_cpus=num_cpus, log_to_driver=worker_output, dashboard_host="127.0.0.1", dashboard_port=port, **init_options
@@ -107,7 +107,7 @@ def start_embedded(num_cpus: int | None = None, *, worker_output: bool = True, *
     return current_session()
 
 
-def free_local_port() -> int:
+def _free_local_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -121,7 +121,7 @@ def started_cluster_address() -> str | None:
     return bootstrap_address()
 
 
-def embedded_ray_settings() -> None:
+def _embedded_ray_settings() -> None:
     """Settings for a Ray instance this process starts itself (a laptop, CI), set before
     ``ray.init`` so Ray's own processes inherit them.  Ray Train polls its workers every 2 s by
     default, which adds ~10 s to every short run; 0.2 s halves a digits trial.  Ray's warning
@@ -137,7 +137,7 @@ def embedded_ray_settings() -> None:
 
 # --- capacity -------------------------------------------------------------------------------
 
-RESOURCES = ("CPU", "GPU")
+_RESOURCES = ("CPU", "GPU")
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class Demand:
         return sum(bundle.get(resource, 0.0) for bundle in self.bundles)
 
     def fits(self, have: dict[str, float]) -> bool:
-        return all(self.total(k) <= have.get(k, 0.0) + 1e-9 for k in RESOURCES)
+        return all(self.total(k) <= have.get(k, 0.0) + 1e-9 for k in _RESOURCES)
 
     def describe(self) -> str:
         if self.in_process:
@@ -175,7 +175,7 @@ class Demand:
 
     def shown(self, have: dict[str, float]) -> list[str]:
         """The resources worth naming: CPUs, and GPUs when asked for or present."""
-        return [k for k in RESOURCES if k == "CPU" or self.total(k) > 0 or have.get(k, 0) > 0]
+        return [k for k in _RESOURCES if k == "CPU" or self.total(k) > 0 or have.get(k, 0) > 0]
 
     def shortfall(self, have: dict[str, float], where: str) -> str:
         """Why ``have`` cannot hold this demand, naming the options that set it."""
@@ -203,10 +203,10 @@ def run_demand(workers: int, cpus_per_worker: float, gpus_per_worker: float, own
     return Demand(own=own, workers=workers, per_worker=per_worker, in_process=workers == 0)
 
 
-def cluster_capacity() -> dict[str, float]:
+def _cluster_capacity() -> dict[str, float]:
     import ray
 
-    return {k: float(v) for k, v in ray.cluster_resources().items() if k in RESOURCES}
+    return {k: float(v) for k, v in ray.cluster_resources().items() if k in _RESOURCES}
 
 
 def check_before_start(demand: Demand, address: str | None = None) -> None:
@@ -218,7 +218,7 @@ def check_before_start(demand: Demand, address: str | None = None) -> None:
     import torch
     from dpsm_ray.train.ray_private import ray_cpu_count
 
-    embedded_fits(demand, {"CPU": float(ray_cpu_count()), "GPU": float(torch.cuda.device_count())})
+    _embedded_fits(demand, {"CPU": float(ray_cpu_count()), "GPU": float(torch.cuda.device_count())})
 
 
 def check_capacity(demand: Demand, *, timeout_s: float = DEFAULT_RESOURCE_TIMEOUT_S, log: Callable[[str], None] | None = None) -> None:
@@ -226,12 +226,12 @@ def check_capacity(demand: Demand, *, timeout_s: float = DEFAULT_RESOURCE_TIMEOU
     docstring): at once on an embedded instance, after up to ``timeout_s`` on a cluster."""
     session = current_session()
     if session is not None and session.embedded:
-        embedded_fits(demand, cluster_capacity())
+        _embedded_fits(demand, _cluster_capacity())
         return
     wait_for(demand, timeout_s, log or _stderr)
 
 
-def embedded_fits(demand: Demand, have: dict[str, float]) -> None:
+def _embedded_fits(demand: Demand, have: dict[str, float]) -> None:
     if not demand.fits(have):
         raise InsufficientResources(demand.shortfall(have, "the embedded Ray on this machine") + ", or pass --address of a larger cluster")
 
@@ -246,7 +246,7 @@ def wait_for(demand: Demand, timeout_s: float, log: Callable[[str], None]) -> No
     try:
         ready, _ = ray.wait([group.ready()], timeout=min(2.0, timeout_s))
         if not ready:
-            have = cluster_capacity()
+            have = _cluster_capacity()
             shown = demand.shown(have)
             log(f"waiting up to {timeout_s:.0f}s for the Ray cluster to provide {amounts({k: demand.total(k) for k in shown})} "
                 f"({demand.describe()}); it has {amounts({k: have.get(k, 0.0) for k in shown})} now and an autoscaler may add nodes "
@@ -256,7 +256,7 @@ def wait_for(demand: Demand, timeout_s: float, log: Callable[[str], None]) -> No
         remove_placement_group(group)
     if not ready:
         raise InsufficientResources(
-            demand.shortfall(cluster_capacity(), f"after {timeout_s:.0f}s the Ray cluster")
+            demand.shortfall(_cluster_capacity(), f"after {timeout_s:.0f}s the Ray cluster")
             + ", or raise --resource-timeout if nodes are still coming"
         )
 

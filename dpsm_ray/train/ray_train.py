@@ -198,7 +198,7 @@ def trainer_for(config: TrainConfig, run_dir: str | os.PathLike, callbacks=(), e
     )
 
 
-def read_result(config: TrainConfig, run_dir: str | os.PathLike) -> RunResult:
+def _read_result(config: TrainConfig, run_dir: str | os.PathLike) -> RunResult:
     """The ``RunResult`` of a finished run from its directory (results and final checkpoint)."""
     run_dir = Path(run_dir)
     payload = read_checked_json(run_dir / RESULT_FILE)
@@ -222,4 +222,4 @@ def train_distributed(config: TrainConfig, out_dir=None, log=None, *, resource_t
     check_capacity(demand, timeout_s=resource_timeout_s, log=log)
     run_dir = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="dpsm_ray_"))
     trainer_for(config, run_dir, worker_fn=worker_fn).fit()
-    return read_result(config, run_dir)
+    return _read_result(config, run_dir)

@@ -23,7 +23,7 @@ from torch import nn
 from dpsm_ray.collective import LocalCollective
 from dpsm_ray.objectives import Objective
 
-WARMUP_STEPS = 3  # eager replays on a side stream before capture (cuDNN / allocator set-up)
+_WARMUP_STEPS = 3  # eager replays on a side stream before capture (cuDNN / allocator set-up)
 
 # What ``--step auto`` / ``--precision auto`` (the defaults) run, by device type: on CUDA the
 # captured bf16 channels_last step, measured by bench/gpu_check.py on an H100 (2026-11-24):
@@ -78,7 +78,7 @@ def autocast(device: torch.device, precision: str, *, cache_enabled: bool = True
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache_enabled)
 
 
-def model_input(x1: torch.Tensor, x2: torch.Tensor, channels_last: bool) -> torch.Tensor:
+def _model_input(x1: torch.Tensor, x2: torch.Tensor, channels_last: bool) -> torch.Tensor:
     x = torch.cat([x1, x2])
     return x.contiguous(memory_format=torch.channels_last) if channels_last and x.ndim == 4 else x
 
@@ -86,7 +86,7 @@ def model_input(x1: torch.Tensor, x2: torch.Tensor, channels_last: bool) -> torc
 def forward_objective(model, objective: Objective, x1, y1, x2, y2, precision: str, channels_last: bool, cache_enabled: bool = True):
     """Logits of B1 and B2 in one forward (in fp32 for the objective), then the objective."""
     with autocast(x1.device, precision, cache_enabled=cache_enabled):
-        logits = model(model_input(x1, x2, channels_last))
+        logits = model(_model_input(x1, x2, channels_last))
     logits1, logits2 = logits.float().split([x1.shape[0], x2.shape[0]])
     return objective(logits1, y1, logits2, y2)
 
@@ -113,7 +113,7 @@ class EagerStep:
         return out.stats
 
 
-def sgd_group(optimizer: torch.optim.Optimizer) -> dict:
+def _sgd_group(optimizer: torch.optim.Optimizer) -> dict:
     if not isinstance(optimizer, torch.optim.SGD) or len(optimizer.param_groups) != 1:
         raise TypeError("GraphStep implements SGD with one parameter group")
     group = optimizer.param_groups[0]
@@ -166,7 +166,7 @@ class GraphStep:
     ) -> None:
         if not isinstance(objective.collective, LocalCollective):
             raise ValueError("step: graph runs one worker; use the eager step with several workers")
-        group = sgd_group(optimizer)
+        group = _sgd_group(optimizer)
         self.model, self.objective, self.optimizer = model, objective, optimizer
         self.precision, self.channels_last = precision, channels_last
         self.params = [p for p in group["params"] if p.requires_grad]
@@ -204,7 +204,7 @@ class GraphStep:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
+            for _ in range(_WARMUP_STEPS):
                 self._body()
         torch.cuda.current_stream().wait_stream(side)
         with torch.no_grad():
