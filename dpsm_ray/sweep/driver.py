@@ -113,9 +113,37 @@ def _start_ray(demand: dict, address: str | None, resource_timeout: float, worke
     one trial waited for."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # a failed trial is one FAILED line; its traceback stays in error.txt
+    import signal
+
     _quiet_libraries()
+    before = signal.getsignal(signal.SIGTERM)
     ensure_ray(address, worker_output=worker_output)
+    _stop_on_sigterm(before)
     check_capacity(demand, timeout_s=resource_timeout, log=log)
+
+
+def _stop_on_sigterm(before) -> None:
+    """SIGTERM (``kill``, a batch scheduler's preemption) stops the sweep as Ctrl-C does --
+    resumable, in one line -- instead of through the handler ``ray.init`` sets (``sys.exit(15)``
+    from wherever the driver is, and a stack from Ray's core).  In the main thread, in place of
+    Ray's or the default (``before``: the handler before Ray started), never a caller's own."""
+    import signal
+    import threading
+
+    now = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread() and (now is not before or now in (signal.SIG_DFL, None)):
+        signal.signal(signal.SIGTERM, _as_ctrl_c)
+
+
+def _as_ctrl_c(signum, frame) -> None:
+    """What Ctrl-C would do now: the SIGINT handler in place (Tune's, while an experiment runs,
+    which ends it so that its trials' records are kept), else a KeyboardInterrupt."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler) or handler is signal.default_int_handler:
+        raise KeyboardInterrupt
+    handler(signal.SIGINT, frame)
 
 
 def _run_in_tune(

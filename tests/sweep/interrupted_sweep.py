@@ -16,6 +16,7 @@ POINT is one of
     kill-told:<stage>:<n>    kill -9 right after the study is told (as its "done" line prints)
     kill-asked:<stage>:<n>   kill -9 while trial n is being proposed: its first parameter is in
                              the study, the others are not
+    term:<point>             at a Ctrl-C point above, SIGTERM instead (``kill``, a scheduler's preemption)
     kill-base-model          kill -9 as the first epoch line of a base model comes back from the
                              Ray task training it (its checkpoint written, the task still running)
     trace-writes             no interruption; print each file write's target to stderr (to choose
@@ -38,8 +39,11 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPORARY = re.compile(r"^\..+\.\d+\.tmp$")
 
 
+STOP = [signal.SIGINT]  # what ctrl_c sends: SIGTERM for a term: point
+
+
 def ctrl_c() -> None:
-    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), STOP[0])
 
 
 def kill() -> None:
@@ -51,6 +55,8 @@ def trial_number(callback, trial) -> int:
 
 
 def interrupt_at(point: str) -> None:
+    if point.startswith("term:"):
+        STOP[0], point = signal.SIGTERM, point.removeprefix("term:")
     kind, _, where = point.partition(":")
     if kind in ("search", "finishing"):
         stage_name, number = where.rsplit(":", 1)

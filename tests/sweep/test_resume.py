@@ -166,12 +166,12 @@ def interrupted(point: str, results: Path) -> subprocess.CompletedProcess:
 
 # Instants at which the driver is stopped with Ctrl-C, one after another on the same sweep, each run
 # resuming the last: during a search trial, as the final stage is chosen, and as a final trial
-# sends its last report.
-INTERRUPTIONS = ["search:search-ce:2", "between:final", "finishing:final:1"]
+# sends its last report; and with SIGTERM (`kill`, a scheduler's preemption) during a search trial.
+INTERRUPTIONS = ["search:search-ce:2", "term:search:search-dpsm:1", "between:final", "finishing:final:1"]
 
 
 def test_an_interrupted_sweep_resumes_to_the_rows_of_an_uninterrupted_one(uninterrupted_sweep, tmp_path):
-    """Each Ctrl-C stops the sweep (exit 3, saying how to resume) and the next run resumes it
+    """Each Ctrl-C or SIGTERM stops the sweep (exit 3, saying how to resume) and the next run resumes it
     without repeating a trial that had finished; the same seed fixes every row, so the sweep must
     end with exactly the uninterrupted one's rows, with nothing lost or repeated."""
     results = tmp_path / "sweep"
