@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from dpsm_ray.facts import CE_BATCHES, CONFTR_SPLITS, CUT_SCORES, Q_INITS, QUANTILE_LR_PER_EPOCH, SPLITS
 from dpsm_ray.cards.knobs import DEFAULT_RANGES, PAPER_GRID, SHARED_GRID_AXES, knob_name, paper_grid as grid_of
-from dpsm_ray.lazy import imported
 from dpsm_ray.cards.registry import built_in, register, registry, seal, sealed, unregister
+from dpsm_ray.lazy import imported
 
 if TYPE_CHECKING:
     from dpsm_ray.objectives.base import Objective
