@@ -117,7 +117,8 @@ def analyse_league(evals, failed, alpha: float, dataset: str | None = None, sear
     ranked = sorted((r for r in rows if r["method"] != BASE_MODEL), key=lambda r: r["size"]["hps"][0])
     winners = [r for r in ranked if r.get("verdict", "").startswith("beats")]
     answer = (f"{method_name(winners[0]['method'])} (the smallest HPS sets among the methods that beat CE)" if winners
-              else "CE fine-tuned, tuned as carefully, is as good as any of them here")
+              else "CE fine-tuned, tuned as carefully, is as good as any of them here" if _REFERENCE in methods
+              else "none here: these results hold no CE fine-tuned to compare with (--ce-from adds another league's)")
     failures = {} if failed is None or failed.empty else failed.groupby("method").size().to_dict()
     return {"dataset": dataset, "alpha": alpha, "ranked": ranked, "base": next((r for r in rows if r["method"] == BASE_MODEL), None),
             "failed": {m: int(n) for m, n in failures.items()}, "answer": answer,

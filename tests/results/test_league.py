@@ -80,6 +80,14 @@ def test_no_method_beating_ce_answers_ce_and_low_coverage_does_not_count():
     assert analysis["answer"] == "CE fine-tuned, tuned as carefully, is as good as any of them here"
 
 
+def test_a_league_without_ce_ranks_its_methods_and_answers_nothing_about_ce():
+    """A league run without CE (its CE searched in another league, joined by --ce-from): no verdict
+    against a CE it never trained, and no answer that CE is as good as any."""
+    analysis = analyse_league(evals({"dpsm": SIZES["dpsm"], "cut": SIZES["cut"]}), None, 0.1, "d")
+    assert [row.get("verdict") for row in analysis["ranked"]] == [None, None]
+    assert analysis["answer"].startswith("none here: these results hold no CE")
+
+
 def test_the_compact_copy_regenerates_the_same_table(tmp_path):
     from fabricated import fabricate
 
