@@ -137,11 +137,12 @@ def _stop_on_sigterm(before) -> None:
 
 def _as_ctrl_c(signum, frame) -> None:
     """What Ctrl-C would do now: the SIGINT handler in place (Tune's, while an experiment runs,
-    which ends it so that its trials' records are kept), else a KeyboardInterrupt."""
+    which ends it so that its trials' records are kept; Python's, a KeyboardInterrupt), or a
+    KeyboardInterrupt where SIGINT is ignored (a background job's)."""
     import signal
 
     handler = signal.getsignal(signal.SIGINT)
-    if not callable(handler) or handler is signal.default_int_handler:
+    if not callable(handler):
         raise KeyboardInterrupt
     handler(signal.SIGINT, frame)
 
