@@ -31,15 +31,24 @@ from dpsm_ray.train.ray_session import DEFAULT_RESOURCE_TIMEOUT_S
 PREDICTOR_DIR = "predictor"  # where `train --out DIR` writes its predictor: DIR/predictor/
 
 
-def _positive_seconds(text: str) -> float:
-    """An argparse type: a number of seconds > 0 (the error names the value)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0; got {text!r}")
-    return value
+def _checked(convert, ok, wanted: str):
+    """An argparse type: the text as ``convert`` reads it, where ``ok`` allows it (the error names the value)."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}; got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_seconds = _checked(float, lambda value: value > 0 and math.isfinite(value), "a number of seconds > 0")
+_positive_int = _checked(int, lambda value: value >= 1, "an integer >= 1")
+_port_number = _checked(int, lambda value: 1 <= value <= 65535, "a port number in 1..65535")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -257,45 +266,10 @@ def _cmd_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         token, token_file = serve_token(args.host, args.token_file, args.no_token)
     except (ValueError, OSError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    serve_predictor(
-        Path(args.predictor).resolve(),
-        host=args.host,
-        port=args.port,
-        replicas=args.replicas,
-        device=args.device,
-        cpus_per_replica=args.cpus_per_replica,
-        max_batch=args.max_batch,
-        address=args.address,
-        token=token,
-        token_file=token_file,
-        trust_code=args.trust_code,
-        batch_rows=args.batch_rows,
-        batch_wait_ms=args.batch_wait_ms,
-        max_ongoing=args.max_ongoing,
-        torch_threads=args.torch_threads,
-    )
+    served = ("host", "port", "replicas", "device", "cpus_per_replica", "max_batch", "address", "trust_code", "batch_rows",
+              "batch_wait_ms", "max_ongoing", "torch_threads")
+    serve_predictor(Path(args.predictor).resolve(), token=token, token_file=token_file, **{key: getattr(args, key) for key in served})
     return 0
-
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (the error names the value)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text!r}")
-    return value
-
-
-def _port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number in 1..65535; got {text!r}")
-    return value
 
 
 def _cmd_calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -393,11 +367,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(commands, name: str, handler, *, trust_code: bool = False, **texts):
+    """A subcommand's parser (``help``, ``description``): no abbreviated options, run by ``handler``;
+    ``trust_code`` offers --trust-code (a predictor whose model is a factory's code)."""
+    command = commands.add_parser(name, allow_abbrev=False, **texts)
+    command.set_defaults(handler=handler, parser=command)
+    if trust_code:
+        command.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
+    return command
+
+
 def _add_train_command(commands) -> None:
     """``dpsm-ray train``: every TrainConfig field, the preset, where its workers run, --out."""
-    train = commands.add_parser(
+    train = _command(
+        commands,
         "train",
-        allow_abbrev=False,
+        _cmd_train,
         help="train and evaluate one model",
         description="Train one model with the chosen objective, print a progress line per epoch and a final table.",
     )
@@ -412,7 +397,6 @@ def _add_train_command(commands) -> None:
     train.add_argument("--out", help="write config.json, splits.json, epochs.parquet, evals.parquet, classes.parquet, a checkpoint and the "
                        "trained model as a conformal predictor (predictor/) here; running again with the same directory resumes from the "
                        "checkpoint. Without it nothing is saved")
-    train.set_defaults(handler=_cmd_train, parser=train)
 
 
 def _add_sweep_command(commands) -> None:
@@ -429,9 +413,10 @@ def _add_sweep_command(commands) -> None:
 
 def _add_report_command(commands) -> None:
     """``dpsm-ray report DIR``."""
-    report = commands.add_parser(
+    report = _command(
+        commands,
         "report",
-        allow_abbrev=False,
+        _cmd_report,
         help="print the paper-style tables of a sweep or run and write report.md, report.tex and figures",
         description="Read DIR's Parquet files (a sweep's --results-dir or a run's --out); print the set-size table (mean ± std per "
         "method and score; DPSM against the best baseline and the CE base model as a per-seed paired change with a 95% interval) "
@@ -440,7 +425,6 @@ def _add_report_command(commands) -> None:
         "against validation set size, class-conditional coverage; each Optuna search's history and parameter importance).",
     )
     report.add_argument("directory", metavar="DIR", help="a sweep's results directory or a training run's --out directory")
-    report.set_defaults(handler=_cmd_report, parser=report)
 
 
 def _add_export_command(commands) -> None:
@@ -448,9 +432,11 @@ def _add_export_command(commands) -> None:
     from dpsm_ray.conformal import SET_RULES
     from dpsm_ray.predict.portable import MODEL_FILES
 
-    export = commands.add_parser(
+    export = _command(
+        commands,
         "export",
-        allow_abbrev=False,
+        _cmd_export,
+        trust_code=True,
         help="copy a sweep's final model of a method out as a conformal predictor, or export a predictor to run without dpsm_ray",
         description="Copy the predictor of METHOD out of a sweep's RESULTS/predictors/ into OUT (docs/predictor.md): by default the final "
         "model chosen on validation data alone (the smallest validation set size among the method's seeds whose validation coverage "
@@ -475,15 +461,14 @@ def _add_export_command(commands) -> None:
     export.add_argument("--calibration", choices=SET_RULES,
                         help="the exported sets' calibration (docs/predictor.md) (default: the predictor's own)")
     export.add_argument("--overwrite", action="store_true", help="replace a predictor, or an export, already in --out")
-    export.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
-    export.set_defaults(handler=_cmd_export, parser=export)
 
 
 def _add_calibrate_command(commands) -> None:
     """``dpsm-ray calibrate``: a model trained elsewhere, its weights and labelled data."""
-    calibrate = commands.add_parser(
+    calibrate = _command(
+        commands,
         "calibrate",
-        allow_abbrev=False,
+        _cmd_calibrate,
         help="make a predictor of a model trained elsewhere: its weights file and labelled calibration data",
         description="Build MODEL, load its weights from WEIGHTS (a state dict: .pt/.pth read with torch.load(weights_only=True), or "
         ".safetensors), calibrate every score on --split of --dataset (labelled points the model never trained on) and write a predictor "
@@ -512,16 +497,17 @@ def _add_calibrate_command(commands) -> None:
     calibrate.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
     calibrate.add_argument("--out", required=True, metavar="DIR", help="the predictor directory to write")
     calibrate.add_argument("--overwrite", action="store_true", help="replace a predictor already in --out")
-    calibrate.set_defaults(handler=_cmd_calibrate, parser=calibrate)
 
 
 def _add_predict_command(commands) -> None:
     """``dpsm-ray predict PREDICTOR --input PATH --out FILE``."""
     from dpsm_ray.conformal import SET_RULES
 
-    predict = commands.add_parser(
+    predict = _command(
+        commands,
         "predict",
-        allow_abbrev=False,
+        _cmd_predict,
+        trust_code=True,
         help="prediction sets of new inputs from a predictor, as Parquet, CSV or JSON",
         description=(
             "Read inputs -- an .npy or .npz array [n, *shape] (or [n, features]), a folder of image files (resized and normalised as the "
@@ -578,15 +564,15 @@ def _add_predict_command(commands) -> None:
                          "folder:PATH:skip=1 does; without it such a file is refused, naming it")
     predict.add_argument("--batch-size", type=_positive_int, default=512, help="inputs per forward pass (default: %(default)s)")
     predict.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda, cuda:N (default: %(default)s)")
-    predict.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
-    predict.set_defaults(handler=_cmd_predict, parser=predict)
 
 
 def _add_serve_command(commands) -> None:
     """``dpsm-ray serve PREDICTOR``."""
-    serve = commands.add_parser(
+    serve = _command(
+        commands,
         "serve",
-        allow_abbrev=False,
+        _cmd_serve,
+        trust_code=True,
         help="serve a predictor over HTTP on Ray Serve",
         description="Serve PREDICTOR on Ray Serve: POST /predict with {\"inputs\": [...]} returns each input's prediction set; GET /health "
         "describes the predictor. Bad requests get a 4xx status and {\"error\": ...}. Runs until Ctrl-C (or SIGTERM), then stops every "
@@ -615,7 +601,6 @@ def _add_serve_command(commands) -> None:
             "or generated into it; default, when --host is not a loopback address: $DPSM_RAY_CACHE/serve-token"
         ),
     )
-    serve.add_argument("--trust-code", action="store_true", help=_TRUST_CODE_HELP)
     serve.add_argument(
         "--no-token", action="store_true", help="serve beyond this machine without a token: anyone who can reach it can query the model"
     )
@@ -653,7 +638,6 @@ def _add_serve_command(commands) -> None:
             " own)"
         ),
     )
-    serve.set_defaults(handler=_cmd_serve, parser=serve)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -493,8 +493,17 @@ class _Checks:
 
     def integer(self, name: str) -> int:
         value = getattr(self.config, name)
-        self.need(isinstance(value, int) and not isinstance(value, bool), name, "must be an integer")
+        self.need(_is_integer(value), name, "must be an integer")
         return value
+
+    def optional(self, name: str, ok, allowed: str) -> None:
+        """None (the default: the method or the data decides), or a value ``ok`` allows."""
+        value = getattr(self.config, name)
+        self.need(value is None or ok(value), name, allowed)
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate(config: TrainConfig) -> None:
@@ -534,18 +543,10 @@ def _check_model_and_start(config: TrainConfig, checks: _Checks) -> None:
         need(os.path.isfile(weights), "init", f"weights:FILE: no such file {weights}")
     else:
         need(config.init in ("scratch", "base"), "init", "must be one of scratch, base, or weights:FILE")
-    need(
-        config.base_epochs is None or (isinstance(config.base_epochs, int) and config.base_epochs >= 1),
-        "base_epochs",
-        "must be an integer >= 1",
-    )
-    need(config.base_lr is None or (isinstance(config.base_lr, (int, float)) and config.base_lr > 0), "base_lr", "must be > 0")
-    need(
-        config.base_batch_size is None
-        or (isinstance(config.base_batch_size, int) and config.base_batch_size >= 2 and config.base_batch_size % 2 == 0),
-        "base_batch_size",
-        "must be an even integer >= 2",
-    )
+    checks.optional("base_epochs", lambda value: isinstance(value, int) and value >= 1, "must be an integer >= 1")
+    checks.optional("base_lr", lambda value: isinstance(value, (int, float)) and value > 0, "must be > 0")
+    checks.optional("base_batch_size", lambda value: isinstance(value, int) and value >= 2 and value % 2 == 0,
+                    "must be an even integer >= 2")
 
 
 def _check_objective(config: TrainConfig, checks: _Checks) -> None:
@@ -579,17 +580,8 @@ def _check_schedule(config: TrainConfig, checks: _Checks, train_size: int) -> No
     need(0 <= number("momentum") < 1, "momentum", "must be in [0, 1)")
     need(number("weight_decay") >= 0, "weight_decay", "must be >= 0")
     need(0 <= integer("seed") < MAX_SEED, "seed", "must be an integer in [0, 2**63) (torch generators take 64-bit seeds)")
-    need(
-        config.split_seed is None
-        or (isinstance(config.split_seed, int) and not isinstance(config.split_seed, bool) and 0 <= config.split_seed < MAX_SEED),
-        "split_seed",
-        "must be an integer in [0, 2**63)",
-    )
-    need(
-        config.train_subset is None or (isinstance(config.train_subset, int) and config.train_subset >= 2),
-        "train_subset",
-        "must be an integer >= 2",
-    )
+    checks.optional("split_seed", lambda value: _is_integer(value) and 0 <= value < MAX_SEED, "must be an integer in [0, 2**63)")
+    checks.optional("train_subset", lambda value: isinstance(value, int) and value >= 2, "must be an integer >= 2")
     need(
         config.train_subset is None or config.train_subset <= train_size,
         "train_subset",

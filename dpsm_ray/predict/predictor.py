@@ -44,7 +44,7 @@ from dpsm_ray.cards import check_score, model_card, model_choices, score_card, s
 from dpsm_ray.conformal import (
     CALIBRATION_TITLES, SET_RULES, check_alpha, class_conformal_p_values, class_conformal_quantile, class_counts,
     class_coverage_range, class_prediction_sets, classes_under, clustered_calibration, conformal_p_values, conformal_quantile, coverage,
-    empty_rate, example_uniforms, label_ranks, label_scores, min_calibration_size, prediction_sets, rank_sets, rc3p_calibration, set_size,
+    empty_rate, example_uniforms, label_ranks, label_scores, min_calibration_size, rank_sets, rc3p_calibration, set_size,
     singleton_rate, top_label_ece,
 )
 from dpsm_ray.conformal.risk import check_costs, check_level, crc_threshold
@@ -428,11 +428,7 @@ class Predictor:
     def class_thresholds(self, score: str) -> torch.Tensor:
         """The threshold q_y of each class for ``score``, ``[K]`` float64 (``inf``: a class with too
         few calibration points for alpha, which every class-conditional set holds)."""
-        entry = self._calibrated_entry(score)
-        if "class_thresholds" not in entry:
-            raise PredictorError("this predictor records no class thresholds (written before class-conditional calibration); "
-                                 "recalibrate(x_cal, y_cal, by='class') gives them")
-        return torch.tensor([_threshold(q) for q in entry["class_thresholds"]], dtype=torch.float64)
+        return self.set_thresholds(score, "class")[0]
 
     def set_thresholds(self, score: str, calibration: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What ``score``'s sets of ``calibration`` (None: the predictor's own) hold y by: the
@@ -441,19 +437,24 @@ class Predictor:
         others): the set is {y : S(x, y) <= q_y and rank(x, y) <= k_y}."""
         how = self.calibration_of(calibration)
         if how == "marginal":
-            return torch.full((self.num_classes,), self.threshold(score), dtype=torch.float64), None
-        if how == "class":
-            return self.class_thresholds(score), None
+            values = [self._calibrated_entry(score)["threshold"]] * self.num_classes
+        elif how == "risk":
+            values = [self._recorded(score, "risk_threshold", "this predictor has no risk control; control_risk(x_cal, y_cal, costs, "
+                                                            "level) gives it")] * self.num_classes
+        else:
+            before = "class-conditional calibration" if how == "class" else "that calibration"
+            values = self._recorded(score, f"{how}_thresholds", f"this predictor records no {how} thresholds (written before {before}); "
+                                                              f"recalibrate(x_cal, y_cal, by={how!r}) gives them")
+        limits = self._calibrated_entry(score)["rc3p_rank_limits"] if how == "rc3p" else None
+        return (torch.tensor([_threshold(q) for q in values], dtype=torch.float64),
+                None if limits is None else torch.tensor(limits, dtype=torch.int64))
+
+    def _recorded(self, score: str, key: str, lacking: str):
+        """``key`` of ``score``'s calibration record; ``lacking``, the error, where this predictor has none."""
         entry = self._calibrated_entry(score)
-        if how == "risk":
-            if "risk_threshold" not in entry:
-                raise PredictorError("this predictor has no risk control; control_risk(x_cal, y_cal, costs, level) gives it")
-            return torch.full((self.num_classes,), _threshold(entry["risk_threshold"]), dtype=torch.float64), None
-        if f"{how}_thresholds" not in entry:
-            raise PredictorError(f"this predictor records no {how} thresholds (written before that calibration); "
-                                 f"recalibrate(x_cal, y_cal, by={how!r}) gives them")
-        thresholds = torch.tensor([_threshold(q) for q in entry[f"{how}_thresholds"]], dtype=torch.float64)
-        return thresholds, (torch.tensor(entry["rc3p_rank_limits"], dtype=torch.int64) if how == "rc3p" else None)
+        if key not in entry:
+            raise PredictorError(lacking)
+        return entry[key]
 
     def fallback_classes(self, score: str) -> list[int]:
         """The classes with too few calibration points for a finite class-conditional threshold at
@@ -583,15 +584,11 @@ class Predictor:
     ) -> PredictionSets:
         """``predict_sets`` from probabilities already computed with ``predict_proba``."""
         scores = self.score_matrix(probs, score, example_ids)
-        how = self.calibration_of(calibration)
-        if how == "marginal":
-            mask = prediction_sets(scores, self.threshold(score))
+        thresholds, rank_limits = self.set_thresholds(score, calibration)
+        if rank_limits is None:
+            mask = class_prediction_sets(scores, thresholds)
         else:
-            thresholds, rank_limits = self.set_thresholds(score, how)
-            if rank_limits is None:
-                mask = class_prediction_sets(scores, thresholds)
-            else:
-                mask = rank_sets(scores, thresholds, label_ranks(probs), rank_limits)
+            mask = rank_sets(scores, thresholds, label_ranks(probs), rank_limits)
         if non_empty:
             empty = ~mask.any(dim=1)
             mask[empty, probs[empty].argmax(dim=1)] = True
@@ -631,11 +628,8 @@ class Predictor:
     def calibration_scores(self, score: str) -> list[list[float]]:
         """The label scores of the calibration points behind ``score``'s thresholds, one ascending
         list per class: what p-values are counted against."""
-        entry = self._calibrated_entry(score)
-        if "calibration_scores" not in entry:
-            raise PredictorError("this predictor records no calibration scores (written before p-values); recalibrate(x_cal, y_cal) "
-                                 "gives them")
-        return entry["calibration_scores"]
+        return self._recorded(score, "calibration_scores", "this predictor records no calibration scores (written before p-values); "
+                                                          "recalibrate(x_cal, y_cal) gives them")
 
     def check_request(self, score: str, calibration: str | None = None, p_values: bool = False) -> str:
         """The calibration sets of ``score`` will use (None: the predictor's own), once this predictor

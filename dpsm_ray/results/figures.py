@@ -433,22 +433,16 @@ def learns_quantile(method: str) -> bool:
 
 def _losses_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
     """Paper figure 2(a)(b): the upper-level (training) loss and the lower-level pinball loss per epoch."""
-    import matplotlib.pyplot as plt
-
-    fig, (upper, lower) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
     lower_methods = [m for m in curves.methods if curves.of(m).lower_loss.notna().any()]
+    fig, (upper, lower) = _epoch_pair(
+        ("upper-level loss CE + λ·L_c (training batches)", "lower-level pinball loss at q / τ (training batches)"),
+        ("Upper-level loss", "Lower-level loss" + ("" if lower_methods else ": no method with a quantile")))
     for method in curves.methods:
         line(upper, curves.of(method), "upper_loss", method)
     for method in lower_methods:
         line(lower, curves.of(method), "lower_loss", method)
     upper_scale = _apply_scale(upper, [curves.of(m).upper_loss.to_numpy() for m in curves.methods])
     lower_scale = _apply_scale(lower, [curves.of(m).lower_loss.to_numpy() for m in lower_methods])
-    upper.set_ylabel(_wrapped("upper-level loss CE + λ·L_c (training batches)"))
-    lower.set_ylabel(_wrapped("lower-level pinball loss at q / τ (training batches)"))
-    upper.set_title("Upper-level loss")
-    lower.set_title("Lower-level loss" + ("" if lower_methods else ": no method with a quantile"))
-    for ax in (upper, lower):
-        ax.set_xlabel("epoch")
     _legend_below(fig, _method_handles(curves.methods))
     weights = context.conformal_weight or {}
     weight_text = (
@@ -467,21 +461,15 @@ def _losses_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
 
 def _loss_gaps_figure(curves: Curves) -> tuple[Figure, object]:
     """Paper figure 2(c)(d): the upper and lower losses at the learned quantile minus at Q_n."""
-    import matplotlib.pyplot as plt
-
     methods = curves.quantile_methods
-    fig, (upper, lower) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
+    fig, (upper, lower) = _epoch_pair(("upper loss at q − at Q_n (training split)", "pinball loss at q − at Q_n (training split)"),
+                                      ("Upper-level gap", "Lower-level gap (never negative)"))
     for method in methods:
         line(upper, curves.of(method), "upper_gap", method)
         line(lower, curves.of(method), "lower_gap", method)
     scales = [_apply_scale(ax, [curves.of(m)[c].to_numpy() for m in methods]) for ax, c in ((upper, "upper_gap"), (lower, "lower_gap"))]
     for ax in (upper, lower):
         ax.axhline(0, color="black", linestyle=":", linewidth=1)
-        ax.set_xlabel("epoch")
-    upper.set_ylabel(_wrapped("upper loss at q − at Q_n (training split)"))
-    lower.set_ylabel(_wrapped("pinball loss at q − at Q_n (training split)"))
-    upper.set_title("Upper-level gap")
-    lower.set_title("Lower-level gap (never negative)")
     _legend_below(fig, _method_handles(methods))
     measured = "; ".join(
         f"{name_of(m)}'s upper gap {change_text(curves.of(m), 'upper_gap', towards_zero=True)}, "
@@ -493,6 +481,18 @@ def _loss_gaps_figure(curves: Curves) -> tuple[Figure, object]:
         f"the paper's DPSM gaps fall towards 0){_panel_notes(scales)}. Measured here: {measured}."
     )
     return Figure("loss_gaps", "Optimisation gaps", caption), fig
+
+
+def _epoch_pair(ylabels: tuple[str, str], titles: tuple[str, str]):
+    """A page-wide figure of two panels against the epoch: their y labels (wrapped) and titles (as given)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
+    for ax, ylabel, title in zip(axes, ylabels, titles):
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(_wrapped(ylabel))
+        ax.set_title(title)
+    return fig, axes
 
 
 def q_error_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
@@ -536,23 +536,17 @@ def q_error_figure(curves: Curves, context: Context) -> tuple[Figure, object]:
 
 def _set_size_gap_figure(curves: Curves) -> tuple[Figure, object]:
     """Paper figure 3(c): the training split's set size at q against the validation set size, and their difference."""
-    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
     methods = curves.quantile_methods
-    fig, (sizes, gaps) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 2.6), layout="constrained")
+    fig, (sizes, gaps) = _epoch_pair(("average set size (classes)", "|training − validation| set size (classes)"),
+                                     (_wrapped("Training split at q (solid), validation (dashed)"), "Their difference"))
     for method in methods:
         part = curves.of(method)
         line(sizes, part, "train_set_size_q", method)
         line(sizes, part, "val_set_size", method, linestyle="--", label=None)
         line(gaps, part.assign(gap=(part.train_set_size_q - part.val_set_size).abs()), "gap", method)
     size_scale = _apply_scale(sizes, [curves.of(m)[c].to_numpy() for m in methods for c in ("train_set_size_q", "val_set_size")])
-    for ax in (sizes, gaps):
-        ax.set_xlabel("epoch")
-    sizes.set_ylabel("average set size (classes)")
-    gaps.set_ylabel(_wrapped("|training − validation| set size (classes)"))
-    sizes.set_title(_wrapped("Training split at q (solid), validation (dashed)"))
-    gaps.set_title("Their difference")
     keys = [
         Line2D([], [], color="black", label="training split at q"),
         Line2D([], [], color="black", linestyle="--", label="validation split"),

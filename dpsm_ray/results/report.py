@@ -393,14 +393,11 @@ def write_report(results_dir: str | os.PathLike, log=print, *, brief: bool = Fal
     tex = [*([rf"\textbf{{Warning:}} {latex_text(chance)}"] if chance else []),
            latex_table(size, size_caption, "set-size", note=f"Note: {note}" if note else None)]
     if found:
-        md += ["## DPSM against the baselines", "", markdown(_comparison_table(found)), "", _comparison_caption(found), ""]
-        tex.append(latex_table(_comparison_table(found), _comparison_caption(found), "paired", align="llrrrrl"))
+        _table(md, tex, "## DPSM against the baselines", _comparison_table(found), _comparison_caption(found), "paired", align="llrrrrl")
     md += league_section(calibration_rows(evals), trials, alpha, sweep)
-    md += ["## All metrics", "", markdown(details), "", details_note, ""]
-    tex.append(latex_table(details, f"All metrics. {details_note}", "metrics"))
+    _table(md, tex, "## All metrics", details, details_note, "metrics", tex_caption=f"All metrics. {details_note}")
     if both:
-        md += [f"## {calibrations_heading(evals)}", "", markdown(both), "", _calibration_caption(alpha), ""]
-        tex.append(latex_table(both, _calibration_caption(alpha), "calibrations", align="lllrrrrr"))
+        _table(md, tex, f"## {calibrations_heading(evals)}", both, _calibration_caption(alpha), "calibrations", align="lllrrrrr")
 
     more_md, more_tex = _provenance_sections(trials, sweep, evals)
     md += more_md
@@ -443,43 +440,32 @@ def _provenance_sections(trials: pd.DataFrame, sweep: dict | None, evals: pd.Dat
         caption = ("Each method's configuration, the one its final models re-trained with every seed; bold: chosen by the search "
                    "(the pick, docs/results.md), the rest fixed for the sweep; —: a setting the method does not read. "
                    + "; ".join(notes) + ".")
-        md += [markdown(rows), "", caption, ""]
-        tex.append(latex_table(rows, caption, "configurations", align="l" + "l" * (len(rows[0]) - 1)))
+        _table(md, tex, None, rows, caption, "configurations", align="l" * len(rows[0]))
     outcomes = search_outcomes(trials, sweep)
     if outcomes is not None:
         caption = ("Each method's search: the knobs it searched, its trials, how many reached the coverage floor on validation data "
                    "(feasible) or did not (infeasible), were stopped early or failed, the pick its final models re-trained, and the "
                    "learning rates its trials tried.")
-        md += ["## Searches", "", markdown(outcomes), "", caption, ""]
-        tex.append(latex_table(outcomes, caption, "searches", align="lp{0.18\\linewidth}rrrrrp{0.16\\linewidth}p{0.16\\linewidth}"))
+        _table(md, tex, "## Searches", outcomes, caption, "searches", align="lp{0.18\\linewidth}rrrrrp{0.16\\linewidth}p{0.16\\linewidth}")
     md += ["## Sweep settings", ""]
     if sweep is None:
         md += ["Not recorded: no sweep.json in this directory.", ""]
     else:
-        settings = sweep_settings(sweep, evals)
-        md += [markdown(settings), "", "From sweep.json.", ""]
-        tex.append(latex_table(settings, "The sweep's settings (sweep.json).", "settings", align="lp{0.7\\linewidth}"))
-    versions = versions_table(sweep)
-    md += [
-        "## Versions",
-        "",
-        markdown(versions),
-        "",
-        (
-            "The versions sweep.json recorded when the sweep started (\"not recorded\": an older sweep, or a "
-            "single run), and the ones installed when this report was written, which drew the tables and figures."
-        ),
-        "",
-    ]
-    tex.append(
-        latex_table(
-            versions,
-            "Package versions: those that ran the sweep, and those installed when this report was written.",
-            "versions",
-            align="lll",
-        )
-    )
+        _table(md, tex, None, sweep_settings(sweep, evals), "From sweep.json.", "settings", align="lp{0.7\\linewidth}",
+               tex_caption="The sweep's settings (sweep.json).")
+    _table(md, tex, "## Versions", versions_table(sweep),
+           "The versions sweep.json recorded when the sweep started (\"not recorded\": an older sweep, or a single run), and the ones "
+           "installed when this report was written, which drew the tables and figures.", "versions", align="lll",
+           tex_caption="Package versions: those that ran the sweep, and those installed when this report was written.")
     return md, tex
+
+
+def _table(md: list[str], tex: list[str], heading: str | None, rows: list[list[str]], caption: str, label: str, *,
+           align: str | None = None, tex_caption: str | None = None) -> None:
+    """A table into both reports: in report.md under ``heading`` (None: none) with ``caption``, in
+    report.tex as a float labelled ``label`` with ``tex_caption`` (default: the same)."""
+    md += [*([heading, ""] if heading else []), markdown(rows), "", caption, ""]
+    tex.append(latex_table(rows, caption if tex_caption is None else tex_caption, label, align=align))
 
 
 def _write_figures(results: Path, evals: pd.DataFrame, epochs: pd.DataFrame, classes: pd.DataFrame, context: Context) -> list[Figure]:

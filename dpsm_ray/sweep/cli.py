@@ -274,6 +274,12 @@ def add_running_options(parser: argparse.ArgumentParser, defaults: dict) -> None
     )
 
 
+# SweepSpec's fields that its options give as they are parsed, under the same name
+_PASSED_ON = ("trials_per_knob", "min_trials", "final_seeds", "coverage_slack", "grid_budget", "sampler", "scheduler", "grace_period",
+              "reduction_factor", "optuna_storage", "concurrency", "seed", "preset", "address", "resource_timeout", "trial_retries",
+              "worker_logs", "tracking", "process_per_trial", "group_size")
+
+
 def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
     """The ``SweepSpec`` the options describe (raises ConfigError / ValueError on bad values)."""
     from dpsm_ray.sweep.spec import SweepSpec
@@ -297,37 +303,11 @@ def spec_from_args(name: str, args: argparse.Namespace, defaults: dict):
         raise ValueError("--fix/--subset/--grid-budget apply to --grid paper")
     workers = base.workers
     resources = {"cpu": base.cpus_per_worker, "gpu": base.gpus_per_worker} if workers == 0 else {"cpu": 0.1}
-    return SweepSpec(
-        name=getattr(args, "sweep_name", None) or name,
-        base=base,
-        methods=methods,
-        trials=defaults["trials"] if args.trials is None else args.trials,
-        trials_per_knob=args.trials_per_knob,
-        min_trials=args.min_trials,
-        final_seeds=args.final_seeds,
-        coverage_slack=args.coverage_slack,
-        ranges=ranges,
-        grid=args.grid == "paper",
-        grid_fixed=tuple(fixed.items()),
-        grid_subsets=tuple(subsets.items()),
-        grid_budget=args.grid_budget,
-        sampler=args.sampler,
-        scheduler=args.scheduler,
-        grace_period=args.grace_period,
-        reduction_factor=args.reduction_factor,
-        optuna_storage=args.optuna_storage,
-        concurrency=args.concurrency,
-        seed=args.seed,
-        trial_resources=tuple((k, v) for k, v in resources.items() if v),
-        preset=args.preset,
-        address=args.address,
-        resource_timeout=args.resource_timeout,
-        trial_retries=args.trial_retries,
-        worker_logs=args.worker_logs,
-        tracking=args.tracking,
-        process_per_trial=args.process_per_trial,
-        group_size=args.group_size,
-    )
+    passed = {key: getattr(args, key) for key in _PASSED_ON}
+    return SweepSpec(name=getattr(args, "sweep_name", None) or name, base=base, methods=methods, ranges=ranges,
+                     trials=defaults["trials"] if args.trials is None else args.trials, grid=args.grid == "paper",
+                     grid_fixed=tuple(fixed.items()), grid_subsets=tuple(subsets.items()),
+                     trial_resources=tuple((k, v) for k, v in resources.items() if v), **passed)
 
 
 def main(name: str, description: str, defaults: dict, argv: list[str] | None = None) -> int:

@@ -147,44 +147,6 @@ def _as_ctrl_c(signum, frame) -> None:
     handler(signal.SIGINT, frame)
 
 
-def _run_in_tune(
-    stages: list,
-    results: Path,
-    *,
-    name: str,
-    resources: dict,
-    concurrency: int,
-    retries: int,
-    log,
-    callbacks=(),
-    reuse: bool = True,
-    then=None,
-    group_size: int = 1,
-) -> None:
-    """``stages`` in one Tune experiment called ``name``, then ``then()``'s (``run_stages``); an
-    interruption or a full disk as the drivers' resumable errors."""
-    from dpsm_ray.sweep.stage import StageInterrupted, StageOutOfSpace, run_stages
-
-    try:
-        run_stages(
-            stages,
-            results,
-            name=name,
-            resources=resources,
-            concurrency=concurrency,
-            retries=retries,
-            log=log,
-            callbacks=callbacks,
-            reuse=reuse,
-            then=then,
-            group_size=group_size,
-        )
-    except StageInterrupted as error:
-        raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
-    except StageOutOfSpace as error:
-        raise SweepOutOfSpace(f"{error}; free some space and rerun with --resume to continue") from None
-
-
 def drive(spec: SweepSpec, results: Path, settings: dict, resume: bool, log, search_only: bool) -> Path:
     if spec.arms:
         return _drive_arms(spec, results, settings, resume, log)
@@ -305,25 +267,23 @@ def _drive_search(spec: SweepSpec, results: Path, settings: dict, resume: bool, 
 
 
 def run(spec: SweepSpec, results: Path, stages: list, log, name: str, then=None) -> None:
-    """The sweep's ``stages`` in one Tune experiment called ``name``, then ``then()``'s."""
+    """The sweep's ``stages`` in one Tune experiment called ``name``, then ``then()``'s
+    (``run_stages``); an interruption or a full disk as the drivers' resumable errors."""
+    from dpsm_ray.sweep.stage import StageInterrupted, StageOutOfSpace, run_stages
+
     callbacks = []
     if spec.tracking:
         from dpsm_ray.sweep.tracking import tracking_callbacks
 
         callbacks = tracking_callbacks(spec.tracking, results)
-    _run_in_tune(
-        stages,
-        results,
-        name=name,
-        resources=dict(spec.trial_resources),
-        concurrency=spec.concurrency,
-        retries=spec.trial_retries,
-        log=log,
-        callbacks=callbacks,
-        reuse=not spec.process_per_trial,
-        then=then,
-        group_size=spec.group_size,
-    )
+    try:
+        run_stages(stages, results, name=name, resources=dict(spec.trial_resources), concurrency=spec.concurrency,
+                   retries=spec.trial_retries, log=log, callbacks=callbacks, reuse=not spec.process_per_trial, then=then,
+                   group_size=spec.group_size)
+    except StageInterrupted as error:
+        raise SweepInterrupted(f"{error}; rerun with --resume to continue") from None
+    except StageOutOfSpace as error:
+        raise SweepOutOfSpace(f"{error}; free some space and rerun with --resume to continue") from None
 
 
 def _quiet_libraries() -> None:

@@ -107,42 +107,30 @@ class SweepSpec:
             raise ConfigError("arms", ",".join(arm.name for arm in self.arms), "must name each arm once")
         if len(set(self.methods)) < len(self.methods):
             raise ConfigError("methods", ",".join(self.methods), "must name each method once")
-        if self.trials < 1:
-            raise ConfigError("trials", self.trials, "must be an integer >= 1")
-        if self.min_trials is not None and (self.min_trials < 1 or self.grid):
-            raise ConfigError("min_trials", self.min_trials, "must be an integer >= 1, for an Optuna search (not --grid paper)")
-        if self.trials_per_knob is not None and (self.trials_per_knob < 1 or self.grid):
-            raise ConfigError("trials_per_knob", self.trials_per_knob, "must be an integer >= 1, for an Optuna search (not --grid paper)")
-        if self.final_seeds < 1:
-            raise ConfigError("final_seeds", self.final_seeds, "must be an integer >= 1")
-        if not 0 <= self.coverage_slack < 1 - self.base.alpha:
-            raise ConfigError("coverage_slack", self.coverage_slack, f"must be in [0, 1 - alpha) = [0, {1 - self.base.alpha:g})")
-        if self.concurrency < 1:
-            raise ConfigError("concurrency", self.concurrency, "must be an integer >= 1")
-        if self.sampler not in SAMPLERS:
-            raise ConfigError("sampler", self.sampler, f"must be one of {', '.join(SAMPLERS)}")
-        if self.scheduler not in SCHEDULERS:
-            raise ConfigError("scheduler", self.scheduler, f"must be one of {', '.join(SCHEDULERS)}")
-        if self.grace_period < 1:
-            raise ConfigError("grace_period", self.grace_period, "must be an integer >= 1 (epochs)")
-        if self.reduction_factor < 2:
-            raise ConfigError("reduction_factor", self.reduction_factor, "must be an integer >= 2")
-        if self.grid_budget is not None and (self.grid_budget < 1 or not self.grid):
-            raise ConfigError("grid_budget", self.grid_budget, "must be an integer >= 1, with --grid paper")
-        if self.trial_retries < 0:
-            raise ConfigError("trial_retries", self.trial_retries, "must be an integer >= 0")
-        if self.group_size < 1:
-            raise ConfigError("group_size", self.group_size, "must be an integer >= 1")
-        if self.group_size > 1 and self.tracking:
-            raise ConfigError("group_size", self.group_size, "must be 1 with --tracking: an MLflow run is a Tune trial, not a member")
-        if not self.resource_timeout > 0:
-            raise ConfigError("resource_timeout", self.resource_timeout, "must be a number of seconds > 0")
-        if not 0 <= self.seed <= MAX_SEED - self.final_seeds:
-            raise ConfigError(
-                "seed",
-                self.seed,
-                f"must be an integer in [0, 2**63 - final_seeds] (the final seeds are seed .. seed + {self.final_seeds - 1})",
-            )
+        optuna_only, alpha = "must be an integer >= 1, for an Optuna search (not --grid paper)", self.base.alpha
+        for name, ok, allowed in (  # in this order: the first that fails is the one named
+            ("trials", lambda: self.trials >= 1, "must be an integer >= 1"),
+            ("min_trials", lambda: self.min_trials is None or (self.min_trials >= 1 and not self.grid), optuna_only),
+            ("trials_per_knob", lambda: self.trials_per_knob is None or (self.trials_per_knob >= 1 and not self.grid), optuna_only),
+            ("final_seeds", lambda: self.final_seeds >= 1, "must be an integer >= 1"),
+            ("coverage_slack", lambda: 0 <= self.coverage_slack < 1 - alpha, f"must be in [0, 1 - alpha) = [0, {1 - alpha:g})"),
+            ("concurrency", lambda: self.concurrency >= 1, "must be an integer >= 1"),
+            ("sampler", lambda: self.sampler in SAMPLERS, f"must be one of {', '.join(SAMPLERS)}"),
+            ("scheduler", lambda: self.scheduler in SCHEDULERS, f"must be one of {', '.join(SCHEDULERS)}"),
+            ("grace_period", lambda: self.grace_period >= 1, "must be an integer >= 1 (epochs)"),
+            ("reduction_factor", lambda: self.reduction_factor >= 2, "must be an integer >= 2"),
+            ("grid_budget", lambda: self.grid_budget is None or (self.grid_budget >= 1 and self.grid),
+             "must be an integer >= 1, with --grid paper"),
+            ("trial_retries", lambda: self.trial_retries >= 0, "must be an integer >= 0"),
+            ("group_size", lambda: self.group_size >= 1, "must be an integer >= 1"),
+            ("group_size", lambda: self.group_size == 1 or not self.tracking,
+             "must be 1 with --tracking: an MLflow run is a Tune trial, not a member"),
+            ("resource_timeout", lambda: self.resource_timeout > 0, "must be a number of seconds > 0"),
+            ("seed", lambda: 0 <= self.seed <= MAX_SEED - self.final_seeds,
+             f"must be an integer in [0, 2**63 - final_seeds] (the final seeds are seed .. seed + {self.final_seeds - 1})"),
+        ):
+            if not ok():
+                raise ConfigError(name, getattr(self, name), allowed)
         if self.optuna_storage is not None:
             _check_storage_url(self.optuna_storage)
         if self.preset is not None and self.preset not in PRESET_NAMES:
