@@ -9,8 +9,9 @@ and GPU packing, the report's order, names and colours, the predictor, ``evaluat
     scores.py    ScoreCard, register_score; score_matrix
     registry.py  what the four share: built-in or registered from outside, and the outside ones
 
-A card of the package reaches its code through a small function holding a literal import, run only
-when a run needs it (as Ray's search-algorithm table): the cards import neither torch nor Ray, so
+A card of the package reaches its code through ``dpsm_ray.lazy.imported`` (a ``"module:name"``, or
+a small function that imports it where the card adapts arguments), only when a run needs it (as
+Ray's search-algorithm table): the cards import neither torch nor Ray, so
 the command line answers ``--help`` and checks its options before either loads.  A card defined
 outside the package joins through its axis's ``register_*`` (docs/extending.md), and a sweep
 sends those cards to its trials.

@@ -2,8 +2,9 @@
 researcher's folder or table is ``folder:PATH`` / ``table:FILE`` (``dpsm_ray.own_data``); a dataset
 of their own code joins through ``register_dataset`` (docs/extending.md).
 
-Known without importing torch: a built-in card reaches its loader through a small function holding
-a literal import, run only when a run loads the data.
+Known without importing torch: a built-in card names its loader as ``"module:function"``
+(``_deferred``, through ``dpsm_ray.lazy.imported``), or holds a function importing it, run only when
+a run loads the data.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Callable, Mapping
 from dpsm_ray import facts, own_data
 from dpsm_ray.cards.models import model_names, registry as _registry
 from dpsm_ray.cards.registry import register, seal
+from dpsm_ray.lazy import imported
 
 
 @dataclass(frozen=True)
@@ -149,35 +151,16 @@ def load_splits(spec: str, data_root: str | None = None, *, seed: int, download:
 
 
 # -- the built-in datasets -------------------------------------------------------------------------
-# Each loader holds a literal import: the data modules import torch, the cards must not.
-def _load_digits(spec, *, seed, **_):
-    from dpsm_ray.data.tabular import load_digits
+def _deferred(reference: str, *reads: str) -> Callable:
+    """A card's loader or file check that imports ``reference`` (``"module:function"``) only when
+    called -- the data modules import torch, the cards must not -- and calls it with ``reads``, the
+    names of the call's own arguments (``spec``, ``data_root``, ``download``, ``seed``, ...) it takes."""
 
-    return load_digits(seed)
+    def call(spec, data_root=None, download=False, **given):
+        given.update(spec=spec, data_root=data_root, download=download)
+        return imported(reference)(*(given[name] for name in reads))
 
-
-def _load_synthetic(spec, *, seed, **_):
-    from dpsm_ray.data.tabular import load_synthetic
-
-    return load_synthetic(spec, seed)
-
-
-def _load_glyphs(spec, *, seed, **_):
-    from dpsm_ray.data.glyphs import load_glyphs
-
-    return load_glyphs(spec, seed)
-
-
-def _load_fonts(spec, *, data_root, seed, **_):
-    from dpsm_ray.data.fonts import load_fonts
-
-    return load_fonts(spec, data_root, seed)
-
-
-def _load_fonts_transfer(spec, *, data_root, seed, **_):
-    from dpsm_ray.data.fonts import load_fonts_transfer
-
-    return load_fonts_transfer(spec, data_root, seed)
+    return call
 
 
 def _fonts_transfer_backbone(spec, path):
@@ -193,40 +176,14 @@ def _fonts_transfer_backbone(spec, path):
     return facts.fonts_backbone_problem(spec, pretrained_on) if isinstance(pretrained_on, str) else None
 
 
-def _fonts_present(spec, data_root, download):
-    from dpsm_ray.data.fonts import find_faces
-
-    find_faces(data_root)
-
-
 def _load_image_dataset(spec, *, data_root, seed, download, data_workers):
     from dpsm_ray.data.vision import LOADERS
 
     return LOADERS[spec](data_root, seed, download, data_workers)
 
 
-def _image_files_present(spec, data_root, download):
-    from dpsm_ray.data.vision import check_data_present
-
-    check_data_present(spec, data_root, download)
-
-
-def _folder_check(spec, data_root, download):
-    from dpsm_ray.data.folder import check_folder
-
-    check_folder(spec)
-
-
-def _load_folder(spec, *, seed, **_):
-    from dpsm_ray.data.folder import load_folder
-
-    return load_folder(spec, seed)
-
-
-def _load_table(spec, *, seed, **_):
-    from dpsm_ray.data.table import load_table
-
-    return load_table(spec, seed)
+_fonts_present = _deferred("dpsm_ray.data.fonts:find_faces", "data_root")
+_image_files_present = _deferred("dpsm_ray.data.vision:check_data_present", "spec", "data_root", "download")
 
 
 def _paper_sizes(spec):
@@ -239,13 +196,15 @@ def _synthetic_sizes(spec):
 
 
 for _card in (
-    DatasetCard("digits", "scikit-learn's 8x8 digits", lambda spec: dict(facts.DIGITS_SIZES), _load_digits, "mlp"),
-    DatasetCard("synthetic", "Gaussian classes (generated)", _synthetic_sizes, _load_synthetic, "mlp", options=facts.SYNTHETIC_DEFAULTS),
+    DatasetCard("digits", "scikit-learn's 8x8 digits", lambda spec: dict(facts.DIGITS_SIZES),
+                _deferred("dpsm_ray.data.tabular:load_digits", "seed"), "mlp"),
+    DatasetCard("synthetic", "Gaussian classes (generated)", _synthetic_sizes,
+                _deferred("dpsm_ray.data.tabular:load_synthetic", "spec", "seed"), "mlp", options=facts.SYNTHETIC_DEFAULTS),
     DatasetCard(
         "glyphs",
         "procedural stroke glyphs (generated)",
         lambda spec: facts.glyph_sizes(facts.parse_glyphs(spec)),
-        _load_glyphs,
+        _deferred("dpsm_ray.data.glyphs:load_glyphs", "spec", "seed"),
         "lenet",
         options=facts.GLYPHS_DEFAULTS,
     ),
@@ -253,7 +212,7 @@ for _card in (
         "fonts",
         "characters rendered from real typefaces",
         lambda spec: facts.font_sizes(facts.parse_fonts(spec)),
-        _load_fonts,
+        _deferred("dpsm_ray.data.fonts:load_fonts", "spec", "data_root", "seed"),
         "lenet",
         check_files=_fonts_present,
         options=facts.FONTS_DEFAULTS,
@@ -262,44 +221,22 @@ for _card in (
         "fonts_transfer",
         "few images of held-out typefaces, for a network pretrained on fonts (--pretrained-path)",
         lambda spec: facts.font_transfer_sizes(facts.parse_fonts_transfer(spec)),
-        _load_fonts_transfer,
+        _deferred("dpsm_ray.data.fonts:load_fonts_transfer", "spec", "data_root", "seed"),
         "lenet",
         check_files=_fonts_present,
         options=facts.FONTS_TRANSFER_DEFAULTS,
         pretrained_problem=_fonts_transfer_backbone,
     ),
-    DatasetCard(
-        "fashion_mnist",
-        facts.IMAGE_TITLES["fashion_mnist"],
-        _paper_sizes,
-        _load_image_dataset,
-        "mlp_bn",
-        check_files=_image_files_present,
-    ),
-    DatasetCard(
-        "cifar100", facts.IMAGE_TITLES["cifar100"], _paper_sizes, _load_image_dataset, "resnet110", check_files=_image_files_present
-    ),
-    DatasetCard(
-        "caltech101", facts.IMAGE_TITLES["caltech101"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
-    ),
-    DatasetCard(
-        "inaturalist", facts.IMAGE_TITLES["inaturalist"], _paper_sizes, _load_image_dataset, "resnet50", check_files=_image_files_present
-    ),
-    DatasetCard(
-        "inaturalist2018",
-        facts.IMAGE_TITLES["inaturalist2018"],
-        _paper_sizes,
-        _load_image_dataset,
-        "resnet50",
-        check_files=_image_files_present,
-    ),
+    *(DatasetCard(name, facts.IMAGE_TITLES[name], _paper_sizes, _load_image_dataset, model, check_files=_image_files_present)
+      for name, model in (("fashion_mnist", "mlp_bn"), ("cifar100", "resnet110"), ("caltech101", "resnet50"), ("inaturalist", "resnet50"),
+                          ("inaturalist2018", "resnet50"))),
     DatasetCard(
         "folder",
         "your images (an ImageFolder tree)",
         own_data.folder_sizes,
-        _load_folder,
+        _deferred("dpsm_ray.data.folder:load_folder", "spec", "seed"),
         "resnet20",
-        check_files=_folder_check,
+        check_files=_deferred("dpsm_ray.data.folder:check_folder", "spec"),
         options=own_data.FOLDER_DEFAULTS,
         path=True,
         fingerprint=own_data.folder_fingerprint,
@@ -308,7 +245,7 @@ for _card in (
         "table",
         "your features (a Parquet, CSV or .npz table)",
         own_data.table_sizes,
-        _load_table,
+        _deferred("dpsm_ray.data.table:load_table", "spec", "seed"),
         "mlp",
         check_files=lambda spec, data_root, download: own_data.table_sizes(spec),
         options=own_data.TABLE_DEFAULTS,

@@ -2,8 +2,8 @@
 of the researcher's own code joins as ``--model PKG.MODULE:FACTORY`` (``_factory_card``), or as a
 card of its own through ``register_model`` (docs/extending.md).
 
-Known without importing torch: a built-in card reaches its code through a small function holding
-a literal import, run only when a run builds the model.
+Known without importing torch: a built-in card reaches its code through a function that imports
+it (``_small``'s by name, through ``dpsm_ray.lazy.imported``) only when a run builds the model.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from dpsm_ray import facts
 from dpsm_ray.cards.registry import built_in, register, registry, seal
+from dpsm_ray.lazy import imported
 
 
 @dataclass(frozen=True)
@@ -194,22 +195,13 @@ def check_outputs(model, name: str, input_shape: tuple[int, ...], num_classes: i
 
 
 # -- the built-in models ---------------------------------------------------------------------------
-def _mlp(input_shape, num_classes, pretrained_path=None):
-    from dpsm_ray.models.small import MLP
+def _small(name: str, **options):
+    """A model of ``dpsm_ray.models.small`` (imported when a run builds it: the cards must not import torch)."""
 
-    return MLP(input_shape, num_classes)
+    def build(input_shape, num_classes, pretrained_path=None):
+        return imported(f"dpsm_ray.models.small:{name}")(input_shape, num_classes, **options)
 
-
-def _mlp_bn(input_shape, num_classes, pretrained_path=None):
-    from dpsm_ray.models.small import MLP
-
-    return MLP(input_shape, num_classes, width=64, depth=2, batch_norm=True)
-
-
-def _cnn(input_shape, num_classes, pretrained_path=None):
-    from dpsm_ray.models.small import SmallCNN
-
-    return SmallCNN(input_shape, num_classes)
+    return build
 
 
 def _lenet(input_shape, num_classes, pretrained_path=None):
@@ -269,9 +261,10 @@ def _imagenet(name: str):
 # smaller models pack 4 trials to a GPU (ResNet-110 at batch 128 reaches the large-batch ceiling of
 # an H100 with ~4 captured trials); the ImageNet-size models fill one on their own
 for _card in (
-    ModelCard("mlp", "MLP, 2 x 128 units", _mlp),
-    ModelCard("mlp_bn", "MLP, 2 x 64 units with BatchNorm (ConfTr's Fashion-MNIST model)", _mlp_bn),
-    ModelCard("cnn", "small CNN", _cnn, inputs="image"),
+    ModelCard("mlp", "MLP, 2 x 128 units", _small("MLP")),
+    ModelCard("mlp_bn", "MLP, 2 x 64 units with BatchNorm (ConfTr's Fashion-MNIST model)",
+              _small("MLP", width=64, depth=2, batch_norm=True)),
+    ModelCard("cnn", "small CNN", _small("SmallCNN"), inputs="image"),
     *(
         ModelCard(f"resnet{depth}", f"ResNet-{depth} (CIFAR)", _cifar_resnet(depth), inputs="image")
         for depth in facts.CIFAR_RESNET_DEPTHS

@@ -2,8 +2,8 @@
 its own hyperparameters.  A score of the researcher's own joins through ``register_score``
 (docs/extending.md).
 
-Known without importing torch: a built-in card reaches its code through a small function holding a
-literal import (the scores live in ``dpsm_ray.conformal.scores``).
+Known without importing torch: a built-in card reaches its code in ``dpsm_ray.conformal.scores``
+by name (``_matrix``, through ``dpsm_ray.lazy.imported``) or through a small function importing it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from dpsm_ray.cards.registry import register, registry, seal
+from dpsm_ray.lazy import imported
 
 
 @dataclass(frozen=True)
@@ -93,16 +94,15 @@ def score_functions(names=None, parameters: Mapping[str, Mapping[str, float]] | 
 
 
 # -- the built-in scores ---------------------------------------------------------------------------
-def _hps(probs, u=None):
-    from dpsm_ray.conformal.scores import hps_matrix
+def _matrix(name: str, *, uniforms: bool):
+    """``dpsm_ray.conformal.scores``' ``name`` (imported when a score is computed: the cards must not
+    import torch), given the uniforms where the score is randomised."""
 
-    return hps_matrix(probs)
+    def matrix(probs, u=None):
+        function = imported(f"dpsm_ray.conformal.scores:{name}")
+        return function(probs, u) if uniforms else function(probs)
 
-
-def _aps(probs, u=None):
-    from dpsm_ray.conformal.scores import aps_matrix
-
-    return aps_matrix(probs, u)
+    return matrix
 
 
 def _raps(probs, u=None, *, k_reg, **parameters):
@@ -117,27 +117,15 @@ def _saps(probs, u=None, **parameters):
     return saps_matrix(probs, u, weight=parameters["lambda"])
 
 
-def _topk(probs, u=None):
-    from dpsm_ray.conformal.scores import topk_matrix
-
-    return topk_matrix(probs, u)
-
-
-def _margin(probs, u=None):
-    from dpsm_ray.conformal.scores import margin_matrix
-
-    return margin_matrix(probs)
-
-
 for _card in (
-    ScoreCard("hps", "HPS (THR, LAC): 1 - p_y", _hps, paper=True),
-    ScoreCard("aps", "APS: the mass ranked above y plus U p_y", _aps, randomised=True, paper=True),
+    ScoreCard("hps", "HPS (THR, LAC): 1 - p_y", _matrix("hps_matrix", uniforms=False), paper=True),
+    ScoreCard("aps", "APS: the mass ranked above y plus U p_y", _matrix("aps_matrix", uniforms=True), randomised=True, paper=True),
     ScoreCard("raps", "RAPS: APS plus lambda max(0, rank(y) - k_reg)", _raps, randomised=True, parameters={"lambda": 0.01, "k_reg": 5},
               paper=True),
     ScoreCard("saps", "SAPS: U p_max for the top label, p_max + (rank(y) - 2 + U) lambda below it", _saps, randomised=True,
               parameters={"lambda": 0.2}),
-    ScoreCard("topk", "top-k: rank(y) - 1 + U", _topk, randomised=True),
-    ScoreCard("margin", "margin: the largest other probability minus p_y", _margin),
+    ScoreCard("topk", "top-k: rank(y) - 1 + U", _matrix("topk_matrix", uniforms=True), randomised=True),
+    ScoreCard("margin", "margin: the largest other probability minus p_y", _matrix("margin_matrix", uniforms=False)),
 ):
     register_score(_card)
 seal("score")

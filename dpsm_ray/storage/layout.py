@@ -381,18 +381,7 @@ class Results:
             return frame[frame["stage"] == "final"]
         return frame
 
-    @property
-    def trials(self):
-        return self.frame("trials")
-
-    @property
-    def epochs(self):
-        return self.frame("epochs")
-
-    @property
-    def evals(self):
-        return self.frame("evals")
-
-    @property
-    def classes(self):
-        return self.frame("classes")
+    trials = property(lambda self: self.frame("trials"))
+    epochs = property(lambda self: self.frame("epochs"))
+    evals = property(lambda self: self.frame("evals"))
+    classes = property(lambda self: self.frame("classes"))

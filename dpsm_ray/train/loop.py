@@ -20,7 +20,7 @@ import functools
 import math
 import time
 import warnings
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -150,24 +150,32 @@ def _shard(n: int, rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
     return parts[rank], [p.numel() for p in parts]
 
 
-def predict(
-    model: nn.Module,
-    split: Split,
-    positions: torch.Tensor,
-    num_classes: int,
-    env,
-    precision: str = "fp32",
-    forwards: Forwards | None = None,
-) -> torch.Tensor:
-    """Logits of ``split[positions]`` in eval mode (fp32 logits of a ``precision`` forward, run by
-    ``forwards``: eagerly by default), computed in shards over the workers and gathered so every
-    position appears exactly once, in order."""
-    return _run_to_end(predicting(model, split, positions, num_classes, env, precision, forwards))
+def _run_to_end(run: Generator[None, None, T]) -> T:
+    """What a generator of this module (``training``, ``predicting``, ...) returns, once it has run to its end."""
+    while True:
+        try:
+            next(run)
+        except StopIteration as done:
+            return done.value
+
+
+def _driven(generator: Callable[..., Generator[None, None, T]]) -> Callable[..., T]:
+    """The function that runs ``generator`` (``predicting``, ...) to its end and returns its value:
+    what one run calls, where a trial group's members run the generators in turns."""
+
+    @functools.wraps(generator)
+    def driven(*args, **kwargs) -> T:
+        return _run_to_end(generator(*args, **kwargs))
+
+    return driven
 
 
 @torch.no_grad()  # on a generator: only while it runs, never across its yields (a group's other members step then)
 def predicting(model, split: Split, positions, num_classes: int, env, precision: str = "fp32", forwards: Forwards | None = None):
-    """``predict``, yielding after each batch: a trial group's members evaluate in turns, as they step."""
+    """Logits of ``split[positions]`` in eval mode (fp32 logits of a ``precision`` forward, run by
+    ``forwards``: eagerly by default), computed in shards over the workers and gathered so every
+    position appears exactly once, in order.  Yields after each batch: a trial group's members
+    evaluate in turns, as they step."""
     mine, sizes = _shard(positions.numel(), env.collective.rank, env.collective.world_size)
     was_training = model.training
     model.eval()
@@ -184,6 +192,9 @@ def predicting(model, split: Split, positions, num_classes: int, env, precision:
     return env.collective.gather_uneven(local, sizes)
 
 
+predict = _driven(predicting)
+
+
 def _label_scores_of(
     model: nn.Module, split: Split, positions: torch.Tensor, num_classes: int, env, precision: str = "fp32"
 ) -> torch.Tensor:
@@ -195,15 +206,6 @@ def _label_scores_of(
 def train(config: TrainConfig, env) -> RunResult:
     """Train one model with ``config.method`` and evaluate it; see the module docstring."""
     return _run_to_end(training(config, env))
-
-
-def _run_to_end(run: Generator[None, None, T]) -> T:
-    """What a generator of this module (``training``, ``predicting``, ...) returns, once it has run to its end."""
-    while True:
-        try:
-            next(run)
-        except StopIteration as done:
-            return done.value
 
 
 def training(config: TrainConfig, env) -> Generator[None, None, RunResult]:
@@ -451,9 +453,7 @@ def diagnostic_sample(train_size: int, config: TrainConfig) -> torch.Tensor | No
     return torch.randperm(train_size, generator=generator(config.seed, "diagnostics"))[: config.diagnostic_examples].sort().values
 
 
-def epoch_diagnostics(
-    model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env, forwards: Forwards | None = None
-) -> dict:
+def _diagnosing(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env, forwards: Forwards | None = None):
     """The quantile's diagnostics at the end of an epoch, from the training split (or the seeded
     sample ``diagnostic_sample`` of it, D1 and D2 then their parts in the sample) in eval mode
     without augmentation (docs/results.md, epochs.parquet).
@@ -463,15 +463,10 @@ def epoch_diagnostics(
     the error (figure 3(a)), the upper loss CE + lambda * soft size and the lower (pinball) loss at
     the learned quantile and at Q_n, with their gaps (figure 2(c)(d)), and the soft and hard set
     size at the learned quantile (figure 3(c), beside the validation set size).  The learned
-    quantile is DPSM's q, or ConfTr's batch quantiles -- the training split's scores cut into
-    random calibration batches of the run's size, each quantity averaged over them.  Methods
-    without a quantile get NaN for every quantity that needs one.
-    """
-    return _run_to_end(_diagnosing(model, objective, data, d1, d2, config, env, forwards))
-
-
-def _diagnosing(model, objective: Objective, data: DataSplits, d1, d2, config: TrainConfig, env, forwards: Forwards | None = None):
-    """``epoch_diagnostics``, yielding after each batch of its forward pass."""
+    quantile is DPSM's q, or ConfTr's batch quantiles -- the training split's scores cut into random
+    calibration batches of the run's size, each quantity averaged over them.  Methods without a
+    quantile get NaN for every quantity that needs one.  Yields after each batch of its forward
+    pass."""
     sample = diagnostic_sample(len(data.train), config)
     if sample is not None:  # D1 and D2 as positions within the sample (the whole split where the sample misses one)
         position = torch.full((len(data.train),), -1, dtype=torch.long)
@@ -539,6 +534,9 @@ def _diagnosing(model, objective: Objective, data: DataSplits, d1, d2, config: T
     return row
 
 
+epoch_diagnostics = _driven(_diagnosing)
+
+
 class Untouched:
     """Within it, the run's state is measured, not changed: torch's RNG (dropout), the network's
     buffers (BatchNorm's running statistics, which a forward in train mode updates) and the
@@ -600,21 +598,15 @@ def term_gradient_norms(
     return norms
 
 
-def train_mode_quantiles(
-    model, objective: Objective, train_split: Split, d1, epoch: int, config: TrainConfig, env, forwards: Forwards | None = None
-) -> dict:
-    """The quantile diagnostics like for like with what a method learns from: the training
-    examples' scores as training sees them -- augmented, the network in train mode, in batches of
-    the run's size -- their Q_n, and the learned quantile's distance to it (DPSM's q; ConfTr's
-    batch quantiles recomputed from these scores).  ``q_error_train`` holds the same against
-    eval-mode scores.  The ``_d1`` pair holds the same against the Q_n of the sample's D1 part
-    alone: what DPSM's lower level fits (its pinball loss sees B1, drawn from D1), and ConfTr's
-    B1 with the halves split.  The examples are ``diagnostic_sample``'s; nothing of the run changes."""
-    return _run_to_end(_train_mode_scoring(model, objective, train_split, d1, epoch, config, env, forwards))
-
-
 def _train_mode_scoring(model, objective: Objective, train_split: Split, d1, epoch: int, config: TrainConfig, env, forwards=None):
-    """``train_mode_quantiles``, yielding after each batch of its forward pass."""
+    """The quantile diagnostics like for like with what a method learns from: the training examples'
+    scores as training sees them -- augmented, the network in train mode, in batches of the run's
+    size -- their Q_n, and the learned quantile's distance to it (DPSM's q; ConfTr's batch quantiles
+    recomputed from these scores).  ``q_error_train`` holds the same against eval-mode scores.  The
+    ``_d1`` pair holds the same against the Q_n of the sample's D1 part alone: what DPSM's lower
+    level fits (its pinball loss sees B1, drawn from D1), and ConfTr's B1 with the halves split.
+    The examples are ``diagnostic_sample``'s; nothing of the run changes.  Yields after each batch
+    of its forward pass."""
     nan = {"q_dataset_train_mode": math.nan, "q_error_train_mode": math.nan, "q_dataset_train_mode_d1": math.nan,
            "q_error_train_mode_d1": math.nan}
     if env.collective.world_size > 1:
@@ -647,6 +639,9 @@ def _train_mode_scoring(model, objective: Objective, train_split: Split, d1, epo
             "q_dataset_train_mode_d1": math.nan if q_d1 is None else float(q_d1), "q_error_train_mode_d1": error_d1}
 
 
+train_mode_quantiles = _driven(_train_mode_scoring)
+
+
 def _learned_quantiles(
     objective: Objective, d1_scores: torch.Tensor, train_scores: torch.Tensor, config: TrainConfig
 ) -> torch.Tensor | None:
@@ -656,16 +651,9 @@ def _learned_quantiles(
     return objective.training_quantiles(d1_scores, train_scores, config.batch_size, generator(config.seed, "q_error"), _DIAGNOSTIC_BATCHES)
 
 
-def validation_metrics(
-    model, val: Split, num_classes: int, config: TrainConfig, env, forwards: Forwards | None = None
-) -> dict:
-    """Split conformal inside the validation split (HPS), averaged over re-splits: what a sweep
-    selects on.  The test data is never looked at."""
-    return _run_to_end(validating(model, val, num_classes, config, env, forwards))
-
-
 def validating(model, val: Split, num_classes: int, config: TrainConfig, env, forwards: Forwards | None = None):
-    """``validation_metrics``, yielding after each batch of its forward pass."""
+    """Split conformal inside the validation split (HPS), averaged over re-splits: what a sweep selects
+    on.  The test data is never looked at.  Yields after each batch of its forward pass."""
     logits = yield from predicting(model, val, torch.arange(len(val)), num_classes, env, config.precision, forwards)
     resplits = Resplits(
         score_functions(("hps",)), splits=config.val_splits, cal_fraction=0.5, seed=derive_seed(config.seed, "val"), example_ids=val.ids
@@ -678,17 +666,14 @@ def validating(model, val: Split, num_classes: int, config: TrainConfig, env, fo
     }
 
 
-def final_evaluation(
-    model, data: DataSplits, config: TrainConfig, env, forwards: Forwards | None = None
-) -> tuple[list[dict], list[dict]]:
-    """The paper's protocol: pool cal and test, re-split at random ``eval_splits`` times keeping
-    the calibration size, and evaluate every score: one row per score and re-split, and one per
-    score, re-split and class (the class-conditional coverage of the paper's figures 5-6)."""
-    return _run_to_end(_evaluating(model, data, config, env, forwards))
+validation_metrics = _driven(validating)
 
 
 def _evaluating(model, data: DataSplits, config: TrainConfig, env, forwards: Forwards | None = None):
-    """``final_evaluation``, yielding after each batch of its forward passes."""
+    """The paper's protocol: pool cal and test, re-split at random ``eval_splits`` times keeping the
+    calibration size, and evaluate every score: one row per score and re-split, and one per score,
+    re-split and class (the class-conditional coverage of the paper's figures 5-6).  Yields after
+    each batch of its forward passes."""
     logits = []
     for part in (data.cal, data.test):
         logits.append((yield from predicting(model, part, torch.arange(len(part)), data.num_classes, env, config.precision, forwards)))
@@ -711,6 +696,9 @@ def _evaluating(model, data: DataSplits, config: TrainConfig, env, forwards: For
     for row in classes:
         row["class_name"] = data.class_names[row["label"]] if data.class_names else None
     return evaluate(probs, labels, config.alpha, resplits), classes
+
+
+final_evaluation = _driven(_evaluating)
 
 
 def _progress_line(row: dict, config: TrainConfig, uses_quantile: bool) -> EpochLine:

@@ -431,8 +431,14 @@ def test_the_diagnostics_leave_training_as_it_would_be_without_them(monkeypatch)
     changes = dict(model="mlp_bn", method="dpsm", sigmoid_temperature=0.1, conformal_weight=0.5)
     measured = run(**changes)
     monkeypatch.setattr(loop, "term_gradient_norms", lambda *a, **k: {"ce_grad_norm": math.nan, "size_grad_norm": math.nan})
-    monkeypatch.setattr(loop, "train_mode_quantiles", lambda *a, **k: dict.fromkeys(TRAIN_MODE_COLUMNS, math.nan))
+
+    def unmeasured_quantiles(*args, **kwargs):  # what training runs: a generator, its row its return value
+        yield from ()
+        return dict.fromkeys(TRAIN_MODE_COLUMNS, math.nan)
+
+    monkeypatch.setattr(loop, "_train_mode_scoring", unmeasured_quantiles)
     unmeasured = run(**changes)
+    assert all(math.isnan(r["q_dataset_train_mode"]) and math.isnan(r["size_grad_norm"]) for r in unmeasured.epochs)
     assert all(torch.equal(measured.model_state[k], unmeasured.model_state[k]) for k in measured.model_state)
     skip = {*EPOCH_TIMINGS, "ce_grad_norm", "size_grad_norm", *TRAIN_MODE_COLUMNS}
     assert [{k: v for k, v in r.items() if k not in skip} for r in measured.epochs] == [{k: v for k, v in r.items() if k not in skip} for r in unmeasured.epochs]
