@@ -234,16 +234,6 @@ def _held_out_parts(
     return [np.sort(np.concatenate(part)) for part in parts]
 
 
-def _fonts_transform(images, ids, augment: bool, seed: int, *, spec):
-    """Raw batch -> model input: shifted when training (the padding is the black background), then
-    standardised by the training split's pixel mean and standard deviation (``spec``)."""
-    from dpsm_ray.data.augment import random_crop
-
-    if augment:
-        images = random_crop(images, ids, seed, AUGMENT_PADDING)
-    return spec.apply(images)
-
-
 def load_fonts(spec: str, data_root: str | os.PathLike | None, seed: int, log=None):
     options = parse_fonts(spec)
     classes = int(options["classes"])
@@ -295,14 +285,14 @@ def _font_splits(spec: str, arrays: dict, parts: list[np.ndarray], classes: int,
     ``statistics_of`` (a training split's, or a backbone's pretraining data's)."""
     import torch
 
-    from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, pixel_statistics
+    from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, pixel_statistics, spec_transform
     from dpsm_ray.data.splits import DataSplits, Split, TensorSource
 
     mean, std = pixel_statistics(statistics_of)
     input_spec = InputSpec((1, SIZE, SIZE), 255.0, mean, std, f"8-bit greyscale pixel values 0..255, white on black, [1, {SIZE}, {SIZE}]",
                            ImageSpec("L", SIZE))
     source = TensorSource(torch.from_numpy(arrays["images"][:, None]).contiguous(), torch.from_numpy(arrays["labels"]),
-                          functools.partial(_fonts_transform, spec=input_spec))
+                          functools.partial(spec_transform, spec=input_spec, padding=AUGMENT_PADDING))
     splits = [Split(name, torch.from_numpy(ids), source) for name, ids in zip(("train", "val", "cal", "test"), parts)]
     return DataSplits(spec, classes, (1, SIZE, SIZE), *splits, input_spec=input_spec, class_names=tuple(class_names))
 

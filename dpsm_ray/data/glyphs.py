@@ -27,8 +27,7 @@ import torch
 from dpsm_ray.facts import (
     GLYPHS_PER_CLASS_EVAL, GLYPHS_POOL, GLYPHS_STROKES, glyph_sizes, glyphs_max_classes, parse_glyphs,
 )
-from dpsm_ray.data.augment import random_crop
-from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
+from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, spec_transform
 from dpsm_ray.data.splits import DataSplits, Split, TensorSource, stratified_partition
 from dpsm_ray.seeding import generator
 
@@ -81,14 +80,6 @@ def make_glyphs(classes: int, per_class: int, noise: float, seed: int) -> tuple[
     return (images + pixel_noise).reshape(count, 1, SIZE, SIZE), labels
 
 
-def _glyphs_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int, *, spec: InputSpec) -> torch.Tensor:
-    """Raw batch -> model input: shifted when training (padding with the blank background, 0),
-    then standardised by the training split's pixel mean and standard deviation (``spec``)."""
-    if augment:
-        images = random_crop(images, ids, seed, AUGMENT_PADDING)
-    return spec.apply(images)
-
-
 def load_glyphs(spec: str, seed: int) -> DataSplits:
     options = parse_glyphs(spec)
     sizes = glyph_sizes(options)
@@ -104,6 +95,6 @@ def load_glyphs(spec: str, seed: int) -> DataSplits:
         "glyph pixel values (background 0, strokes up to about 1)",
         ImageSpec("L", SIZE, pixel_scale=1 / 255),
     )
-    source = TensorSource(images, labels, functools.partial(_glyphs_transform, spec=input_spec))
+    source = TensorSource(images, labels, functools.partial(spec_transform, spec=input_spec, padding=AUGMENT_PADDING))
     splits = [Split(name, ids, source) for name, ids in zip(sizes, parts)]
     return DataSplits(spec, options["classes"], (1, SIZE, SIZE), *splits, input_spec=input_spec)

@@ -157,6 +157,11 @@ def standardising_spec(inputs: torch.Tensor, divisor: float, raw: str, image: Im
     return InputSpec(tuple(inputs.shape[1:]), float(divisor), scaled.mean(0).tolist(), scaled.std(0).clamp(min=1e-3).tolist(), raw, image)
 
 
-def spec_transform(raw: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int, *, spec: InputSpec) -> torch.Tensor:
-    """A ``TensorSource`` transform for data without augmentation: ``spec.apply``."""
+def spec_transform(raw: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int, *, spec: InputSpec, padding: int = 0) -> torch.Tensor:
+    """A ``TensorSource`` transform: shifted by up to ``padding`` pixels when training (a crop of
+    the zero-padded image: the glyphs' and the fonts' blank background), then ``spec.apply``."""
+    if augment and padding:
+        from dpsm_ray.data.augment import random_crop
+
+        raw = random_crop(raw, ids, seed, padding)
     return spec.apply(raw)

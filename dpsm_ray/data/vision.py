@@ -28,6 +28,7 @@ index one source per dataset, so ids are unique across the four splits.
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +37,7 @@ import torch
 
 from dpsm_ray.facts import IMAGE_TITLES, PAPER_SIZES
 from dpsm_ray.data.augment import random_crop_flip
-from dpsm_ray.data.preprocessing import ImageSpec, InputSpec
+from dpsm_ray.data.preprocessing import ImageSpec, InputSpec, spec_transform
 from dpsm_ray.data.splits import DataSplits, FileSource, Split, TensorSource, stratified_partition
 from dpsm_ray.seeding import derive_seed
 
@@ -264,11 +265,6 @@ def read_idx(path: Path) -> torch.Tensor:
         raise ValueError(f"{path} is not a readable IDX file ({type(error).__name__}: {str(error)[:120]})") from None
 
 
-def _fashion_mnist_transform(images: torch.Tensor, ids: torch.Tensor, augment: bool, seed: int) -> torch.Tensor:
-    """uint8 ``[N, 1, 28, 28]`` -> ConfTr's scaled input; no augmentation (ConfTr uses none)."""
-    return _FASHION_MNIST_INPUT.apply(images)
-
-
 def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool = False, data_workers: int = 4) -> DataSplits:
     """Fashion-MNIST (module docstring) in memory, so ``data_workers`` is not used."""
     root = _check_data_root("fashion_mnist", data_root)
@@ -292,7 +288,7 @@ def load_fashion_mnist(data_root: str | Path | None, seed: int, download: bool =
     source = TensorSource(
         torch.cat([images["train"], images["t10k"]])[:, None].contiguous(),
         torch.cat([labels["train"], labels["t10k"]]),
-        _fashion_mnist_transform,
+        functools.partial(spec_transform, spec=_FASHION_MNIST_INPUT),  # ConfTr's scaled input, no augmentation (ConfTr uses none)
     )
     return _splits_of(
         "fashion_mnist",
