@@ -9,6 +9,7 @@ decodes files through a torchvision dataset and a DataLoader.  The trainer only 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -164,14 +165,8 @@ class DataSplits:
         if not isinstance(source, TensorSource):
             return self
         moved = source.to(device)
-        return DataSplits(
-            self.name,
-            self.num_classes,
-            self.input_shape,
-            *(Split(s.name, s.ids, moved) for s in (self.train, self.val, self.cal, self.test)),
-            input_spec=self.input_spec,
-            class_names=self.class_names,
-        )
+        splits = {name: getattr(self, name) for name in SPLIT_NAMES}
+        return dataclasses.replace(self, **{name: Split(split.name, split.ids, moved) for name, split in splits.items()})
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the example ids of every split as JSON (atomically), next to the results."""
