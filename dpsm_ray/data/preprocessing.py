@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dpsm_ray.data.augment import random_crop
+
 _IMAGE_MODES = {"L": 1, "RGB": 3}  # PIL mode -> channels
 
 
@@ -161,7 +163,5 @@ def spec_transform(raw: torch.Tensor, ids: torch.Tensor, augment: bool, seed: in
     """A ``TensorSource`` transform: shifted by up to ``padding`` pixels when training (a crop of
     the zero-padded image: the glyphs' and the fonts' blank background), then ``spec.apply``."""
     if augment and padding:
-        from dpsm_ray.data.augment import random_crop
-
         raw = random_crop(raw, ids, seed, padding)
     return spec.apply(raw)
